@@ -1,0 +1,3 @@
+from dsv4opt.cli import main
+
+main()

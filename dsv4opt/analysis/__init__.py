@@ -1,0 +1,1 @@
+"""Classify, rank, attribute, diagnose and diff GPU kernels from a trace."""

@@ -1,0 +1,40 @@
+"""The fixed category names every profile uses, so profiles stay comparable."""
+
+ATTENTION = "attention"
+GEMM_TC = "gemm_tc"
+GEMM_FP32_SIMT = "gemm_fp32_simt"
+MOE = "moe"
+COMMUNICATION = "communication"
+ELEMENTWISE = "elementwise"
+REDUCTION = "reduction"
+COPY = "copy"
+TOPK_SORT = "topk_sort"
+OTHER = "other"
+
+CATEGORIES = (
+    ATTENTION,
+    GEMM_TC,
+    GEMM_FP32_SIMT,
+    MOE,
+    COMMUNICATION,
+    ELEMENTWISE,
+    REDUCTION,
+    COPY,
+    TOPK_SORT,
+    OTHER,
+)
+
+GLUE = (ELEMENTWISE, REDUCTION, COPY, TOPK_SORT, OTHER)
+
+LABELS = {
+    ATTENTION: "attention",
+    GEMM_TC: "tensor-core GEMM",
+    GEMM_FP32_SIMT: "FP32 SIMT GEMM",
+    MOE: "MoE",
+    COMMUNICATION: "communication",
+    ELEMENTWISE: "elementwise",
+    REDUCTION: "reduction",
+    COPY: "copy",
+    TOPK_SORT: "top-k/sort",
+    OTHER: "other",
+}

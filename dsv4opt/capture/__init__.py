@@ -1,0 +1,1 @@
+"""How a trace is obtained: the embedded workload, a live SGLang server, or existing trace files."""

@@ -1,0 +1,38 @@
+"""What a capture is asked to do; filled by cli.py, read by the capture modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class EmbeddedSettings:
+    concurrency: int = 32
+    context: int = 8192
+    steps: int = 10
+    warmup: int = 5
+    config: str | None = None  # None: dsv4-flash on a GPU, dsv4-tiny on a CPU
+    layers: int | None = None  # None: all layers of the config
+    experts_resident: int | None = None  # None: the config's per-rank default
+    device: str | None = None  # None: cuda when available, else cpu
+    cuda_graph: bool = True
+    optimizations: list[str] = field(default_factory=list)
+    out: Path | None = None  # None: a new file under profiles/
+    trace_dir: Path | None = None  # keep the raw trace here when given
+    seed: int = 0
+
+
+@dataclass
+class SGLangSettings:
+    url: str = "http://127.0.0.1:30000"
+    concurrency: int = 32
+    prompt_len: int = 256
+    max_new_tokens: int = 4096
+    profile_steps: int = 10
+    trace_dir: Path | None = None  # where the server writes traces (must be readable here)
+    connect_timeout_s: float = 10.0
+    ready_timeout_s: float = 300.0  # until all C requests are decoding
+    trace_timeout_s: float = 120.0  # until the trace files are complete
+    stall_timeout_s: float = 60.0  # no token from any request for this long = stalled
+    out: Path | None = None

@@ -1,0 +1,56 @@
+"""Thin typer commands: parse options, call one library function, render.
+
+Only this package turns a DsvOptError into a red one-line message and exit code 1; the group below
+does it for every command, so typer's test runner sees exactly what a user sees.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from dsv4opt.errors import DsvOptError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class _Group(TyperGroup):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DsvOptError as exc:
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]: earlier state and outputs were left as they were")
+            raise typer.Exit(130) from None
+
+
+app = typer.Typer(
+    name="dsv4opt",
+    cls=_Group,
+    help="Profile LLM decode, find the bottleneck, apply the fix, prove it moved.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def fail(message: str) -> None:
+    """Stop a command with a one-line error (for checks made in the CLI layer itself)."""
+    raise DsvOptError(message)
+
+
+# Each module adds its commands to `app`; imported for that side effect.
+from dsv4opt.cli import analyze as _analyze  # noqa: E402,F401
+from dsv4opt.cli import profile as _profile  # noqa: E402,F401
+from dsv4opt.cli import bench as _bench  # noqa: E402,F401
+from dsv4opt.cli import loop as _loop  # noqa: E402,F401
+
+
+def main() -> None:
+    app()

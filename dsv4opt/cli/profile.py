@@ -1,0 +1,67 @@
+"""`dsv4opt profile`: capture steady-state decode and save a profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dsv4opt.cli import app
+from dsv4opt.capture.settings import EmbeddedSettings, SGLangSettings
+from dsv4opt.errors import DsvOptError
+
+
+def _split(values: Optional[list[str]]) -> list[str]:
+    out: list[str] = []
+    for v in values or []:
+        out += [x.strip() for x in v.split(",") if x.strip()]
+    return out
+
+
+@app.command()
+def profile(
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Requests decoding at once (C).")] = 32,
+    target: Annotated[str, typer.Option(help="embedded (built-in DeepSeek-V4-Flash-shaped model) or sglang (a live server).")] = "embedded",
+    context: Annotated[int, typer.Option(min=1, help="Embedded: mean context length per request.")] = 8192,
+    steps: Annotated[int, typer.Option(min=1, help="Decode steps to profile (and to time).")] = 10,
+    warmup: Annotated[int, typer.Option(min=0, help="Embedded: warm-up steps outside the profiler.")] = 5,
+    config: Annotated[Optional[str], typer.Option(help="Embedded: model config (dsv4-flash, dsv4-tiny); default by device.")] = None,
+    layers: Annotated[Optional[int], typer.Option(min=1, help="Embedded: run only the first L layers.")] = None,
+    experts_resident: Annotated[Optional[int], typer.Option(min=1, help="Embedded: expert weight sets kept on the device.")] = None,
+    device: Annotated[Optional[str], typer.Option(help="Embedded: cuda or cpu (default: cuda when present).")] = None,
+    cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph", help="Embedded: replay the decode step as a CUDA graph.")] = True,
+    with_: Annotated[Optional[list[str]], typer.Option("--with", help="Optimisations to switch on, comma-separated (adds to those applied).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Profile JSON to write (default: a new file under profiles/).")] = None,
+    trace_dir: Annotated[Optional[Path], typer.Option(help="Keep the raw trace(s) here (sglang: where the server writes them).")] = None,
+    seed: Annotated[int, typer.Option(help="Embedded: seed for weights and contexts.")] = 0,
+    url: Annotated[str, typer.Option(help="SGLang: server address.")] = "http://127.0.0.1:30000",
+    prompt_len: Annotated[int, typer.Option(min=1, help="SGLang: prompt length in tokens.")] = 256,
+    max_new_tokens: Annotated[int, typer.Option(min=2, help="SGLang: tokens per request (large enough to outlast the window).")] = 4096,
+    timeout: Annotated[float, typer.Option(min=0.1, help="SGLang: seconds to wait for readiness / traces before giving up.")] = 300.0,
+) -> None:
+    """Capture steady-state decode with torch.profiler, rank the GPU kernels, save a profile."""
+    from dsv4opt.optimizations.registry import enabled_optimizations
+    from dsv4opt.report.tables import print_profile
+
+    if target == "embedded":
+        from dsv4opt.capture.embedded import profile_embedded
+
+        settings = EmbeddedSettings(
+            concurrency=concurrency, context=context, steps=steps, warmup=warmup, config=config,
+            layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph,
+            optimizations=enabled_optimizations(_split(with_)), out=out, trace_dir=trace_dir, seed=seed,
+        )
+        prof, path = profile_embedded(settings)
+    elif target == "sglang":
+        from dsv4opt.capture.sglang import profile_sglang
+
+        settings = SGLangSettings(
+            url=url, concurrency=concurrency, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+            profile_steps=steps, trace_dir=trace_dir, ready_timeout_s=timeout, out=out,
+        )
+        prof, path = profile_sglang(settings)
+    else:
+        raise DsvOptError(f"unknown target {target!r}; use embedded or sglang")
+    print_profile(prof)
+    typer.echo(f"profile saved: {path}")

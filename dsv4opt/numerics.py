@@ -1,0 +1,45 @@
+"""How far an output is from its reference: one report used by tests and correctness gates alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    rel: float  # ||out - ref|| / ||ref|| over finite reference elements
+    max_abs: float
+    worst_index: tuple[int, ...]
+    nonfinite: int  # elements of out that are NaN/inf where ref is finite
+
+    def ok(self, rel_tol: float) -> bool:
+        return self.nonfinite == 0 and self.rel <= rel_tol
+
+    def __str__(self) -> str:
+        return (
+            f"rel {self.rel:.3e}, max abs {self.max_abs:.3e} at {list(self.worst_index)}, "
+            f"non-finite {self.nonfinite}"
+        )
+
+
+def error_report(out: torch.Tensor, ref: torch.Tensor) -> ErrorReport:
+    """Compare in float64 on the CPU; a NaN in `out` counts as non-finite, never as small."""
+    if out.shape != ref.shape:
+        raise ValueError(f"shape mismatch: {tuple(out.shape)} vs {tuple(ref.shape)}")
+    out = out.detach().to("cpu", torch.float64)
+    ref = ref.detach().to("cpu", torch.float64)
+    finite_ref = torch.isfinite(ref)
+    nonfinite = int((~torch.isfinite(out) & finite_ref).sum())
+    diff = torch.where(finite_ref, out - ref, torch.zeros_like(ref))
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    denom = torch.linalg.vector_norm(torch.where(finite_ref, ref, torch.zeros_like(ref)))
+    num = torch.linalg.vector_norm(diff)
+    rel = float(num / denom) if float(denom) > 0 else float(num)
+    absdiff = diff.abs()
+    if absdiff.numel() == 0:
+        return ErrorReport(0.0, 0.0, (), 0)
+    flat = int(absdiff.reshape(-1).argmax())
+    worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), absdiff.shape))
+    return ErrorReport(rel, float(absdiff.reshape(-1)[flat]), worst, nonfinite)

@@ -1,0 +1,105 @@
+"""The optimisations dsv4opt knows: what each targets, replaces and risks, and how to check it.
+
+Entries are data; the kernel code is imported only when an optimisation is used, so listing them
+costs nothing and works without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from dsv4opt.errors import DsvOptError
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What a correctness gate measured. `figures` and `bounds` share keys where a bound applies."""
+
+    name: str
+    passed: bool
+    device: str
+    figures: dict[str, float]
+    bounds: dict[str, float]
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Optimization:
+    name: str
+    target_category: str
+    replaces: str  # what it replaces, in words
+    slots: tuple[str, ...]  # workload slots (dsv4opt.workload.impls.SLOTS) it provides
+    env_gate: str
+    risk: str  # one phrase
+    changes_selection: bool  # changes numerics that decide which tokens attention sees
+    needs_graph: bool  # must be CUDA-graph safe to help (decode replays graphs)
+    module: str  # package exporting IMPLEMENTATIONS (slot -> callable) and check(device)
+
+    def implementations(self) -> dict[str, Callable]:
+        return dict(importlib.import_module(self.module).IMPLEMENTATIONS)
+
+    def check(self, device: str | None = None) -> CheckResult:
+        return importlib.import_module(self.module).check(device)
+
+
+OPTIMIZATIONS: dict[str, Optimization] = {
+    o.name: o
+    for o in (
+        Optimization(
+            name="mma-attn",
+            target_category="attention",
+            replaces="CUDA-core sparse-MLA decode kernel, one program per (request, head)",
+            slots=("attention",),
+            env_gate="DSV4OPT_MMA_ATTN",
+            risk="new kernel; bf16 rounding in attention only, token selection unchanged",
+            changes_selection=False,
+            needs_graph=True,
+            module="dsv4opt.optimizations.mma_attn",
+        ),
+        Optimization(
+            name="bf16-gemm",
+            target_category="gemm_fp32_simt",
+            replaces="float32 indexer score bmm and hyper-connection pre-mix linear",
+            slots=("indexer_score", "hc_premix"),
+            env_gate="DSV4OPT_BF16_GEMM",
+            risk="bf16 indexer scores can change which top-k entries are selected",
+            changes_selection=True,
+            needs_graph=False,
+            module="dsv4opt.optimizations.bf16_gemm",
+        ),
+    )
+}
+
+
+def get(name: str) -> Optimization:
+    try:
+        return OPTIMIZATIONS[name]
+    except KeyError:
+        raise DsvOptError(
+            f"unknown optimisation {name!r}; known: {', '.join(OPTIMIZATIONS)}"
+        ) from None
+
+
+def env_enabled(environ: dict[str, str] | None = None) -> list[str]:
+    environ = os.environ if environ is None else environ
+    return [o.name for o in OPTIMIZATIONS.values() if environ.get(o.env_gate, "") == "1"]
+
+
+def enabled_optimizations(extra: Iterable[str] = (), *, use_state: bool = True) -> list[str]:
+    """Names switched on: applied in the project state, set by env gate, or asked for now.
+
+    Validated and in registry order, so the same set always reads the same.
+    """
+    names = set()
+    for name in extra:
+        names.add(get(name).name)
+    names.update(env_enabled())
+    if use_state:
+        from dsv4opt.state import load_state
+
+        names.update(load_state().enabled)
+    return [n for n in OPTIMIZATIONS if n in names]

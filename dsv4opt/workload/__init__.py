@@ -1,0 +1,1 @@
+"""The embedded DeepSeek-V4-Flash-shaped decode workload."""
