@@ -1,3 +1,245 @@
-"""Commands: filled in by the issue that owns them."""
+"""The closed loop: list, apply, revert, status, recommend, sweep, report."""
 
-from dsv4opt.cli import app  # noqa: F401
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from dsv4opt.cli import app, console
+from dsv4opt.errors import DsvOptError
+
+
+def _split_ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DsvOptError(f"--concurrency takes whole numbers separated by commas, not {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise DsvOptError(f"--concurrency needs one or more positive numbers, not {text!r}")
+    return values
+
+
+@app.command("list")
+def list_(
+    check: Annotated[bool, typer.Option("--check", help="Run every check on this device now (can take a while).")] = False,
+) -> None:
+    """The optimisations dsv4opt knows, what they replace and risk, and whether they are on."""
+    from dsv4opt.loop.apply import record_check
+    from dsv4opt.optimizations.registry import OPTIMIZATIONS, env_enabled
+    from dsv4opt.state import load_state
+
+    state = load_state()
+    gated = set(env_enabled())
+    table = Table("name", "target", "replaces", "env gate", "risk", "check", "on")
+    for opt in OPTIMIZATIONS.values():
+        verdict = state.checks.get(opt.name)
+        if check:
+            result = opt.check(None)
+            verdict = record_check(result)
+        shown = "not run (--check)" if not verdict else (
+            f"{'passes' if verdict['passed'] else 'FAILS'} on {verdict['device']}")
+        on = "yes" if opt.name in state.enabled else ("env" if opt.name in gated else "no")
+        table.add_row(opt.name, opt.target_category, opt.replaces, f"{opt.env_gate}=1", opt.risk, shown, on)
+    console.print(table)
+
+
+@app.command()
+def apply(
+    name: Annotated[str, typer.Argument(help="Optimisation to switch on (see `dsv4opt list`).")],
+    concurrency: Annotated[Optional[int], typer.Option(min=1, help="Re-profile at this concurrency (default: the last profile's).")] = None,
+    reprofile: Annotated[bool, typer.Option("--reprofile/--no-reprofile", help="Re-profile and compare after switching on.")] = True,
+    target: Annotated[str, typer.Option(help="embedded (this tool's workload) or sglang (emit the server's switches).")] = "embedded",
+    out: Annotated[Path, typer.Option(help="sglang: folder for the env file and launch flags.")] = Path("sglang-switches"),
+) -> None:
+    """Check NAME on this device, switch it on, re-profile, and show whether the bottleneck moved."""
+    from dsv4opt.report.decision import print_check
+
+    if target == "sglang":
+        from dsv4opt.capture.sglang.switches import apply_to_sglang, describe
+
+        paths = apply_to_sglang(name, out)
+        console.print(describe(name), highlight=False)
+        for p in paths:
+            console.print(f"wrote {p}")
+        return
+    if target != "embedded":
+        raise DsvOptError(f"unknown target {target!r}; use embedded or sglang")
+
+    from dsv4opt.loop.apply import apply_optimisation
+
+    result = apply_optimisation(
+        name, concurrency=concurrency, reprofile=reprofile,
+        on_check=lambda r: print_check(r, console),
+        on_before=lambda p: console.print(f"baseline profile saved: {p}"),
+    )
+    console.print(f"[green]{name} is on[/] (enabled: {', '.join(result.enabled)})")
+    if result.after is None:
+        console.print("not re-profiled (--no-reprofile); the next `dsv4opt profile` includes it")
+        return
+    _print_shift(result, name)
+
+
+def _print_shift(result, name: str) -> None:
+    from dsv4opt.analysis import compare_profiles
+    from dsv4opt.analysis.categories import LABELS
+    from dsv4opt.optimizations.registry import get
+    from dsv4opt.report.tables import print_comparison
+
+    comparison = compare_profiles(result.before, result.after)
+    print_comparison(comparison, console=console)
+    target = get(name).target_category
+    b, a = result.before.category_share(target), result.after.category_share(target)
+    moved = "shrank" if a < b else "did NOT shrink"
+    console.print(f"targeted category {LABELS[target]}: {b:.1%} -> {a:.1%} ({moved})", highlight=False)
+    top_k, top_c = result.after.top_kernel, result.after.top_category
+    if top_k and top_c:
+        console.print(
+            f"#1 now: {LABELS[top_c['category']]} {top_c['share']:.1%}; kernel "
+            f"{top_k.get('short_name') or top_k['name']} {top_k['share']:.1%}", highlight=False)
+    tb, ta = result.before.throughput or {}, result.after.throughput or {}
+    if tb.get("tokens_per_s") and ta.get("tokens_per_s"):
+        console.print(
+            f"tokens/s {tb['tokens_per_s']:.1f} -> {ta['tokens_per_s']:.1f} "
+            f"({ta['tokens_per_s'] / tb['tokens_per_s']:.2f}x); ms/step {tb['ms_per_step']:.2f} -> {ta['ms_per_step']:.2f}",
+            highlight=False)
+    console.print(f"profiles: {result.before_path} -> {result.after_path}")
+
+
+@app.command()
+def revert(name: Annotated[str, typer.Argument(help="Optimisation to switch off.")]) -> None:
+    """Switch NAME off; later profiles run without it."""
+    from dsv4opt.loop.apply import revert_optimisation
+
+    enabled = revert_optimisation(name)
+    console.print(f"{name} is off (still on: {', '.join(enabled) or 'none'})")
+
+
+@app.command()
+def status(
+    reset: Annotated[bool, typer.Option("--reset", help="Set the state aside (kept as a .bak file) and start afresh.")] = False,
+) -> None:
+    """What is on, the last profile and its headline figures."""
+    from dsv4opt.analysis.categories import LABELS
+    from dsv4opt.analysis.profile import Profile
+    from dsv4opt.optimizations.registry import env_enabled
+    from dsv4opt.state import load_state, reset_state, state_path
+
+    if reset:
+        kept = reset_state()
+        console.print(f"state reset; the old state was kept as {kept}" if kept else "state reset (there was none)")
+        return
+    state = load_state()
+    console.print(f"state: {state_path()}")
+    console.print(f"on: {', '.join(state.enabled) or 'nothing (baseline)'}")
+    if env_enabled():
+        console.print(f"on by env gate: {', '.join(env_enabled())}")
+    if not state.last_profile:
+        console.print("last profile: none yet (`dsv4opt profile`)")
+        return
+    console.print(f"last profile: {state.last_profile}")
+    if not Path(state.last_profile).exists():
+        console.print("[yellow]that file is gone[/]; the next apply profiles afresh")
+        return
+    prof = Profile.load(state.last_profile)
+    top_c, top_k = prof.top_category, prof.top_kernel
+    if top_c and top_k:
+        console.print(f"  #1 category {LABELS[top_c['category']]} {top_c['share']:.1%}; #1 kernel "
+                      f"{top_k.get('short_name') or top_k['name']} {top_k['share']:.1%}", highlight=False)
+    if prof.throughput:
+        console.print(f"  {prof.throughput.get('tokens_per_s', 0):.1f} tokens/s, "
+                      f"{prof.throughput.get('ms_per_step', 0):.2f} ms/step", highlight=False)
+
+
+@app.command()
+def recommend(
+    profile: Annotated[Optional[Path], typer.Argument(help="Profile or trace (default: the last profile).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the candidates and choice as JSON.")] = None,
+) -> None:
+    """Rank what could speed this profile up and recommend one, with reasons."""
+    from dsv4opt.analysis import load_profile_or_trace
+    from dsv4opt.decision.recommend import recommend as rank
+    from dsv4opt.fileio import write_json_atomic
+    from dsv4opt.report.decision import print_recommendation
+    from dsv4opt.state import load_state
+
+    state = load_state()
+    if profile is None:
+        if not state.last_profile:
+            raise DsvOptError("no profile given and none recorded yet; run `dsv4opt profile` or name a profile")
+        profile = Path(state.last_profile)
+    prof = load_profile_or_trace(profile)
+    rec = rank(prof, state.enabled)
+    console.print(f"profile: {profile}")
+    print_recommendation(rec, console)
+    if json_out:
+        write_json_atomic(json_out, rec.to_dict())
+
+
+@app.command()
+def sweep(
+    concurrency: Annotated[str, typer.Option("--concurrency", "-c", help="Concurrencies, comma-separated.")] = "1,16,32,64",
+    with_: Annotated[Optional[str], typer.Option("--with", help="Optimisations for the second variant, comma-separated.")] = None,
+    context: Annotated[int, typer.Option(min=1)] = 8192,
+    steps: Annotated[int, typer.Option(min=1)] = 10,
+    warmup: Annotated[int, typer.Option(min=0)] = 5,
+    config: Annotated[Optional[str], typer.Option()] = None,
+    layers: Annotated[Optional[int], typer.Option(min=1)] = None,
+    device: Annotated[Optional[str], typer.Option()] = None,
+    cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph")] = True,
+    out_dir: Annotated[Path, typer.Option(help="Where profiles, the summary and the chart go.")] = Path("profiles"),
+) -> None:
+    """Profile each concurrency, baseline and with --with, and tabulate tokens/s and shares."""
+    from dsv4opt.capture.embedded import profile_embedded
+    from dsv4opt.capture.settings import EmbeddedSettings
+    from dsv4opt.loop.sweep import sweep as run_sweep
+    from dsv4opt.optimizations.registry import get
+    from dsv4opt.report.decision import print_sweep
+
+    concurrencies = _split_ints(concurrency)
+    opts = [get(n.strip()).name for n in (with_ or "").split(",") if n.strip()]
+    base = EmbeddedSettings(context=context, steps=steps, warmup=warmup, config=config, layers=layers,
+                            device=device, cuda_graph=cuda_graph)
+
+    def profile_into(settings):
+        import dataclasses
+
+        from dsv4opt.capture.naming import profile_path
+
+        path = profile_path("embedded", settings.config, settings.concurrency, settings.optimizations, out_dir)
+        return profile_embedded(dataclasses.replace(settings, out=path))
+
+    result = run_sweep(concurrencies, opts, base, out_dir=out_dir, profile_fn=profile_into,
+                       on_row=lambda r: console.print(f"C={r.concurrency} {r.variant}: {r.profile}"))
+    print_sweep(result.rows, console)
+    console.print(f"summary: {result.summary_path}")
+    if result.chart_path:
+        console.print(f"chart: {result.chart_path}")
+
+
+@app.command()
+def report(
+    profiles: Annotated[list[Path], typer.Argument(help="Profiles (or traces) in order, e.g. before then after.")],
+    out: Annotated[Path, typer.Option(help="Page to write.")] = Path("report.html"),
+    fmt: Annotated[str, typer.Option("--format", help="html or md.")] = "html",
+    title: Annotated[str, typer.Option(help="Page title.")] = "dsv4opt report",
+) -> None:
+    """One self-contained page: shares before/after, top kernels, verdict, throughput, evidence."""
+    from dsv4opt.analysis import load_profile_or_trace
+    from dsv4opt.fileio import write_bytes_atomic, write_text_atomic
+    from dsv4opt.report.page import build_report, render_html, render_markdown
+
+    if fmt not in ("html", "md"):
+        raise DsvOptError(f"--format must be html or md, not {fmt!r}")
+    loaded = [load_profile_or_trace(p) for p in profiles]
+    rep = build_report([str(p) for p in profiles], loaded, title=title)
+    if fmt == "html":
+        write_text_atomic(out, render_html(rep))
+    else:
+        text, files = render_markdown(rep, chart_dir=out.parent, stem=out.stem)
+        for path, data in files.items():
+            write_bytes_atomic(path, data)
+        write_text_atomic(out, text)
+    console.print(f"report written: {out}")

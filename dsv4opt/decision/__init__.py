@@ -1,0 +1,1 @@
+"""From a profile to a decision: what the bottleneck is and which change to make next."""

@@ -1,0 +1,183 @@
+"""Rank the changes that could speed a profile up, and pick one, from data.
+
+Each candidate gets its target's share of GPU time, an Amdahl bound on the step speed-up (with the
+candidate's measured kernel speed-up when one is on record, else as if its target took no time),
+the fragmentation of its target, and its risk. Optimisations the tool can apply behind a
+correctness gate are preferred over generic levers (fusing glue, torch.compile, fp8 weights) unless
+they promise too little: a lever is advice, its bound is an upper limit nobody has measured here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+
+from dsv4opt.analysis.categories import GEMM_TC, GLUE, LABELS, MOE
+from dsv4opt.analysis.profile import Profile
+from dsv4opt.decision.fragmentation import Fragmentation, fragmentation
+from dsv4opt.optimizations.registry import OPTIMIZATIONS, Optimization
+
+MIN_SHARE = 0.02  # below this a target is noise, not a bottleneck
+MIN_GAIN = 1.05  # an applicable optimisation must promise at least this to beat a lever
+
+
+@dataclass
+class Candidate:
+    name: str
+    kind: str  # "optimisation": dsv4opt can apply it; "lever": advice, no switch in dsv4opt
+    target: str  # a category, or "glue"
+    share: float
+    amdahl_bound: float  # upper bound on the whole step's speed-up
+    kernel_speedup: float | None  # measured speed-up of the target's kernels, when on record
+    speedup_source: str
+    fragmentation: Fragmentation
+    risk: str
+    changes_selection: bool
+    needs_graph: bool
+    enabled: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Recommendation:
+    candidates: list[Candidate]
+    chosen: Candidate | None
+    explanation: list[str]
+
+    def to_dict(self) -> dict:
+        return {
+            "chosen": self.chosen.name if self.chosen else None,
+            "explanation": self.explanation,
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+
+def amdahl(share: float, kernel_speedup: float | None) -> float:
+    """Step speed-up when a `share` of the time runs `kernel_speedup` times faster (None: infinitely)."""
+    rest = 1.0 - share
+    if kernel_speedup is None or kernel_speedup <= 0:
+        return float("inf") if rest <= 0 else 1.0 / rest
+    return 1.0 / (rest + share / kernel_speedup)
+
+
+def measured_kernel_speedup(opt: Optimization, concurrency: int | None) -> tuple[float | None, str]:
+    """The optimisation's kernel speed-up from its committed benchmark record, nearest concurrency."""
+    package = opt.module
+    try:
+        text = resources.files(package).joinpath("measured.json").read_text(encoding="utf-8")
+    except (FileNotFoundError, ModuleNotFoundError, OSError):
+        return None, "no measurement on record: bound assumes the target takes no time"
+    record = json.loads(text)
+    table = {int(c): float(v) for c, v in record.get("kernel_speedup", {}).items()}
+    if not table:
+        return None, "no measurement on record: bound assumes the target takes no time"
+    c = min(table, key=lambda x: abs(x - concurrency)) if concurrency else max(table)
+    return table[c], f"measured {table[c]:.1f}x at B={c} on {record.get('device', '?')} ({record.get('source', '')})"
+
+
+def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candidate]:
+    enabled = set(profile.meta.get("optimizations") or []) | set(enabled or [])
+    concurrency = profile.meta.get("concurrency")
+    out: list[Candidate] = []
+    for opt in OPTIMIZATIONS.values():
+        frag = fragmentation(profile, [opt.target_category])
+        if frag.share <= 0 and opt.name not in enabled:
+            continue
+        speedup, source = measured_kernel_speedup(opt, concurrency)
+        out.append(
+            Candidate(
+                name=opt.name, kind="optimisation", target=opt.target_category, share=frag.share,
+                amdahl_bound=amdahl(frag.share, speedup), kernel_speedup=speedup, speedup_source=source,
+                fragmentation=frag, risk=opt.risk, changes_selection=opt.changes_selection,
+                needs_graph=opt.needs_graph, enabled=opt.name in enabled,
+            )
+        )
+    out += _levers(profile)
+    return sorted(out, key=lambda c: (c.enabled, -c.amdahl_bound))
+
+
+def _levers(profile: Profile) -> list[Candidate]:
+    glue = fragmentation(profile, GLUE)
+    custom = fragmentation(profile, [c for c in LABELS if c not in GLUE])
+    levers: list[Candidate] = []
+    if glue.share > 0:
+        speculative = "speculative: " if glue.tiny else ""
+        levers.append(
+            Candidate(
+                name="fuse-glue", kind="lever", target="glue", share=glue.share,
+                amdahl_bound=amdahl(glue.share, None), kernel_speedup=None,
+                speedup_source="upper limit: all glue time removed",
+                fragmentation=glue,
+                risk=f"{speculative}hand fusion of {glue.kernels} kernels over "
+                f"{glue.launches_per_step:.0f} launches/step; numerics unchanged if done right",
+                changes_selection=False, needs_graph=False,
+            )
+        )
+        levers.append(
+            Candidate(
+                name="torch-compile", kind="lever", target="glue", share=glue.share,
+                amdahl_bound=amdahl(glue.share, None), kernel_speedup=None,
+                speedup_source="upper limit: all glue time removed",
+                fragmentation=glue,
+                risk=f"{speculative}graph breaks at each custom kernel "
+                f"(~{custom.launches_per_step:.0f} launches/step outside the glue) leave short regions; "
+                "needs CUDA-graph re-capture",
+                changes_selection=False, needs_graph=True,
+            )
+        )
+    dense = fragmentation(profile, [GEMM_TC, MOE])
+    if dense.share > 0:
+        levers.append(
+            Candidate(
+                name="fp8-weights", kind="lever", target=f"{GEMM_TC}+{MOE}", share=dense.share,
+                amdahl_bound=amdahl(dense.share, 2.0), kernel_speedup=2.0,
+                speedup_source="assumed: decode GEMMs are bound by weight bytes, fp8 halves them vs bf16",
+                fragmentation=dense,
+                risk="weight quantisation changes every logit; needs an accuracy evaluation",
+                changes_selection=True, needs_graph=False,
+            )
+        )
+    return levers
+
+
+def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendation:
+    cands = candidates(profile, enabled)
+    open_ = [c for c in cands if not c.enabled and c.share >= MIN_SHARE]
+    applicable = [c for c in open_ if c.kind == "optimisation"]
+    levers = [c for c in open_ if c.kind == "lever"]
+    best_opt = max(applicable, key=lambda c: c.amdahl_bound, default=None)
+    best_lever = max(levers, key=lambda c: c.amdahl_bound, default=None)
+
+    lines: list[str] = []
+    if profile.time_basis != "gpu":
+        lines.append("this profile ranks CPU operators by self time (no GPU): shares are CPU shares")
+    if best_opt is not None and best_opt.amdahl_bound >= MIN_GAIN:
+        chosen = best_opt
+        lines.append(
+            f"apply {chosen.name}: {LABELS.get(chosen.target, chosen.target)} is {chosen.share:.1%} of GPU time; "
+            f"step speed-up at most {chosen.amdahl_bound:.2f}x ({chosen.speedup_source})."
+        )
+        lines.append(f"risk: {chosen.risk}; `dsv4opt apply {chosen.name}` runs its correctness gate first.")
+        if best_lever is not None and best_lever.amdahl_bound > chosen.amdahl_bound:
+            f = best_lever.fragmentation
+            lines.append(
+                f"{best_lever.name} bounds higher ({best_lever.amdahl_bound:.2f}x on {best_lever.share:.1%} glue) "
+                f"but its target is {f.launches_per_step:.0f} launches/step with a median kernel of "
+                f"{f.median_kernel_us:.1f} µs spread over {f.kernels} kernels: an upper limit, not a measured gain, "
+                "and dsv4opt has no gated switch for it."
+            )
+    elif best_lever is not None:
+        chosen = best_lever
+        lines.append(
+            f"no applicable optimisation promises {MIN_GAIN:.2f}x or more; the largest remaining target is "
+            f"{chosen.target} at {chosen.share:.1%} (bound {chosen.amdahl_bound:.2f}x): try {chosen.name}. "
+            f"Risk: {chosen.risk}."
+        )
+    else:
+        chosen = None
+        lines.append("nothing left with a target above 2% of GPU time")
+    return Recommendation(candidates=cands, chosen=chosen, explanation=lines)

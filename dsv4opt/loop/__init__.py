@@ -1,0 +1,1 @@
+"""The closed loop: apply/revert optimisations, re-profile, sweep concurrencies."""

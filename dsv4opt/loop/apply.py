@@ -1,0 +1,138 @@
+"""apply / revert: gate an optimisation on its check, switch it on, re-profile, compare."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from dsv4opt.analysis.profile import Profile
+from dsv4opt.capture.settings import EmbeddedSettings
+from dsv4opt.errors import CheckFailed, DsvOptError
+from dsv4opt.loop.settings import settings_from_profile
+from dsv4opt.optimizations.registry import CheckResult, get
+from dsv4opt.state import State, load_state, save_state
+
+ProfileFn = Callable[[EmbeddedSettings], tuple[Profile, Path]]
+
+
+@dataclass
+class ApplyResult:
+    name: str
+    check: CheckResult
+    enabled: list[str]
+    before_path: Path | None = None
+    after_path: Path | None = None
+    before: Profile | None = None
+    after: Profile | None = None
+
+
+def _now() -> str:
+    return dt.datetime.now().isoformat(timespec="seconds")
+
+
+def _default_profile_fn(settings: EmbeddedSettings) -> tuple[Profile, Path]:
+    from dsv4opt.capture.embedded import profile_embedded
+
+    return profile_embedded(settings)
+
+
+def record_profile(path: Path, action: str = "profile") -> None:
+    """Remember `path` as the last profile (what apply compares against and re-profiles like)."""
+    state = load_state()
+    state.last_profile = str(path)
+    state.history.append({"action": action, "profile": str(path), "date": _now()})
+    save_state(state)
+
+
+def record_check(result: CheckResult) -> dict:
+    """Keep the latest check verdict per optimisation, for `dsv4opt list`."""
+    verdict = {"passed": result.passed, "device": result.device, "date": _now()}
+    state = load_state()
+    state.checks[result.name] = verdict
+    save_state(state)
+    return verdict
+
+
+def apply_optimisation(
+    name: str,
+    *,
+    concurrency: int | None = None,
+    reprofile: bool = True,
+    on_check: Callable[[CheckResult], None] = lambda r: None,
+    on_before: Callable[[Path], None] = lambda p: None,
+    profile_fn: ProfileFn = _default_profile_fn,
+) -> ApplyResult:
+    """Check `name` on this device, switch it on, re-profile like the last profile, keep both.
+
+    Nothing changes when the check fails. The state is written only after the re-profile is
+    saved, so an interrupted run leaves the previous state and profiles as they were.
+    """
+    opt = get(name)
+    state = load_state()
+    if name in state.enabled:
+        raise DsvOptError(f"{name} is already on; `dsv4opt revert {name}` switches it off")
+
+    before, before_path, settings = None, None, None
+    if reprofile:
+        before, before_path, settings = _baseline(state, concurrency, profile_fn, on_before)
+
+    check = opt.check(settings.device if settings else None)
+    on_check(check)
+    if not check.passed:
+        raise CheckFailed(f"{name}: correctness check failed on {check.device}: {check.summary}; nothing was changed")
+
+    enabled = _registry_order(state.enabled + [name])
+    result = ApplyResult(name=name, check=check, enabled=enabled, before=before, before_path=before_path)
+    if reprofile:
+        assert settings is not None
+        settings = dataclasses.replace(settings, optimizations=enabled, out=None, trace_dir=None)
+        result.after, result.after_path = profile_fn(settings)
+    state = load_state()  # re-read: the before-profile may have been recorded meanwhile
+    state.enabled = enabled
+    state.checks[name] = {"passed": True, "device": check.device, "date": _now()}
+    if result.after_path is not None:
+        state.last_profile = str(result.after_path)
+    state.history.append({"action": "apply", "name": name, "profile": state.last_profile, "date": _now()})
+    save_state(state)
+    return result
+
+
+def revert_optimisation(name: str) -> list[str]:
+    get(name)
+    state = load_state()
+    if name not in state.enabled:
+        on = ", ".join(state.enabled) or "none"
+        raise DsvOptError(f"{name} is not on (on: {on})")
+    state.enabled = [n for n in state.enabled if n != name]
+    state.history.append({"action": "revert", "name": name, "date": _now()})
+    save_state(state)
+    return state.enabled
+
+
+def _baseline(
+    state: State, concurrency: int | None, profile_fn: ProfileFn, on_before: Callable[[Path], None]
+) -> tuple[Profile, Path, EmbeddedSettings]:
+    """The profile to compare against: the last one (re-profiled if a concurrency is asked that differs)."""
+    last = Path(state.last_profile) if state.last_profile else None
+    if last is not None and last.exists():
+        profile = Profile.load(last)
+        settings = settings_from_profile(profile, last)
+        if concurrency is None or concurrency == settings.concurrency:
+            return profile, last, settings
+        settings = dataclasses.replace(settings, concurrency=concurrency)
+    else:
+        settings = EmbeddedSettings(concurrency=concurrency or 32)
+    settings = dataclasses.replace(settings, optimizations=list(state.enabled), out=None, trace_dir=None)
+    profile, path = profile_fn(settings)
+    on_before(path)
+    record_profile(path)
+    return profile, path, settings_from_profile(profile, path)
+
+
+def _registry_order(names: list[str]) -> list[str]:
+    from dsv4opt.optimizations.registry import OPTIMIZATIONS
+
+    return [n for n in OPTIMIZATIONS if n in set(names)]

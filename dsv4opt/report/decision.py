@@ -1,0 +1,58 @@
+"""Rich renderers for checks, recommendations and sweeps."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from dsv4opt.analysis.categories import LABELS
+from dsv4opt.decision.diagnose import Diagnosis
+from dsv4opt.decision.recommend import Recommendation
+from dsv4opt.optimizations.registry import CheckResult
+
+
+def print_check(result: CheckResult, console: Console) -> None:
+    colour = "green" if result.passed else "red"
+    console.print(f"[bold]{result.name}[/] check on {result.device}: [{colour}]{'passed' if result.passed else 'FAILED'}[/]")
+    table = Table("figure", "measured", "bound", box=None, pad_edge=False)
+    for key, value in result.figures.items():
+        bound = result.bounds.get(key)
+        table.add_row(key, _num(value), _num(bound) if bound is not None else "")
+    if result.figures:
+        console.print(table)
+    console.print(result.summary, highlight=False)
+
+
+def _num(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def print_recommendation(rec: Recommendation, console: Console) -> None:
+    table = Table("candidate", "kind", "target", "share", "Amdahl bound", "launches/step", "median µs", "risk",
+                  title="Candidates", title_justify="left")
+    for c in rec.candidates:
+        name = c.name + (" (on)" if c.enabled else "") + (" *" if rec.chosen is c else "")
+        bound = "∞" if c.amdahl_bound == float("inf") else f"{c.amdahl_bound:.2f}x"
+        table.add_row(name, c.kind, LABELS.get(c.target, c.target), f"{c.share:.1%}", bound,
+                      f"{c.fragmentation.launches_per_step:.0f}", f"{c.fragmentation.median_kernel_us:.1f}", c.risk)
+    console.print(table)
+    for line in rec.explanation:
+        console.print(f"  {line}", highlight=False)
+
+
+def print_diagnosis(diag: Diagnosis, console: Console) -> None:
+    console.print("[bold]Diagnosis[/]")
+    for line in diag.lines():
+        console.print(f"  {line}", highlight=False)
+
+
+def print_sweep(rows, console: Console) -> None:
+    table = Table("C", "variant", "tokens/s", "ms/step", "attention", "#1 category", "speed-up", title="Sweep",
+                  title_justify="left")
+    for r in rows:
+        table.add_row(str(r.concurrency), r.variant, f"{r.tokens_per_s:.1f}" if r.tokens_per_s else "-",
+                      f"{r.ms_per_step:.2f}" if r.ms_per_step else "-", f"{r.attention_share:.1%}",
+                      LABELS.get(r.top_category or "", "-"), f"{r.speedup:.2f}x" if r.speedup else "-")
+    console.print(table)

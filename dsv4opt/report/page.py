@@ -1,0 +1,223 @@
+"""A report on one or more profiles, as a self-contained HTML page or Markdown.
+
+build_report() gathers the facts (data only); render_html()/render_markdown() lay them out.
+Charts are PNGs: inlined as data URIs in HTML (renders offline), written beside the Markdown.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsv4opt.analysis.categories import CATEGORIES, LABELS
+from dsv4opt.analysis.profile import Profile
+from dsv4opt.decision.recommend import recommend
+from dsv4opt.loop.sweep import SweepRow, row_for, variant_name
+from dsv4opt.report.plots import category_bars_png, throughput_chart_png
+
+META_KEYS = ("target", "device", "config", "concurrency", "context", "layers", "optimizations",
+             "torch", "triton", "date", "commit")
+
+
+@dataclass
+class Report:
+    title: str
+    generated: str
+    names: list[str]
+    profiles: list[Profile]
+    verdict: str | None
+    recommendation: list[str]
+    sweep_rows: list[SweepRow] = field(default_factory=list)
+    charts: dict[str, bytes] = field(default_factory=dict)  # name -> PNG
+
+
+def label(profile: Profile, path: str) -> str:
+    m = profile.meta
+    if m.get("concurrency") is not None:
+        return f"C={m['concurrency']} {variant_name(list(m.get('optimizations') or []))}"
+    return Path(path).name
+
+
+def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4opt report") -> Report:
+    names = [label(p, n) for p, n in zip(profiles, paths)]
+    verdict = None
+    if len(profiles) >= 2:
+        from dsv4opt.analysis import compare_profiles
+
+        verdict = compare_profiles(profiles[0], profiles[-1]).verdict
+    rec = recommend(profiles[-1]).explanation if profiles else []
+    report = Report(
+        title=title,
+        generated=dt.datetime.now().isoformat(timespec="seconds"),
+        names=names,
+        profiles=profiles,
+        verdict=verdict,
+        recommendation=rec,
+        sweep_rows=_sweep_rows(paths, profiles),
+    )
+    bars = category_bars_png(names, [{c["category"]: c["share"] for c in p.categories} for p in profiles])
+    if bars:
+        report.charts["categories"] = bars
+    if len({r.concurrency for r in report.sweep_rows}) >= 2:
+        chart = throughput_chart_png(report.sweep_rows)
+        if chart:
+            report.charts["throughput"] = chart
+    return report
+
+
+def _sweep_rows(paths: list[str], profiles: list[Profile]) -> list[SweepRow]:
+    """Rows by (concurrency, variant) when the profiles carry both; baseline at the same C is the reference."""
+    keyed = [(p, path) for p, path in zip(profiles, paths) if p.meta.get("concurrency") is not None and p.throughput]
+    baselines = {int(p.meta["concurrency"]): p for p, _ in keyed if not p.meta.get("optimizations")}
+    rows = [row_for(p, Path(path), baselines.get(int(p.meta["concurrency"]))) for p, path in keyed]
+    return sorted(rows, key=lambda r: (r.variant != "baseline", r.variant, r.concurrency))
+
+
+def _fmt(value, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "none"
+    return format(value, spec) if spec else str(value)
+
+
+def _kernel_rows(profile: Profile, top: int = 10) -> list[list[str]]:
+    rows = []
+    for i, k in enumerate(profile.kernels[:top], 1):
+        where = k.get("source") or ""
+        op = k.get("launcher") or k.get("cpu_op") or ""
+        if k.get("graph_replay"):
+            op = (op + " (CUDA-graph replay)").strip()
+        rows.append([
+            str(i), f"{k['share']:.1%}", f"{k['total_us']:.1f}", str(k["count"]),
+            LABELS.get(k["category"], k["category"]), k.get("short_name") or k["name"],
+            " ".join(x for x in (where, op) if x) or "-",
+        ])
+    return rows
+
+
+def _category_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    header = ["category"] + report.names
+    rows = []
+    for cat in CATEGORIES:
+        shares = [p.category_share(cat) for p in report.profiles]
+        if any(shares):
+            rows.append([LABELS[cat]] + [f"{s:.1%}" for s in shares])
+    rows.append(["glue (total)"] + [f"{p.glue_share:.1%}" for p in report.profiles])
+    return header, rows
+
+
+def _meta_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    header = ["field"] + report.names
+    rows = [["basis"] + [p.time_basis for p in report.profiles]]
+    rows += [[key] + [_fmt(p.meta.get(key)) for p in report.profiles] for key in META_KEYS]
+    rows.append(["tokens/s"] + [_fmt((p.throughput or {}).get("tokens_per_s"), ".1f") for p in report.profiles])
+    rows.append(["ms/step"] + [_fmt((p.throughput or {}).get("ms_per_step"), ".2f") for p in report.profiles])
+    rows.append(["GPU time (µs)"] + [f"{p.gpu_time_us:.1f}" for p in report.profiles])
+    return header, rows
+
+
+def _sweep_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    header = ["C", "variant", "tokens/s", "ms/step", "attention", "#1 category", "speed-up"]
+    rows = [[str(r.concurrency), r.variant, _fmt(r.tokens_per_s, ".1f"), _fmt(r.ms_per_step, ".2f"),
+             f"{r.attention_share:.1%}", LABELS.get(r.top_category or "", r.top_category or "-"),
+             _fmt(r.speedup, ".2f") + ("x" if r.speedup else "")] for r in report.sweep_rows]
+    return header, rows
+
+
+KERNEL_HEADER = ["#", "share", "total µs", "launches", "category", "kernel", "launched from"]
+
+
+def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "report") -> tuple[str, dict[Path, bytes]]:
+    """Markdown text plus the PNG files it links to (written beside it by the caller)."""
+    files: dict[Path, bytes] = {}
+    out = [f"# {report.title}", "", f"Generated {report.generated} by dsv4opt from {len(report.profiles)} profile(s).", ""]
+    if not report.profiles:
+        return "\n".join(out + ["No profiles given.", ""]), files
+    if report.verdict:
+        out += ["## Verdict", "", f"**{report.verdict}**", ""]
+    out += ["## Category shares", ""]
+    if "categories" in report.charts and chart_dir is not None:
+        name = f"{stem}-categories.png"
+        files[chart_dir / name] = report.charts["categories"]
+        out += [f"![category shares]({name})", ""]
+    out += _md_table(*_category_rows(report)) + [""]
+    if report.sweep_rows:
+        out += ["## Throughput across concurrencies", ""]
+        if "throughput" in report.charts and chart_dir is not None:
+            name = f"{stem}-throughput.png"
+            files[chart_dir / name] = report.charts["throughput"]
+            out += [f"![throughput]({name})", ""]
+        out += _md_table(*_sweep_table(report)) + [""]
+    for name, profile in zip(report.names, report.profiles):
+        out += [f"## Top kernels: {name}", ""] + _md_table(KERNEL_HEADER, _kernel_rows(profile)) + [""]
+    out += ["## Recommendation for the last profile", ""] + [f"- {line}" for line in report.recommendation] + [""]
+    out += ["## Evidence", ""] + _md_table(*_meta_rows(report)) + [""]
+    return "\n".join(out), files
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in rows]
+    return lines
+
+
+def render_html(report: Report) -> str:
+    e = html.escape
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{e(report.title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{e(report.title)}</h1><p class='small'>Generated {e(report.generated)} by dsv4opt from "
+        f"{len(report.profiles)} profile(s).</p>",
+    ]
+    if not report.profiles:
+        parts.append("<p>No profiles given.</p></body></html>")
+        return "".join(parts)
+    if report.verdict:
+        parts.append(f"<h2>Verdict</h2><p class='verdict'>{e(report.verdict)}</p>")
+    parts.append("<h2>Category shares</h2>")
+    parts.append(_img(report, "categories", "category shares"))
+    parts.append(_html_table(*_category_rows(report)))
+    if report.sweep_rows:
+        parts.append("<h2>Throughput across concurrencies</h2>")
+        parts.append(_img(report, "throughput", "throughput"))
+        parts.append(_html_table(*_sweep_table(report)))
+    for name, profile in zip(report.names, report.profiles):
+        parts.append(f"<h2>Top kernels: {e(name)}</h2>")
+        parts.append(_html_table(KERNEL_HEADER, _kernel_rows(profile)))
+    parts.append("<h2>Recommendation for the last profile</h2><ul>")
+    parts += [f"<li>{e(line)}</li>" for line in report.recommendation]
+    parts.append("</ul><h2>Evidence</h2>")
+    parts.append(_html_table(*_meta_rows(report)))
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def _img(report: Report, key: str, alt: str) -> str:
+    png = report.charts.get(key)
+    if not png:
+        return ""
+    return f"<img alt='{alt}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:0.9em}"
+    "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}"
+    "th{background:#f3f3f3}.verdict{font-size:1.15em;font-weight:600}.small{color:#666}"
+    "img{max-width:100%}"
+)
