@@ -181,7 +181,7 @@ def recommend(
 @app.command()
 def sweep(
     concurrency: Annotated[str, typer.Option("--concurrency", "-c", help="Concurrencies, comma-separated.")] = "1,16,32,64",
-    with_: Annotated[Optional[str], typer.Option("--with", help="Optimisations for the second variant, comma-separated.")] = None,
+    with_: Annotated[Optional[list[str]], typer.Option("--with", help="A variant: optimisations, comma-separated; repeat for more variants.")] = None,
     context: Annotated[int, typer.Option(min=1)] = 8192,
     steps: Annotated[int, typer.Option(min=1)] = 10,
     warmup: Annotated[int, typer.Option(min=0)] = 5,
@@ -199,7 +199,7 @@ def sweep(
     from dsv4opt.report.decision import print_sweep
 
     concurrencies = _split_ints(concurrency)
-    opts = [get(n.strip()).name for n in (with_ or "").split(",") if n.strip()]
+    variants = [[get(n.strip()).name for n in v.split(",") if n.strip()] for v in with_ or []]
     base = EmbeddedSettings(context=context, steps=steps, warmup=warmup, config=config, layers=layers,
                             device=device, cuda_graph=cuda_graph)
 
@@ -211,7 +211,7 @@ def sweep(
         path = profile_path("embedded", settings.config, settings.concurrency, settings.optimizations, out_dir)
         return profile_embedded(dataclasses.replace(settings, out=path))
 
-    result = run_sweep(concurrencies, opts, base, out_dir=out_dir, profile_fn=profile_into,
+    result = run_sweep(concurrencies, variants, base, out_dir=out_dir, profile_fn=profile_into,
                        on_row=lambda r: console.print(f"C={r.concurrency} {r.variant}: {r.profile}"))
     print_sweep(result.rows, console)
     console.print(f"summary: {result.summary_path}")

@@ -59,18 +59,18 @@ def row_for(profile: Profile, path: Path, baseline: Profile | None) -> SweepRow:
 
 def sweep(
     concurrencies: list[int],
-    optimizations: list[str],
+    variants: list[list[str]],
     base: EmbeddedSettings,
     *,
     out_dir: Path = Path("profiles"),
     profile_fn: ProfileFn,
     on_row: Callable[[SweepRow], None] = lambda r: None,
 ) -> SweepResult:
+    """Profile the baseline and each variant (a list of optimisations) at every concurrency."""
     result = SweepResult()
-    variants = [[]] + ([optimizations] if optimizations else [])
     for c in concurrencies:
         baseline = None
-        for opts in variants:
+        for opts in [[]] + [v for v in variants if v]:
             settings = dataclasses.replace(base, concurrency=c, optimizations=list(opts), out=None)
             profile, path = profile_fn(settings)
             baseline = baseline or profile
@@ -79,7 +79,7 @@ def sweep(
             on_row(row)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     result.summary_path = write_json_atomic(
-        unique_path(out_dir / f"sweep-{variant_name(optimizations)}-{stamp}.json"),
+        unique_path(out_dir / f"sweep-{stamp}.json"),
         {"schema": SWEEP_SCHEMA, "rows": [dataclasses.asdict(r) for r in result.rows]},
     )
     from dsv4opt.report.plots import throughput_chart_png

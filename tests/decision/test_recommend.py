@@ -1,0 +1,60 @@
+import math
+
+import pytest
+
+from dsv4opt.decision.diagnose import diagnose
+from dsv4opt.decision.fragmentation import fragmentation
+from dsv4opt.decision.recommend import amdahl, recommend
+from tests.decision.profiles import make_profile, story_after_attention
+
+
+@pytest.mark.parametrize(
+    "share,speedup,expected",
+    [(0.5, None, 2.0), (0.5, 2.0, 1 / (0.5 + 0.25)), (0.0, 10.0, 1.0), (0.2, 1.0, 1.0), (1.0, None, math.inf)],
+    ids=["half-infinitely-fast", "half-twice-as-fast", "no-share", "no-speedup", "everything"],
+)
+def test_amdahl_bound(share, speedup, expected):
+    assert amdahl(share, speedup) == pytest.approx(expected)
+
+
+def test_fragmentation_counts_launches_per_step_and_median():
+    prof = story_after_attention()
+    glue = fragmentation(prof, ["elementwise", "reduction", "copy"])
+    assert glue.launches == 40000 + 15000 + 5000
+    assert glue.launches_per_step == pytest.approx(6000.0)
+    # launch-weighted median of per-kernel means: 40000 elementwise launches at 0.1 µs dominate
+    assert glue.median_kernel_us == pytest.approx(0.1)
+    assert glue.share == pytest.approx(6000.0 / 10000.0)
+    assert glue.tiny
+
+
+def test_story_recommends_the_fp32_gemm_flip_over_speculative_glue():
+    rec = recommend(story_after_attention())
+    assert rec.chosen is not None and rec.chosen.name == "bf16-gemm"
+    assert rec.chosen.share == pytest.approx(0.192)
+    by_name = {c.name: c for c in rec.candidates}
+    assert by_name["mma-attn"].enabled  # already on: listed, not chosen
+    assert by_name["fuse-glue"].amdahl_bound == pytest.approx(1 / (1 - 0.6))
+    text = " ".join(rec.explanation)
+    assert "fuse-glue" in text and "launches/step" in text
+
+
+def test_no_applicable_optimisation_falls_back_to_a_lever():
+    prof = make_profile([("nvjet_sm90_tst_64x8", "gemm_tc", 10, 900.0), ("elementwise_kernel", "elementwise", 10, 100.0)])
+    rec = recommend(prof)
+    assert rec.chosen is not None and rec.chosen.kind == "lever"
+    assert rec.chosen.name == "fp8-weights"
+
+
+def test_empty_profile_recommends_nothing():
+    prof = make_profile([])
+    rec = recommend(prof)
+    assert rec.chosen is None
+    assert diagnose(prof).lines() == ["no kernels in this profile: nothing to diagnose"]
+
+
+def test_diagnosis_names_top_kernel_category_and_glue():
+    lines = diagnose(story_after_attention()).lines()
+    assert lines[0].startswith("#1 kernel: ") and "60.0%" not in lines[0]
+    assert "elementwise 40.0%" in lines[0]
+    assert "6000 launches/step" in lines[1] and "fragmented" in lines[1]
