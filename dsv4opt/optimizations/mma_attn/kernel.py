@@ -1,0 +1,225 @@
+"""Tensor-core sparse-MLA decode: a tile of heads shares each KV tile, split-K with an LSE combine.
+
+Maths, byte/FLOP accounting and tile choice: docs/kernels/mma_attn.md.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4opt.workload.attention.simt import check_attention_inputs
+
+_LOG2E = 1.4426950408889634
+# Running max before any used slot: finite, so exp2(m_old - m_new) never evaluates inf - inf.
+_NO_SCORE = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def _mma_sparse_decode_kernel(
+    p_q, p_nope, p_rope, p_idx, p_len, p_sink, p_o, p_lse, p_o_part, p_lse_part,
+    stride_qb, stride_qh, stride_nope, stride_rope, stride_ib, stride_ob, stride_oh,
+    H, qk_scale_log2,
+    K: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
+    DN: tl.constexpr, DR: tl.constexpr, D_P: tl.constexpr, ROPE_FOLLOWS_NOPE: tl.constexpr,
+    BH: tl.constexpr, BK: tl.constexpr,
+):
+    """One program: request i_b, heads [i_h*BH, +BH), selected slots [i_s*CHUNK, +CHUNK).
+
+    NSPLIT == 1 writes o and lse directly; otherwise fp32 partials (o normalised by its own
+    denominator, base-2 lse) for _combine_splits_kernel.
+    """
+    i_b = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_s = tl.program_id(2)
+    D: tl.constexpr = DN + DR
+    o_h = i_h * BH + tl.arange(0, BH)
+    m_h = o_h < H
+    o_d = tl.arange(0, D_P)
+    m_d = o_d < D
+    p_q_tile = p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :]
+    b_q = tl.load(p_q_tile, mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]
+    n_used = tl.load(p_len + i_b)
+
+    b_m = tl.full([BH], _NO_SCORE, tl.float32)  # [BH] running max, base 2
+    b_l = tl.zeros([BH], tl.float32)  # [BH]
+    b_acc = tl.zeros([BH, D_P], tl.float32)  # [BH, D_P]
+    # Compile-time loop bounds (the interpreter cannot loop to a run-time scalar); slots past the
+    # context or marked -1 are masked, so their rows are never read.
+    for k0 in range(0, CHUNK, BK):
+        o_k = i_s * CHUNK + k0 + tl.arange(0, BK)
+        m_k = (o_k < K) & (o_k < n_used)
+        b_idx = tl.load(p_idx + i_b * stride_ib + o_k, mask=m_k, other=-1)  # [BK]
+        m_row = b_idx >= 0
+        row = tl.where(m_row, b_idx, 0).to(tl.int64)  # pools can exceed 2^31 elements
+        if ROPE_FOLLOWS_NOPE:
+            # One latent row, nope then rope, contiguous: a single wide load per row.
+            p_rows = p_nope + row[:, None] * stride_nope + o_d[None, :]
+            b_kv = tl.load(p_rows, mask=m_row[:, None] & m_d[None, :], other=0.0)  # [BK, D_P]
+        else:
+            # Separate nope and rope stores (the FP8 cache keeps rope apart in bf16).
+            p_n = p_nope + row[:, None] * stride_nope + o_d[None, :]
+            p_r = p_rope + row[:, None] * stride_rope + (o_d[None, :] - DN)
+            b_kv = tl.load(p_n, mask=m_row[:, None] & (o_d[None, :] < DN), other=0.0) + tl.load(
+                p_r, mask=m_row[:, None] & (o_d[None, :] >= DN) & m_d[None, :], other=0.0
+            )  # [BK, D_P]
+        b_s = tl.dot(b_q, tl.trans(b_kv)) * qk_scale_log2  # [BH, BK]
+        b_s = tl.where(m_row[None, :], b_s, float("-inf"))
+        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
+        b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
+        b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_kv.dtype), b_kv)  # [BH, D_P]
+        b_m = b_m_new
+
+    if NSPLIT == 1:
+        b_sink = tl.load(p_sink + o_h, mask=m_h, other=0.0).to(tl.float32) * 1.4426950408889634
+        b_top = tl.maximum(b_m, b_sink)  # [BH]
+        b_w = tl.exp2(b_m - b_top)
+        b_den = b_l * b_w + tl.exp2(b_sink - b_top)
+        b_o = b_acc * (b_w / b_den)[:, None]
+        p_o_tile = p_o + i_b * stride_ob + o_h[:, None] * stride_oh + o_d[None, :]
+        tl.store(p_o_tile, b_o.to(p_o.dtype.element_ty), mask=m_h[:, None] & m_d[None, :])
+        tl.store(p_lse + i_b * H + o_h, (b_top + tl.log2(b_den)) * 0.6931471805599453, mask=m_h)
+    else:
+        m_any = b_l > 0
+        b_o = b_acc / tl.where(m_any, b_l, 1.0)[:, None]
+        b_lse2 = tl.where(m_any, b_m + tl.log2(tl.where(m_any, b_l, 1.0)), float("-inf"))
+        row_part = (i_b * NSPLIT + i_s).to(tl.int64) * H + o_h  # [BH] rows of [B*NSPLIT*H]
+        tl.store(p_o_part + row_part[:, None] * D + o_d[None, :], b_o, mask=m_h[:, None] & m_d[None, :])
+        tl.store(p_lse_part + row_part, b_lse2, mask=m_h)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    p_o_part, p_lse_part, p_sink, p_o, p_lse,
+    stride_ob, stride_oh, H,
+    NSPLIT: tl.constexpr, NS_P: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
+):
+    """One program per (request, head): merge the NSPLIT partials and the sink."""
+    i_b = tl.program_id(0)
+    i_h = tl.program_id(1)
+    o_s = tl.arange(0, NS_P)
+    m_s = o_s < NSPLIT
+    o_d = tl.arange(0, D_P)
+    m_d = o_d < D
+    row_part = (i_b * NSPLIT + o_s).to(tl.int64) * H + i_h  # [NS_P]
+    b_lse2 = tl.load(p_lse_part + row_part, mask=m_s, other=float("-inf"))  # [NS_P]
+    b_sink = tl.load(p_sink + i_h).to(tl.float32) * 1.4426950408889634
+    b_top = tl.maximum(tl.max(b_lse2, axis=0), b_sink)
+    b_w = tl.exp2(b_lse2 - b_top)  # [NS_P], 0 for empty splits
+    b_den = tl.sum(b_w, axis=0) + tl.exp2(b_sink - b_top)
+    b_part = tl.load(p_o_part + row_part[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0)
+    b_o = tl.sum(b_part * b_w[:, None], axis=0) / b_den  # [D_P]
+    tl.store(p_o + i_b * stride_ob + i_h * stride_oh + o_d, b_o.to(p_o.dtype.element_ty), mask=m_d)
+    tl.store(p_lse + i_b * H + i_h, (b_top + tl.log2(b_den)) * 0.6931471805599453)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Launch configuration; `nsplit` programs share each (request, head tile)."""
+
+    block_h: int
+    block_k: int
+    nsplit: int
+    num_warps: int
+    num_stages: int
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_tiles(batch: int, heads: int, topk: int, device: torch.device) -> Tiles:
+    """Tiles from B, H and K: 64-head tiles (Hopper's MMA wants 64 rows), then split the selected
+    slots until about one program per SM; at large B a single pass needs no partials."""
+    block_h = min(64, max(16, triton.next_power_of_2(heads)))
+    block_k = 32
+    sms = _sm_count(device.index or 0) if device.type == "cuda" else 132
+    programs = batch * triton.cdiv(heads, block_h)
+    nsplit = max(1, min(round(sms / programs), triton.cdiv(topk, block_k)))
+    return Tiles(block_h=block_h, block_k=block_k, nsplit=nsplit, num_warps=8, num_stages=2)
+
+
+def sparse_decode_mma_split_kv(
+    q: torch.Tensor,
+    kv_nope: torch.Tensor,
+    kv_rope: torch.Tensor | None,
+    indices: torch.Tensor,
+    lengths: torch.Tensor,
+    sink: torch.Tensor,
+    scale: float,
+    tiles: Tiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse decode over a KV cache whose rows may keep nope and rope in separate tensors.
+
+    q: [B, H, DN + DR], kv_nope: [N, DN], kv_rope: [N, DR] or None when kv_nope already holds the
+    whole latent row [N, D]. Same dtype as q (bf16; fp16 under the interpreter). indices: [B, K]
+    int32, lengths: [B] int32, sink: [H] fp32. Returns o: [B, H, D] in q's dtype, lse: [B, H] fp32.
+    """
+    B, H, D = q.shape
+    K = indices.shape[1]
+    rope_follows = kv_rope is None
+    if rope_follows:
+        check_attention_inputs(q, kv_nope, indices, lengths, sink)
+        kv_rope, dn, dr = kv_nope, D, 0
+    else:
+        dn, dr = kv_nope.shape[1], kv_rope.shape[1]
+        assert dn + dr == D and kv_rope.shape[0] == kv_nope.shape[0], (kv_nope.shape, kv_rope.shape, D)
+        assert kv_rope.stride(1) == 1 and kv_rope.dtype == kv_nope.dtype
+        check_attention_inputs(q, torch.empty(0, D, device=q.device), indices, lengths, sink)
+        assert kv_nope.stride(1) == 1
+    assert kv_nope.dtype == q.dtype, "KV cache in q's dtype (FP8 nope needs a scale pointer: not yet)"
+    t = tiles or choose_tiles(B, H, K, q.device)
+    nsplit = max(1, min(t.nsplit, triton.cdiv(K, t.block_k)))
+    chunk = triton.cdiv(triton.cdiv(K, nsplit), t.block_k) * t.block_k
+    nsplit = triton.cdiv(K, chunk)  # no program left with an empty range
+    d_p = triton.next_power_of_2(D)
+
+    o = torch.empty_like(q)
+    lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
+    if nsplit > 1:
+        o_part = torch.empty(B, nsplit, H, D, device=q.device, dtype=torch.float32)
+        lse_part = torch.empty(B, nsplit, H, device=q.device, dtype=torch.float32)
+    else:
+        o_part, lse_part = o, lse  # unused by the single-pass kernel
+    grid = (B, triton.cdiv(H, t.block_h), nsplit)
+    _mma_sparse_decode_kernel[grid](
+        q, kv_nope, kv_rope, indices, lengths, sink, o, lse, o_part, lse_part,
+        q.stride(0), q.stride(1), kv_nope.stride(0), kv_rope.stride(0), indices.stride(0),
+        o.stride(0), o.stride(1),
+        H, scale * _LOG2E,
+        K=K, CHUNK=chunk, NSPLIT=nsplit, DN=dn, DR=dr, D_P=d_p, ROPE_FOLLOWS_NOPE=rope_follows,
+        BH=t.block_h, BK=t.block_k,
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    if nsplit > 1:
+        _combine_splits_kernel[(B, H)](
+            o_part, lse_part, sink, o, lse, o.stride(0), o.stride(1), H,
+            NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=D, D_P=d_p,
+            num_warps=4,
+        )
+    return o, lse
+
+
+def mma_sparse_decode(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    lengths: torch.Tensor,
+    sink: torch.Tensor,
+    scale: float,
+    tiles: Tiles | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `attention` slot (dsv4opt/workload/impls.py) on tensor cores.
+
+    q: [B, H, D] bf16, kv: [N, D] bf16 latent rows, indices: [B, K] int32 (-1 unused),
+    lengths: [B] int32, sink: [H] fp32. Returns o: [B, H, D] in q's dtype and lse: [B, H] fp32.
+    CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
+    """
+    return sparse_decode_mma_split_kv(q, kv, None, indices, lengths, sink, scale, tiles)
