@@ -54,7 +54,8 @@ def category_bars_png(labels: Sequence[str], shares: Sequence[dict[str, float]])
         bottoms = [b + v for b, v in zip(bottoms, values)]
     ax.set_ylabel("share of GPU time (%)")
     ax.set_ylim(0, 100)
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    if any(bottoms):
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
     data = _png(fig)
     plt.close(fig)
