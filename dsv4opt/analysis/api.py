@@ -1,0 +1,158 @@
+"""Trace files -> Profile: read each rank, rank kernels, find steps, attribute, aggregate ranks."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsv4opt.analysis import attribute, cpu_ops, parts, rank, steps
+from dsv4opt.analysis.profile import Profile, is_profile_file
+from dsv4opt.errors import TraceError
+from dsv4opt.trace import Trace, expand_trace_paths, rank_from_name, read_trace
+
+ATTRIBUTED_KERNELS = 30
+RANK_TOP = 10
+
+
+def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Path | None = None) -> Profile:
+    """Analyse trace files (or folders of per-rank traces) into one Profile.
+
+    Several files are reported per rank (extra field `ranks`) and aggregated (kernels, categories,
+    steps of the first rank with steps). `meta` is merged into profile.meta; target defaults to "trace".
+    """
+    files = expand_trace_paths(list(paths))
+    capture_trace = read_trace(capture) if capture is not None else None
+    per_rank: list[dict[str, Any]] = []
+    all_kernels: list[pd.DataFrame] = []
+    attributions: dict[str, dict] = {}
+    cpu_tables: list[pd.DataFrame] = []
+    step_info = None
+    part_frames: list[pd.DataFrame] = []
+    devices: list[str] = []
+    has_stacks = False
+    for i, f in enumerate(files):
+        trace = read_trace(f, rank=_rank_of(f, i))
+        result = _analyze_one(trace, capture_trace)
+        per_rank.append(result["summary"])
+        if trace.device and trace.device not in devices:
+            devices.append(trace.device)
+        if not trace.kernels.empty:
+            all_kernels.append(trace.kernels[["name", "dur_us"]].assign(name=trace.kernels["name"].astype(object)))
+        for name, att in result["attribution"].items():
+            attributions.setdefault(name, att)
+        if step_info is None and result["steps"] is not None:
+            step_info = result["steps"]
+        if not result["parts"].empty:
+            part_frames.append(result["parts"])
+        if result["cpu_table"] is not None:
+            cpu_tables.append(result["cpu_table"])
+        has_stacks = has_stacks or result["has_stacks"]
+        del trace, result
+
+    kernels = pd.concat(all_kernels, ignore_index=True) if all_kernels else pd.DataFrame({"name": [], "dur_us": []})
+    profile_meta: dict[str, Any] = {
+        "target": "trace",
+        "sources": [str(f) for f in files],
+        "device": devices[0] if len(devices) == 1 else (", ".join(devices) or None),
+        "ranks": len(files),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if capture is not None:
+        profile_meta["capture_trace"] = str(capture)
+    profile_meta.update(meta or {})
+    extra: dict[str, Any] = {"has_stacks": has_stacks}
+    if len(per_rank) > 1:
+        extra["ranks"] = per_rank
+
+    if kernels.empty:
+        if not cpu_tables:
+            raise TraceError(f"{files[0]}: holds no GPU kernels and no CPU operators; nothing to analyse")
+        merged = pd.concat(cpu_tables, ignore_index=True)
+        g = merged.groupby("name", sort=False).agg(count=("count", "sum"), total_us=("total_us", "sum")).reset_index()
+        total = float(g["total_us"].sum())
+        g["mean_us"] = g["total_us"] / g["count"]
+        g["share"] = g["total_us"] / total if total > 0 else 0.0
+        g["short_name"] = g["name"]
+        g["category"] = "cpu_op"
+        g = g.sort_values(["total_us", "name"], ascending=[False, True], kind="mergesort")
+        extra["cpu_self_us"] = total
+        extra["note"] = "no GPU events in the trace: ranking CPU operators by self time"
+        return Profile(meta=profile_meta, gpu_time_us=0.0, kernels=rank.records(g[rank.KERNEL_COLUMNS]),
+                       categories=[], steps=None, time_basis="cpu_self", extra=extra)
+
+    total = rank.total_gpu_us(kernels)
+    ktable = rank.kernel_table(kernels, total)
+    ctable = rank.category_table(ktable, total)
+    krows = rank.records(ktable)
+    for row in krows:
+        att = attributions.get(row["name"])
+        if att:
+            row.update(att)
+    if part_frames:
+        merged = pd.concat(part_frames, ignore_index=True).groupby("part").agg(count=("count", "sum"), total_us=("total_us", "sum")).reset_index()
+        merged["share"] = merged["total_us"] / total
+        extra["parts"] = rank.records(merged.sort_values("total_us", ascending=False))
+    return Profile(meta=profile_meta, gpu_time_us=total, kernels=krows, categories=rank.records(ctable),
+                   steps=step_info, time_basis="gpu", extra=extra)
+
+
+def _rank_of(path: Path, index: int) -> int:
+    r = rank_from_name(path.name)
+    return index if r is None else r
+
+
+def _analyze_one(trace: Trace, capture_trace: Trace | None) -> dict[str, Any]:
+    k = trace.kernels
+    attributor = attribute.Attributor(trace)
+    out: dict[str, Any] = {"attribution": {}, "steps": None, "parts": pd.DataFrame(), "cpu_table": None,
+                           "has_stacks": attributor.has_stacks}
+    summary: dict[str, Any] = {"rank": trace.rank, "file": str(trace.path), "device": trace.device}
+    if k.empty:
+        total_cpu, table = cpu_ops.cpu_op_table(trace.cpu_ops)
+        out["cpu_table"] = table
+        summary.update({"gpu_time_us": 0.0, "cpu_self_us": total_cpu, "kernels": []})
+        out["summary"] = summary
+        return out
+    total = rank.total_gpu_us(k)
+    ktable = rank.kernel_table(k, total)
+    launches = attribute.launch_info(trace)
+    top = ktable["name"].head(ATTRIBUTED_KERNELS).tolist()
+    captured = cap_attr = None
+    if capture_trace is not None and launches["via_graph"].any():
+        captured = attribute.match_capture(k, launches, capture_trace)
+        cap_attr = attribute.Attributor(capture_trace)
+        out["has_stacks"] = out["has_stacks"] or cap_attr.has_stacks
+    out["attribution"] = attribute.attribute_top(k, launches, top, attributor, captured, cap_attr)
+
+    source, ranges = steps.step_ranges(trace.annotations)
+    if not ranges.empty:
+        on_gpu = bool(ranges["on_gpu"].iat[0])
+        lts = launches["launch_ts_us"].to_numpy()
+        anchor = k["ts_us"].to_numpy() if on_gpu else np.where(np.isfinite(lts), lts, k["ts_us"].to_numpy())
+        table = steps.step_table(k, anchor, ranges)
+        idx = np.searchsorted(ranges["start_us"].to_numpy(), anchor, side="right") - 1
+        inside = (idx >= 0) & (anchor <= ranges["end_us"].to_numpy()[np.clip(idx, 0, None)])
+        out["steps"] = steps.steps_summary(source, table, k["dur_us"].to_numpy()[inside])
+    out["parts"] = parts.part_table(k, launches["launch_ts_us"].to_numpy(), launches["launch_tid"].to_numpy(),
+                                    trace.annotations, total)
+    summary.update({
+        "gpu_time_us": total,
+        "launches": int(len(k)),
+        "graph_replay_share": float(launches["via_graph"].mean()),
+        "categories": rank.records(rank.category_table(ktable, total)),
+        "kernels": rank.records(ktable.head(RANK_TOP)[["name", "short_name", "category", "count", "total_us", "share"]]),
+    })
+    out["summary"] = summary
+    return out
+
+
+def load_profile_or_trace(path: str | Path) -> Profile:
+    """A saved profile (schema dsv4opt.profile/1) as is; anything else is analysed as a trace/folder."""
+    path = Path(path)
+    if is_profile_file(path):
+        return Profile.load(path)
+    return analyze_paths([path])

@@ -1,0 +1,225 @@
+"""Who launched each kernel: the CPU operator (ac2g flow / correlation / External id), the source
+line (innermost Python frame outside torch, when the trace has stacks), and whether it came from a
+CUDA-graph replay - where correlation ids point at the one graph launch, not at the operator."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dsv4opt.trace.model import Trace
+
+SAMPLES_PER_KERNEL = 32
+_GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)
+_KERNEL_LAUNCH = re.compile(r"Launch(?:Kernel|CooperativeKernel)|ModuleLaunch|cuLaunch", re.IGNORECASE)
+_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
+# Frames that are machinery, not the user's model code.
+_LIBRARY = re.compile(r"(^|/)(torch|triton|contextlib\.py|threading\.py|runpy\.py)(/|$)|site-packages/torch/|^<built-in|^nn\.Module|^torch/|^<frozen|^\w+\.py\(\d+\): _call_impl")
+
+
+def launch_info(trace: Trace) -> pd.DataFrame:
+    """[kernels] launch_ts_us, launch_pid, launch_tid, launch_name, external_id, via_graph (bool).
+
+    Kernels whose launch cannot be found get launch_ts_us = NaN and keep their own External id.
+    """
+    k = trace.kernels
+    n = len(k)
+    out = pd.DataFrame({
+        "launch_ts_us": np.full(n, np.nan),
+        "launch_pid": np.full(n, -1, np.int64),
+        "launch_tid": np.full(n, -1, np.int64),
+        "launch_name": np.full(n, "", object),
+        "external_id": k["external_id"].to_numpy().copy(),
+        "via_graph": np.zeros(n, bool),
+    })
+    if n == 0 or trace.launches.empty:
+        return out
+    la = trace.launches[trace.launches["correlation"] >= 0].drop_duplicates("correlation")
+    la = la.set_index("correlation")
+    pos = la.index.get_indexer(k["correlation"].to_numpy())
+    found = pos >= 0
+    p = pos[found]
+    out.loc[found, "launch_ts_us"] = la["ts_us"].to_numpy()[p]
+    out.loc[found, "launch_pid"] = la["pid"].to_numpy()[p]
+    out.loc[found, "launch_tid"] = la["tid"].to_numpy()[p]
+    names = la["name"].astype(object).to_numpy()[p]
+    out.loc[found, "launch_name"] = names
+    graph = np.array([bool(_GRAPH_LAUNCH.search(x)) for x in names], bool)
+    via = np.zeros(n, bool)
+    via[np.flatnonzero(found)[graph]] = True
+    out["via_graph"] = via
+    ext = out["external_id"].to_numpy().copy()
+    launch_ext = la["external_id"].to_numpy()[p]
+    fill = found & (ext < 0)
+    ext[fill] = launch_ext[fill[found]]
+    # A graph launch's External id names the replay call, not the operator that built the kernel.
+    ext[via] = -1
+    out["external_id"] = ext
+    return out
+
+
+def frame_location(name: str) -> str:
+    """'/x/y/indexer.py(204): forward' -> 'indexer.py:204'."""
+    m = _FRAME.match(name)
+    if not m:
+        return name
+    return f"{Path(m.group('file')).name}:{m.group('line')}"
+
+
+def is_user_frame(name: str) -> bool:
+    return not _LIBRARY.search(name)
+
+
+class Attributor:
+    """Looks up operators and source lines in one trace (the replay trace, or a capture trace)."""
+
+    def __init__(self, trace: Trace):
+        ops = trace.cpu_ops[trace.cpu_ops["external_id"] >= 0]
+        # Innermost operator per External id: the shortest one.
+        ops = ops.sort_values("dur_us", kind="mergesort").drop_duplicates("external_id")
+        self._op_by_ext = pd.Series(ops["name"].astype(object).to_numpy(), index=ops["external_id"].to_numpy())
+        self._frames: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        f = trace.frames
+        if not f.empty:
+            names = f["name"].astype(object).to_numpy()
+            user = np.array([is_user_frame(x) for x in pd.unique(names)], bool)
+            user_map = dict(zip(pd.unique(names), user))
+            keep = np.array([user_map[x] for x in names], bool)
+            f = f[keep]
+            names = names[keep]
+            for (pid, tid), idx in f.groupby(["pid", "tid"]).indices.items():
+                ts = f["ts_us"].to_numpy()[idx]
+                order = np.argsort(ts, kind="mergesort")
+                self._frames[(int(pid), int(tid))] = (
+                    ts[order], ts[order] + f["dur_us"].to_numpy()[idx][order], names[idx][order]
+                )
+
+    @property
+    def has_stacks(self) -> bool:
+        return bool(self._frames)
+
+    def operator(self, external_id: int) -> str | None:
+        if external_id < 0:
+            return None
+        v = self._op_by_ext.get(external_id)
+        return None if v is None else str(v)
+
+    def location(self, pid: int, tid: int, ts_us: float) -> str | None:
+        """Innermost user frame enclosing ts on that thread: the latest-starting one that still covers ts."""
+        fr = self._frames.get((pid, tid))
+        if fr is None or not np.isfinite(ts_us):
+            return None
+        starts, ends, names = fr
+        i = np.searchsorted(starts, ts_us, side="right")
+        # Walk back from the last frame that started before ts to the first that still covers it.
+        lo = max(0, i - 4096)
+        cover = np.flatnonzero(ends[lo:i] >= ts_us)
+        if cover.size == 0:
+            return None
+        return frame_location(str(names[lo + cover[-1]]))
+
+
+def match_capture(kernels: pd.DataFrame, launches: pd.DataFrame, capture: Trace) -> pd.DataFrame:
+    """[kernels] cap_external_id, cap_pid, cap_tid, cap_ts_us: the captured launch each graph-replayed
+    kernel came from (-1/NaN where none).
+
+    A graph replays its captured launches in capture order. Per graph launch, replayed kernels (by
+    start time) are walked against the capture trace's kernel launches (by time): when the capture
+    records kernel names (HIP does) the next launch with the same name is taken, else the same position.
+    """
+    n = len(kernels)
+    out = pd.DataFrame({"cap_external_id": np.full(n, -1, np.int64), "cap_pid": np.full(n, -1, np.int64),
+                        "cap_tid": np.full(n, -1, np.int64), "cap_ts_us": np.full(n, np.nan)})
+    cl = capture.launches
+    if n == 0 or cl.empty:
+        return out
+    cnames = cl["name"].astype(object).to_numpy()
+    is_launch = np.array([bool(_KERNEL_LAUNCH.search(x)) and not _GRAPH_LAUNCH.search(x) for x in cnames], bool)
+    cap = cl[is_launch].sort_values("ts_us", kind="mergesort")
+    if cap.empty:
+        return out
+    cap_kernel = cap["kernel"].astype(object).to_numpy()
+    have_names = bool((cap_kernel != "").any())
+    via = launches["via_graph"].to_numpy()
+    corr = kernels["correlation"].to_numpy()
+    knames = kernels["name"].astype(object).to_numpy()
+    ts = kernels["ts_us"].to_numpy()
+    cols = {c: out[c].to_numpy().copy() for c in out.columns}
+    for c_id in np.unique(corr[via]):
+        idx = np.flatnonzero(via & (corr == c_id))
+        idx = idx[np.argsort(ts[idx], kind="mergesort")]
+        j = 0
+        for i in idx:
+            if have_names:
+                k = j
+                while k < len(cap) and cap_kernel[k] != knames[i]:
+                    k += 1
+                if k >= len(cap):
+                    continue
+                j = k
+            elif j >= len(cap):
+                break
+            cols["cap_external_id"][i] = cap["external_id"].iat[j]
+            cols["cap_pid"][i] = cap["pid"].iat[j]
+            cols["cap_tid"][i] = cap["tid"].iat[j]
+            cols["cap_ts_us"][i] = cap["ts_us"].iat[j]
+            j += 1
+    return pd.DataFrame(cols)
+
+
+def attribute_top(kernels: pd.DataFrame, launches: pd.DataFrame, names: list[str], attributor: Attributor,
+                  captured: pd.DataFrame | None = None, capture_attributor: Attributor | None = None) -> dict[str, dict]:
+    """For each kernel name in `names`: launched_by, source, graph_replay_share (and how many replayed
+    launches were matched to a capture), from a sample of up to SAMPLES_PER_KERNEL launches; the
+    most common operator/line wins. Replayed kernels with no capture match are attributed to the
+    graph replay itself, never guessed."""
+    out: dict[str, dict] = {}
+    if kernels.empty:
+        return out
+    kname = kernels["name"].astype(object).to_numpy()
+    wanted = set(names)
+    rows = np.flatnonzero(np.fromiter((x in wanted for x in kname), bool, len(kname)))
+    groups = pd.Series(rows).groupby(kname[rows]).indices
+    ext = launches["external_id"].to_numpy()
+    via = launches["via_graph"].to_numpy()
+    lts = launches["launch_ts_us"].to_numpy()
+    lpid = launches["launch_pid"].to_numpy()
+    ltid = launches["launch_tid"].to_numpy()
+    lname = launches["launch_name"].to_numpy()
+    for name, pos in groups.items():
+        idx = rows[pos]
+        sample = idx[np.linspace(0, len(idx) - 1, min(len(idx), SAMPLES_PER_KERNEL)).astype(int)]
+        ops: Counter = Counter()
+        locs: Counter = Counter()
+        matched = 0
+        for i in sample:
+            if via[i]:
+                if captured is not None and capture_attributor is not None and captured["cap_external_id"].iat[i] >= 0:
+                    matched += 1
+                    op = capture_attributor.operator(int(captured["cap_external_id"].iat[i]))
+                    loc = capture_attributor.location(int(captured["cap_pid"].iat[i]), int(captured["cap_tid"].iat[i]),
+                                                      float(captured["cap_ts_us"].iat[i]))
+                else:
+                    op = f"{lname[i]} (graph replay)"
+                    site = attributor.location(int(lpid[i]), int(ltid[i]), float(lts[i]))
+                    loc = f"graph replay at {site}" if site else None
+            else:
+                op = attributor.operator(int(ext[i]))
+                loc = attributor.location(int(lpid[i]), int(ltid[i]), float(lts[i]))
+            if op:
+                ops[op] += 1
+            if loc:
+                locs[loc] += 1
+        row = {
+            "launched_by": ops.most_common(1)[0][0] if ops else None,
+            "source": locs.most_common(1)[0][0] if locs else None,
+            "graph_replay_share": float(via[idx].mean()),
+        }
+        if captured is not None and via[sample].any():
+            row["capture_matched"] = f"{matched}/{int(via[sample].sum())} sampled"
+        out[name] = row
+    return out

@@ -1,0 +1,142 @@
+"""Readable kernel names: demangle C++ symbols, then shorten templates and parameter lists."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import re
+from functools import lru_cache
+
+_MAX_CHARS = 96
+
+
+def _load_cxa_demangle():
+    for name in ("stdc++", "c++"):
+        path = ctypes.util.find_library(name)
+        if not path:
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            fn = lib.__cxa_demangle
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_void_p
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
+        free = ctypes.CDLL(None).free
+        free.argtypes = [ctypes.c_void_p]
+        return fn, free
+    return None
+
+
+_DEMANGLER = _load_cxa_demangle()
+
+
+@lru_cache(maxsize=65536)
+def demangle(name: str) -> str:
+    """`_ZN7cutlass13device_kernel...` -> `void cutlass::device_kernel<...>(...)`; other names unchanged.
+
+    Uses libstdc++'s __cxa_demangle through ctypes. Older libstdc++ rejects newer manglings (such as
+    DF16b for std::bfloat16_t); then the qualified name is read from the symbol's prefix instead.
+    """
+    if not name.startswith("_Z"):
+        return name
+    if _DEMANGLER is not None:
+        fn, free = _DEMANGLER
+        status = ctypes.c_int(0)
+        ptr = fn(name.encode(), None, None, ctypes.byref(status))
+        if ptr:
+            try:
+                if status.value == 0:
+                    return ctypes.string_at(ptr).decode("utf-8", "replace")
+            finally:
+                free(ptr)
+    return _prefix_demangle(name)
+
+
+_SOURCE_NAME = re.compile(r"(\d+)")
+
+
+def _prefix_demangle(name: str) -> str:
+    """`_ZN5aiter24add_rmsnorm_quant_kernelI...` -> `aiter::add_rmsnorm_quant_kernel<…>`; else `name`."""
+    i = 3 if name.startswith("_ZN") else 2
+    parts: list[str] = []
+    while i < len(name):
+        m = _SOURCE_NAME.match(name, i)
+        if not m:
+            break
+        n = int(m.group(1))
+        start = m.end()
+        parts.append(name[start : start + n])
+        i = start + n
+    if not parts:
+        return name
+    text = "::".join(parts)
+    if name.startswith("I", i):
+        text += "<…>"
+    return text
+
+
+_QUALIFIER = re.compile(r"\b(?:[A-Za-z_]\w*::)+(?=[A-Za-z_~])")
+_ANON = re.compile(r"\(anonymous namespace\)::")
+
+
+@lru_cache(maxsize=65536)
+def short_name(name: str) -> str:
+    """A one-line name for tables: demangled, no return type, no parameter list, templates nested
+    deeper than one level shown as <…>, namespaces dropped, at most ~96 characters."""
+    full = demangle(name)
+    text = _ANON.sub("", full)
+    if text.startswith("void "):
+        text = text[5:]
+    text = _drop_parameters(text)
+    text = _collapse_templates(text)
+    text = _QUALIFIER.sub("", text)
+    text = re.sub(r"\s+", " ", text).strip()
+    if len(text) > _MAX_CHARS:
+        text = text[: _MAX_CHARS - 1] + "…"
+    return text or name[:_MAX_CHARS]
+
+
+def _drop_parameters(text: str) -> str:
+    """Cut the function's own parameter list: the first '(' at template depth 0 after a name."""
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(0, depth - 1)
+        elif ch == "(" and depth == 0 and i > 0 and (text[i - 1].isalnum() or text[i - 1] in "_>"):
+            return text[:i]
+    return text
+
+
+def _collapse_templates(text: str) -> str:
+    """Keep the first template level (tile sizes, dtypes); replace anything deeper by <…>,
+    and drop lambdas' and functions' parameter lists inside template arguments."""
+    out: list[str] = []
+    angle = paren = 0
+    for ch in text:
+        if ch == "(" and angle >= 1:
+            paren += 1
+            if paren == 1:
+                out.append("()")
+            continue
+        if ch == ")" and paren:
+            paren -= 1
+            continue
+        if paren:
+            continue
+        if ch == "<":
+            angle += 1
+            if angle == 2:
+                out.append("<…>")
+            if angle >= 2:
+                continue
+        elif ch == ">":
+            angle = max(0, angle - 1)
+            if angle >= 1:
+                continue
+        elif angle >= 2:
+            continue
+        out.append(ch)
+    return "".join(out)

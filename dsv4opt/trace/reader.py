@@ -1,0 +1,200 @@
+"""Read one chrome trace into typed columnar tables (the only place that knows the event format).
+
+GPU work is exactly the events with ph "X" and cat kernel / gpu_memcpy / gpu_memset; their raw
+`dur` values are kept as float64 microseconds (no rounding to whole microseconds). CPU events that
+merely carry a `stream` argument are not GPU work.
+"""
+
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dsv4opt.errors import TraceError
+from dsv4opt.trace.model import Trace
+from dsv4opt.trace.stream import stream_trace
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
+# Header keys worth keeping (small); the rest of the top-level object is dropped after parsing.
+HEADER_KEYS = ("schemaVersion", "deviceProperties", "distributedInfo", "with_stack", "traceName",
+               "cuda_runtime_version", "hip_runtime_version", "cupti_version", "roctracer_version")
+_NUMBER = (int, float)
+
+
+class _Columns:
+    """Append-only columns for one event kind: interned strings, float64 and int64 arrays."""
+
+    def __init__(self, floats: tuple[str, ...], ints: tuple[str, ...], strings: tuple[str, ...]):
+        self.floats = {k: array("d") for k in floats}
+        self.ints = {k: array("q") for k in ints}
+        self.strings = {k: array("q") for k in strings}
+
+    def frame(self, vocab: list[str]) -> pd.DataFrame:
+        cols: dict[str, Any] = {}
+        categories = pd.Index(vocab, dtype=object)
+        for k, a in self.strings.items():
+            codes = np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
+            cols[k] = pd.Categorical.from_codes(codes.astype(np.int32), categories=categories)
+        for k, a in self.floats.items():
+            cols[k] = np.frombuffer(a, dtype=np.float64).copy() if len(a) else np.zeros(0, np.float64)
+        for k, a in self.ints.items():
+            cols[k] = np.frombuffer(a, dtype=np.int64).copy() if len(a) else np.zeros(0, np.int64)
+        return pd.DataFrame(cols)
+
+
+def read_trace(path: str | Path, rank: int | None = None) -> Trace:
+    """Parse one trace file into a Trace (tables: kernels, launches, cpu_ops, frames, annotations).
+
+    Ids that are absent are stored as -1. pid/tid are interned to small ints (`Trace.threads` maps back).
+    """
+    path = Path(path)
+    vocab: list[str] = [""]
+    vocab_index: dict[str, int] = {"": 0}
+    threads: dict[Any, int] = {}
+
+    kernels = _Columns(("ts_us", "dur_us"), ("pid", "tid", "correlation", "external_id", "device"), ("name", "cat"))
+    launches = _Columns(("ts_us", "dur_us"), ("pid", "tid", "correlation", "external_id"), ("name", "kernel"))
+    cpu_ops = _Columns(("ts_us", "dur_us"), ("pid", "tid", "external_id"), ("name",))
+    frames = _Columns(("ts_us", "dur_us"), ("pid", "tid"), ("name",))
+    annotations = _Columns(("ts_us", "dur_us"), ("pid", "tid", "on_gpu"), ("name",))
+    flows = _Columns(("ts_us",), ("pid", "tid", "flow_id"), ())
+    process_names: dict[Any, str] = {}
+    counts = {"events": 0, "skipped": 0}
+
+    def intern(s: Any) -> int:
+        code = vocab_index.get(s)
+        if code is None:
+            if not isinstance(s, str):
+                s = str(s)
+                code = vocab_index.get(s)
+                if code is not None:
+                    return code
+            code = vocab_index[s] = len(vocab)
+            vocab.append(s)
+        return code
+
+    def thread(t: Any) -> int:
+        code = threads.get(t)
+        if code is None:
+            code = threads[t] = len(threads)
+        return code
+
+    def as_int(v: Any) -> int:
+        return v if type(v) is int else -1
+
+    k_ts, k_dur = kernels.floats["ts_us"].append, kernels.floats["dur_us"].append
+    k_pid, k_tid = kernels.ints["pid"].append, kernels.ints["tid"].append
+    k_corr, k_ext, k_dev = (kernels.ints[k].append for k in ("correlation", "external_id", "device"))
+    k_name, k_cat = kernels.strings["name"].append, kernels.strings["cat"].append
+
+    def add(cols: _Columns, e: dict, extra_ints: dict[str, int] | None = None, extra_str: dict[str, int] | None = None) -> bool:
+        ts, dur = e.get("ts"), e.get("dur")
+        if type(ts) not in _NUMBER or type(dur) not in _NUMBER:
+            counts["skipped"] += 1
+            return False
+        f = cols.floats
+        f["ts_us"].append(ts)
+        f["dur_us"].append(dur)
+        i = cols.ints
+        i["pid"].append(thread(e.get("pid")))
+        i["tid"].append(thread(e.get("tid")))
+        if extra_ints:
+            for k, v in extra_ints.items():
+                i[k].append(v)
+        s = cols.strings
+        s["name"].append(intern(e.get("name", "")))
+        if extra_str:
+            for k, v in extra_str.items():
+                s[k].append(v)
+        return True
+
+    def on_event(e: dict, index: int) -> None:
+        ph = e.get("ph")
+        if ph == "X":
+            cat = e.get("cat")
+            if cat in GPU_CATS:
+                name, ts, dur = e.get("name"), e.get("ts"), e.get("dur")
+                if not isinstance(name, str) or type(ts) not in _NUMBER or type(dur) not in _NUMBER or dur < 0:
+                    raise TraceError(
+                        f"{path}: event #{index} ({cat}) is corrupt: needs a string name and numeric "
+                        f"ts and dur >= 0, got name={str(name)[:40]!r} ts={ts!r} dur={dur!r}"
+                    )
+                args = e.get("args")
+                if type(args) is not dict:
+                    args = {}
+                k_ts(ts)
+                k_dur(dur)
+                k_pid(thread(e.get("pid")))
+                k_tid(thread(e.get("tid")))
+                k_corr(as_int(args.get("correlation")))
+                k_ext(as_int(args.get("External id")))
+                k_dev(as_int(args.get("device")))
+                k_name(intern(name))
+                k_cat(intern(cat))
+            elif cat == "python_function":
+                add(frames, e)
+            elif cat == "cpu_op":
+                args = e.get("args") or {}
+                add(cpu_ops, e, {"external_id": as_int(args.get("External id"))})
+            elif cat in LAUNCH_CATS:
+                args = e.get("args") or {}
+                add(launches, e,
+                    {"correlation": as_int(args.get("correlation")), "external_id": as_int(args.get("External id"))},
+                    {"kernel": intern(args.get("kernel", ""))})
+            elif cat in ANNOTATION_CATS:
+                add(annotations, e, {"on_gpu": int(cat == "gpu_user_annotation")})
+        elif ph == "f" and e.get("cat") == "ac2g":
+            ts = e.get("ts")
+            if type(ts) in _NUMBER:
+                flows.floats["ts_us"].append(ts)
+                flows.ints["pid"].append(thread(e.get("pid")))
+                flows.ints["tid"].append(thread(e.get("tid")))
+                flows.ints["flow_id"].append(as_int(e.get("id")))
+        elif ph == "M" and e.get("name") == "process_name":
+            args = e.get("args")
+            if type(args) is dict:
+                process_names[e.get("pid")] = str(args.get("name", ""))
+        counts["events"] += 1
+
+    header = stream_trace(path, on_event)
+    header = {k: header[k] for k in HEADER_KEYS if k in header}
+    by_code = [None] * len(threads)
+    for raw, code in threads.items():
+        by_code[code] = raw
+    kernel_table = kernels.frame(vocab)
+    _fill_correlation_from_flows(kernel_table, flows.frame(vocab))
+    return Trace(
+        path=path,
+        rank=rank,
+        header=header,
+        kernels=kernel_table,
+        launches=launches.frame(vocab),
+        cpu_ops=cpu_ops.frame(vocab),
+        frames=frames.frame(vocab),
+        annotations=annotations.frame(vocab),
+        threads=by_code,
+        process_names=process_names,
+        event_count=counts["events"],
+        skipped_events=counts["skipped"],
+    )
+
+
+def _fill_correlation_from_flows(kernels: pd.DataFrame, flows: pd.DataFrame) -> None:
+    """Kernels without args.correlation take it from the ac2g flow that ends on them (same place, same ts)."""
+    missing = kernels["correlation"].to_numpy() < 0
+    if not missing.any() or flows.empty:
+        return
+    key = pd.MultiIndex.from_arrays([flows["pid"], flows["tid"], flows["ts_us"]])
+    ids = pd.Series(flows["flow_id"].to_numpy(), index=key)
+    ids = ids[~ids.index.duplicated()]
+    want = pd.MultiIndex.from_arrays(
+        [kernels.loc[missing, "pid"], kernels.loc[missing, "tid"], kernels.loc[missing, "ts_us"]]
+    )
+    found = ids.reindex(want).fillna(-1).astype(np.int64).to_numpy()
+    kernels.loc[missing, "correlation"] = found

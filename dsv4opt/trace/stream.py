@@ -1,0 +1,218 @@
+"""Stream the events of a chrome-trace JSON file without holding the whole document in memory.
+
+json.load on a 300 MB trace builds every event dict at once (several GB). Here the C scanner of the
+standard json module decodes one event at a time from a sliding text window, so peak memory is the
+window plus whatever the caller keeps. Gzip is detected by its magic bytes, not by the file name.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from dsv4opt.errors import TraceError
+
+CHUNK_CHARS = 4 << 20
+# Refill once fewer than this many characters are left, so nearly every event decodes on the
+# first try; a larger event simply fails to decode, triggers a refill and is retried.
+MARGIN_CHARS = 1 << 18
+MAX_VALUE_CHARS = 16 << 20
+
+_SKIP = re.compile(r"[ \t\n\r]*")
+_SKIP_COMMA = re.compile(r"[ \t\n\r]*,?[ \t\n\r]*")
+_scan_once = json.JSONDecoder().scan_once
+
+
+class _Window:
+    """A text window over the (decompressed) file with refill and one-line error messages."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._raw = _open_binary(path)
+        self._text = io.TextIOWrapper(self._raw, encoding="utf-8", errors="strict")
+        self.buf = ""
+        self.pos = 0
+        self.consumed = 0  # characters dropped from the front, for error positions
+        self.eof = False
+
+    def close(self) -> None:
+        self._text.close()
+
+    def refill(self) -> bool:
+        """Read one more chunk; False at end of file."""
+        if self.eof:
+            return False
+        try:
+            more = self._text.read(CHUNK_CHARS)
+        except EOFError:
+            raise TraceError(f"{self.path}: the gzip stream is truncated; copy the trace again") from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise TraceError(f"{self.path}: cannot decompress ({exc}); is it a .json.gz trace?") from None
+        except UnicodeDecodeError:
+            raise TraceError(f"{self.path}: not UTF-8 text; is it a chrome-trace JSON file?") from None
+        if not more:
+            self.eof = True
+            return False
+        self.consumed += self.pos
+        self.buf = self.buf[self.pos :] + more
+        self.pos = 0
+        return True
+
+    def skip_ws(self, pattern: re.Pattern = _SKIP) -> str:
+        """Skip whitespace; return the next character, or "" at end of file."""
+        while True:
+            self.pos = pattern.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self.refill():
+                return ""
+
+    def decode_value(self, what: str) -> Any:
+        """Decode one JSON value at pos (after whitespace), refilling while it runs past the window."""
+        self.skip_ws()
+        while True:
+            try:
+                value, end = _scan_once(self.buf, self.pos)
+            except (StopIteration, json.JSONDecodeError) as exc:
+                # The C scanner raises StopIteration(position) for "expecting a value".
+                at, msg = (exc.value, "expecting a value") if isinstance(exc, StopIteration) else (exc.pos, exc.msg)
+                # An error well inside the window is corruption; one at its edge (or an
+                # unterminated string, reported at its start) may just need more text.
+                inside = at + 64 < len(self.buf) and not msg.startswith("Unterminated string")
+                if (inside and not self.eof) or len(self.buf) - self.pos > MAX_VALUE_CHARS:
+                    raise self.error(f"{what} is not valid JSON ({msg})") from None
+                if not inside and self.refill():
+                    continue
+                if inside:
+                    raise self.error(f"{what} is not valid JSON ({msg})") from None
+                raise TraceError(
+                    f"{self.path}: ends in the middle of {what} (truncated or corrupt JSON: {msg})"
+                ) from None
+            if end >= len(self.buf) and not self.eof and isinstance(value, (int, float)):
+                # A number cut by the window edge would decode short; read on and decode again.
+                if self.refill():
+                    continue
+            self.pos = end
+            return value
+
+    def expect(self, char: str, what: str) -> None:
+        got = self.skip_ws()
+        if got != char:
+            raise self.error(f"expected {char!r} {what}, found {got or 'end of file'!r}")
+        self.pos += 1
+
+    def error(self, message: str) -> TraceError:
+        return TraceError(f"{self.path}: {message} at character {self.consumed + self.pos}")
+
+
+def _open_binary(path: Path):
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a folder; pass the folder itself or its trace files") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot open ({exc.strerror})") from None
+    head = f.read(2)
+    f.seek(0)
+    if head == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    return f
+
+
+def stream_trace(path: str | Path, on_event: Callable[[dict, int], None]) -> dict[str, Any]:
+    """Call `on_event(event, index)` for each entry of traceEvents; return the other top-level keys.
+
+    Accepts the object form ({"traceEvents": [...], ...}) and the bare-array form ([...]).
+    Raises TraceError (one line: which file, what is wrong) for empty, non-JSON, truncated or
+    wrongly shaped input.
+    """
+    path = Path(path)
+    win = _Window(path)
+    try:
+        first = win.skip_ws()
+        if first == "":
+            raise TraceError(f"{path}: the file is empty; profile again or pick another trace")
+        if first == "[":
+            win.pos += 1
+            _stream_array(win, on_event)
+            return {}
+        if first != "{":
+            raise TraceError(f"{path}: not a chrome-trace JSON file (it does not start with {{ or [)")
+        win.pos += 1
+        header: dict[str, Any] = {}
+        seen_events = False
+        while True:
+            c = win.skip_ws(_SKIP_COMMA)
+            if c == "}":
+                break
+            if c != '"':
+                if c == "":
+                    raise TraceError(f"{path}: ends before the top-level object closes (truncated JSON)")
+                raise win.error("expected a key in the top-level object")
+            key = win.decode_value("a top-level key")
+            win.expect(":", f"after key {key!r}")
+            if key == "traceEvents":
+                c = win.skip_ws()
+                if c != "[":
+                    kind = "null" if win.buf.startswith("null", win.pos) else "not a list"
+                    raise TraceError(f"{path}: traceEvents is {kind}; this is not a usable profiler trace")
+                win.pos += 1
+                _stream_array(win, on_event)
+                seen_events = True
+            else:
+                header[key] = win.decode_value(f"the value of {key!r}")
+        if not seen_events:
+            raise TraceError(f"{path}: has no traceEvents; is it a torch.profiler chrome trace?")
+        return header
+    finally:
+        win.close()
+
+
+def _stream_array(win: _Window, on_event: Callable[[dict, int], None]) -> None:
+    buf_len = 0
+    index = 0
+    scan = _scan_once
+    skip = _SKIP_COMMA.match
+    while True:
+        buf = win.buf
+        buf_len = len(buf)
+        pos = win.pos
+        limit = buf_len - MARGIN_CHARS if not win.eof else buf_len
+        # Hot loop: decode events straight from the window until near its end.
+        while pos < limit:
+            pos = skip(buf, pos).end()
+            if pos >= buf_len:
+                break
+            if buf[pos] == "]":
+                win.pos = pos + 1
+                return
+            try:
+                event, pos = scan(buf, pos)
+            except (StopIteration, json.JSONDecodeError):
+                break
+            if type(event) is not dict:
+                win.pos = pos
+                raise win.error(f"event #{index} is not a JSON object")
+            on_event(event, index)
+            index += 1
+        win.pos = pos
+        # Slow path: near the window edge, at end of file, or a decode error to diagnose.
+        c = win.skip_ws(_SKIP_COMMA)
+        if c == "]":
+            win.pos += 1
+            return
+        if c == "":
+            raise TraceError(f"{win.path}: ends inside traceEvents after {index} events (truncated JSON)")
+        event = win.decode_value(f"event #{index}")
+        if type(event) is not dict:
+            raise win.error(f"event #{index} is not a JSON object")
+        on_event(event, index)
+        index += 1
+
