@@ -36,3 +36,11 @@ class SGLangSettings:
     trace_timeout_s: float = 120.0  # until the trace files are complete
     stall_timeout_s: float = 60.0  # no token from any request for this long = stalled
     out: Path | None = None
+    window_s: float = 10.0  # steady-state seconds measured (before profiling, so the profiler costs nothing)
+    request_timeout_s: float = 30.0  # control calls: server info, start/stop profile
+    settle_s: float = 3.0  # no new rank trace for this long = all ranks are in
+    profile_by_stage: bool = False  # True: SGLang splits traces into -EXTEND/-DECODE files
+    with_stack: bool = False  # Python stacks make traces many times larger
+    record_shapes: bool = False
+    optimizations: list[str] = field(default_factory=list)  # declared by the user: what the server runs
+    seed: int = 0
