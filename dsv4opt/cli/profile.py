@@ -39,6 +39,9 @@ def profile(
     prompt_len: Annotated[int, typer.Option(min=1, help="SGLang: prompt length in tokens.")] = 256,
     max_new_tokens: Annotated[int, typer.Option(min=2, help="SGLang: tokens per request (large enough to outlast the window).")] = 4096,
     timeout: Annotated[float, typer.Option(min=0.1, help="SGLang: seconds to wait for readiness / traces before giving up.")] = 300.0,
+    stall_timeout: Annotated[float, typer.Option(min=0.1, help="SGLang: seconds without any streamed token that count as a stalled server.")] = 60.0,
+    window: Annotated[float, typer.Option(min=0.1, help="SGLang: steady-state seconds measured for tokens/s, TPOT and ITL.")] = 10.0,
+    profile_by_stage: Annotated[bool, typer.Option("--profile-by-stage/--no-profile-by-stage", help="SGLang: let the server split traces into prefill/decode files.")] = False,
 ) -> None:
     """Capture steady-state decode with torch.profiler, rank the GPU kernels, save a profile."""
     from dsv4opt.optimizations.registry import enabled_optimizations
@@ -56,11 +59,18 @@ def profile(
     elif target == "sglang":
         from dsv4opt.capture.sglang import profile_sglang
 
+        from dsv4opt.optimizations.registry import get as get_optimization
+
         settings = SGLangSettings(
             url=url, concurrency=concurrency, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-            profile_steps=steps, trace_dir=trace_dir, ready_timeout_s=timeout, out=out,
+            profile_steps=steps, trace_dir=trace_dir, ready_timeout_s=timeout, trace_timeout_s=timeout,
+            stall_timeout_s=stall_timeout, window_s=window, profile_by_stage=profile_by_stage, out=out,
+            # the server's switches are invisible from here: --with declares what it was launched with
+            optimizations=[get_optimization(n).name for n in _split(with_)], seed=seed,
         )
         prof, path = profile_sglang(settings)
+        for warning in prof.meta.get("warnings", []):
+            typer.secho(f"warning: {warning}", fg="yellow", err=True)
     else:
         raise DsvOptError(f"unknown target {target!r}; use embedded or sglang")
     print_profile(prof)

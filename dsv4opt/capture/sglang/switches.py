@@ -108,7 +108,7 @@ MAPPINGS: dict[str, SGLangMapping] = {
                 ),
             ),
             launch_flags=(),
-            restart="restart the SGLang server (the backend is chosen once, at import)",
+            restart="restart the SGLang server (the backend is read when it starts)",
             older_versions=(
                 "versions before SGLANG_SM120_FLASHMLA_BACKEND offer only SGLANG_SM120_TRITON_FLASHMLA "
                 "(1 = Triton CUDA-core kernel, 0 = torch): neither uses tensor cores, so upgrade SGLang"
@@ -197,7 +197,7 @@ def render_env_file(m: SGLangMapping) -> str:
     lines = [
         f"# dsv4opt {m.optimization} -> SGLang switches (DeepSeek-V4)",
         f"# {m.summary}",
-        f"# Restart: {m.restart}.",
+        f"# Then: {m.restart}.",
         f"# Read from {READ_FROM}; not verified on a live server.",
         f"# Older SGLang: {m.older_versions}.",
     ]
@@ -213,7 +213,7 @@ def render_flags_file(m: SGLangMapping) -> str:
     """One launch flag per line after the comments, for `$(grep -v '^#' FILE)`."""
     lines = [
         f"# dsv4opt {m.optimization}: extra flags for `python -m sglang.launch_server`",
-        f"# Restart: {m.restart}.",
+        f"# Then: {m.restart}.",
     ]
     if not m.launch_flags:
         lines.append(f"# {m.optimization} needs no launch-flag change: keep your flags, load the env file.")

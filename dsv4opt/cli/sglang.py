@@ -1,0 +1,24 @@
+"""`dsv4opt sglang-switches NAME`: the SGLang env + launch flags that apply an optimisation there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dsv4opt.cli import app
+
+
+@app.command("sglang-switches")
+def sglang_switches(
+    name: Annotated[str, typer.Argument(help="Optimisation to map onto SGLang (see `dsv4opt list`).")],
+    out: Annotated[Path, typer.Option(help="Directory for sglang-NAME.env and sglang-NAME.flags.")] = Path("."),
+) -> None:
+    """Write the SGLang environment and launch flags for NAME, and say what to restart."""
+    from dsv4opt.capture.sglang import apply_to_sglang, sglang_summary
+
+    paths = apply_to_sglang(name, out)
+    for path in paths:
+        typer.echo(f"wrote {path}")
+    typer.echo(sglang_summary(name))
