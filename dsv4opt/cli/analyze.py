@@ -1,3 +1,58 @@
-"""Commands: filled in by the issue that owns them."""
+"""`dsv4opt analyze` and `dsv4opt compare`: thin commands over dsv4opt.analysis."""
 
-from dsv4opt.cli import app  # noqa: F401
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from dsv4opt.cli import app, console
+from dsv4opt.errors import DsvOptError
+
+
+def _check_out(out: Optional[Path], force: bool) -> None:
+    if out is not None and out.exists() and not force:
+        raise DsvOptError(f"{out}: already exists; pick another --json path or pass --force")
+
+
+@app.command()
+def analyze(
+    traces: Annotated[list[Path], typer.Argument(help="Trace files (.json/.json.gz) or folders of per-rank traces.")],
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the profile (dsv4opt.profile/1) here.")] = None,
+    top: Annotated[int, typer.Option(min=1, help="Kernels to show.")] = 15,
+    capture: Annotated[Optional[Path], typer.Option(help="Graph-capture trace: match replayed kernels to their captured launches.")] = None,
+    force: Annotated[bool, typer.Option(help="Overwrite an existing --json file.")] = False,
+) -> None:
+    """Rank the GPU kernels of torch.profiler traces by share of GPU time."""
+    from dsv4opt.analysis import analyze_paths
+    from dsv4opt.report.tables import print_profile
+
+    _check_out(json_out, force)
+    profile = analyze_paths(traces, capture=capture)
+    print_profile(profile, top=top, console=console)
+    if json_out is not None:
+        profile.save(json_out)
+        console.print(f"profile written to {json_out}")
+
+
+@app.command()
+def compare(
+    before: Annotated[Path, typer.Argument(help="Profile JSON or trace (before).")],
+    after: Annotated[Path, typer.Argument(help="Profile JSON or trace (after).")],
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the comparison here.")] = None,
+    force: Annotated[bool, typer.Option(help="Overwrite an existing --json file.")] = False,
+) -> None:
+    """Did the bottleneck move? Category shares, kernels that moved most, verdict."""
+    from dsv4opt.analysis import compare_profiles, load_profile_or_trace
+    from dsv4opt.fileio import write_json_atomic
+    from dsv4opt.report.tables import print_comparison
+
+    _check_out(json_out, force)
+    comparison = compare_profiles(load_profile_or_trace(before), load_profile_or_trace(after))
+    print_comparison(comparison, console=console)
+    if json_out is not None:
+        from dsv4opt.analysis.profile import _finite
+
+        write_json_atomic(json_out, _finite(comparison.to_dict()))
+        console.print(f"comparison written to {json_out}")

@@ -1,0 +1,123 @@
+"""Diff two profiles: category shares side by side, kernels that moved most, and a verdict."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dsv4opt.analysis.categories import CATEGORIES, LABELS
+from dsv4opt.analysis.profile import Profile
+from dsv4opt.errors import DsvOptError
+
+MOVED_KERNELS = 10
+# The old bottleneck must lose at least this fraction of its share to count as "moved".
+MOVED_RELATIVE_DROP = 0.25
+
+
+@dataclass
+class Comparison:
+    a_sources: list[str]
+    b_sources: list[str]
+    time_basis: str
+    gpu_time_us: dict[str, float]
+    categories: list[dict[str, Any]]
+    moved: list[dict[str, Any]]
+    top_kernel: dict[str, Any]
+    top_category: dict[str, Any]
+    throughput: dict[str, Any] | None
+    verdict: str
+    bottleneck_moved: bool
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": "dsv4opt.comparison/1", **asdict(self)}
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _label(category: str | None) -> str:
+    return LABELS.get(category or "", category or "none")
+
+
+def compare_profiles(a: Profile, b: Profile) -> Comparison:
+    """Before (a) vs after (b)."""
+    if a.time_basis != b.time_basis:
+        raise DsvOptError(
+            f"cannot compare a {a.time_basis!r} profile with a {b.time_basis!r} one; "
+            "capture both with GPU activity (or both CPU-only)"
+        )
+    cats_a = {c["category"]: c for c in a.categories}
+    cats_b = {c["category"]: c for c in b.categories}
+    categories = []
+    for cat in CATEGORIES:
+        if cat in cats_a or cat in cats_b:
+            sa = cats_a.get(cat, {}).get("share", 0.0)
+            sb = cats_b.get(cat, {}).get("share", 0.0)
+            categories.append({
+                "category": cat, "share_a": sa, "share_b": sb, "delta": sb - sa,
+                "total_us_a": cats_a.get(cat, {}).get("total_us", 0.0),
+                "total_us_b": cats_b.get(cat, {}).get("total_us", 0.0),
+            })
+    ka = {k["name"]: k for k in a.kernels}
+    kb = {k["name"]: k for k in b.kernels}
+    moved = []
+    for name in set(ka) | set(kb):
+        ta = ka.get(name, {}).get("total_us", 0.0)
+        tb = kb.get(name, {}).get("total_us", 0.0)
+        row = ka.get(name) or kb.get(name)
+        moved.append({
+            "name": name, "short_name": row.get("short_name", name), "category": row.get("category"),
+            "total_us_a": ta, "total_us_b": tb, "delta_us": tb - ta,
+            "share_a": ka.get(name, {}).get("share", 0.0), "share_b": kb.get(name, {}).get("share", 0.0),
+        })
+    moved.sort(key=lambda r: (-abs(r["delta_us"]), r["name"]))
+    moved = moved[:MOVED_KERNELS]
+
+    top_a, top_b = a.top_kernel, b.top_kernel
+    tc_a, tc_b = a.top_category, b.top_category
+    top_kernel = {"a": _brief(top_a), "b": _brief(top_b)}
+    top_category = {"a": tc_a, "b": tc_b}
+    verdict, moved_flag = _verdict(a, b)
+    return Comparison(
+        a_sources=list(a.meta.get("sources", [])), b_sources=list(b.meta.get("sources", [])),
+        time_basis=a.time_basis,
+        gpu_time_us={"a": a.gpu_time_us, "b": b.gpu_time_us},
+        categories=categories, moved=moved, top_kernel=top_kernel, top_category=top_category,
+        throughput=_throughput(a, b), verdict=verdict, bottleneck_moved=moved_flag,
+    )
+
+
+def _brief(k: dict | None) -> dict | None:
+    if not k:
+        return None
+    return {key: k.get(key) for key in ("name", "short_name", "category", "share", "total_us")}
+
+
+def _verdict(a: Profile, b: Profile) -> tuple[str, bool]:
+    tc_a, tc_b = a.top_category, b.top_category
+    if tc_a is None or tc_b is None:
+        return "nothing to compare: one profile has no kernels", False
+    cat = tc_a["category"]
+    before, after = tc_a["share"], b.category_share(cat)
+    top_b = b.top_kernel
+    new_top = f"new #1: {_label(top_b['category'])} {_pct(top_b['share'])} ({top_b.get('short_name') or top_b['name']})" if top_b else ""
+    dropped = before > 0 and (before - after) / before >= MOVED_RELATIVE_DROP
+    if tc_b["category"] != cat or dropped:
+        return f"bottleneck moved: {_label(cat)} {_pct(before)} -> {_pct(after)}; {new_top}", True
+    return f"bottleneck did not move: {_label(cat)} {_pct(before)} -> {_pct(after)}", False
+
+
+def _throughput(a: Profile, b: Profile) -> dict | None:
+    out: dict[str, Any] = {}
+    for key in ("tokens_per_s", "ms_per_step"):
+        va = (a.throughput or {}).get(key)
+        vb = (b.throughput or {}).get(key)
+        if va and vb:
+            out[key] = {"a": va, "b": vb, "ratio": vb / va}
+    sa, sb = a.steps or {}, b.steps or {}
+    if sa.get("gpu_us_per_step") and sb.get("gpu_us_per_step"):
+        out["gpu_us_per_step"] = {"a": sa["gpu_us_per_step"], "b": sb["gpu_us_per_step"],
+                                  "ratio": sb["gpu_us_per_step"] / sa["gpu_us_per_step"]}
+    return out or None

@@ -1,0 +1,109 @@
+"""Rich tables for a profile and a comparison (renderers only: no analysis happens here)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from dsv4opt.analysis.categories import GLUE, LABELS
+
+
+def _pct(x) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+def _us(x) -> str:
+    if x is None:
+        return ""
+    return f"{x / 1000:.2f} ms" if abs(x) >= 1000 else f"{x:.1f} µs"
+
+
+def print_profile(profile, top: int = 15, console: Console | None = None) -> None:
+    """Top kernels (with who launched them), categories with the glue roll-up, steps, parts, ranks."""
+    console = console or Console()
+    cpu = profile.time_basis == "cpu_self"
+    basis = "CPU self time (no GPU events in the trace)" if cpu else "GPU time"
+    total = profile.extra.get("cpu_self_us", 0.0) if cpu else profile.gpu_time_us
+    src = ", ".join(profile.meta.get("sources", [])[:3]) or "profile"
+    console.print(f"[bold]{escape(src)}[/]  {escape(str(profile.meta.get('device') or ''))}  "
+                  f"{basis}: {_us(total)}, {sum(k.get('count', 0) for k in profile.kernels)} launches")
+    if not profile.kernels:
+        console.print("no kernels in this profile")
+        return
+    t = Table(title=f"top {min(top, len(profile.kernels))} {'CPU operators' if cpu else 'kernels'} by {basis}")
+    for col, kw in (("#", {"justify": "right"}), ("share", {"justify": "right"}), ("total", {"justify": "right"}),
+                    ("launches", {"justify": "right"}), ("mean", {"justify": "right"}), ("category", {}),
+                    ("name", {"no_wrap": True, "overflow": "ellipsis", "max_width": 56}),
+                    ("launched by", {"overflow": "fold", "max_width": 40})):
+        t.add_column(col, **kw)
+    for i, k in enumerate(profile.kernels[:top], 1):
+        who = " ".join(x for x in (k.get("launched_by"), k.get("source")) if x)
+        if k.get("graph_replay_share"):
+            who += f" [graph replay {_pct(k['graph_replay_share'])}]"
+        t.add_row(str(i), _pct(k["share"]), _us(k["total_us"]), str(k["count"]), _us(k.get("mean_us")),
+                  LABELS.get(k["category"], k["category"]), escape(k.get("short_name") or k["name"]), escape(who))
+    console.print(t)
+    if profile.categories:
+        c = Table(title="categories")
+        for col in ("category", "share", "total", "launches"):
+            c.add_column(col, justify="left" if col == "category" else "right")
+        for row in sorted(profile.categories, key=lambda r: -r["total_us"]):
+            c.add_row(LABELS.get(row["category"], row["category"]), _pct(row["share"]), _us(row["total_us"]), str(row["count"]))
+        glue = [r for r in profile.categories if r["category"] in GLUE]
+        c.add_row("[bold]glue[/] (" + ", ".join(GLUE) + ")", _pct(sum(r["share"] for r in glue)),
+                  _us(sum(r["total_us"] for r in glue)), str(sum(r["count"] for r in glue)))
+        console.print(c)
+    if profile.steps:
+        s = profile.steps
+        console.print(f"steps ({escape(s.get('source', ''))}): {s['count']}, GPU time/step {_us(s['gpu_us_per_step'])}, "
+                      f"launches/step {s['launches_per_step']:.0f}, median kernel {_us(s.get('median_kernel_us'))}")
+    if profile.throughput:
+        console.print("throughput: " + ", ".join(f"{k} {v:.2f}" for k, v in profile.throughput.items() if v is not None))
+    parts = profile.extra.get("parts")
+    if parts:
+        p = Table(title="model parts (record_function ranges)")
+        for col in ("part", "share", "total", "launches"):
+            p.add_column(col, justify="left" if col == "part" else "right")
+        for row in parts[:top]:
+            p.add_row(escape(str(row["part"])), _pct(row["share"]), _us(row["total_us"]), str(row["count"]))
+        console.print(p)
+    ranks = profile.extra.get("ranks")
+    if ranks:
+        r = Table(title="per rank")
+        for col in ("rank", "GPU time", "launches", "#1 kernel"):
+            r.add_column(col)
+        for row in ranks:
+            k1 = row.get("kernels") or [{}]
+            r.add_row(str(row.get("rank")), _us(row.get("gpu_time_us")), str(row.get("launches", "")),
+                      escape(f"{k1[0].get('short_name', '')} {_pct(k1[0].get('share'))}"))
+        console.print(r)
+
+
+def print_comparison(comparison, console: Console | None = None) -> None:
+    """Category shares before/after, kernels that moved most, #1 kernel/category, throughput, verdict."""
+    console = console or Console()
+    c = Table(title="categories: before -> after")
+    for col in ("category", "before", "after", "change"):
+        c.add_column(col, justify="left" if col == "category" else "right")
+    for row in comparison.categories:
+        c.add_row(LABELS.get(row["category"], row["category"]), _pct(row["share_a"]), _pct(row["share_b"]),
+                  f"{100 * row['delta']:+.1f} pt")
+    console.print(c)
+    if comparison.moved:
+        m = Table(title="kernels that moved most (GPU time)")
+        for col in ("kernel", "category", "before", "after", "change"):
+            m.add_column(col, overflow="fold" if col == "kernel" else "ellipsis", justify="left" if col in ("kernel", "category") else "right")
+        for row in comparison.moved:
+            m.add_row(escape(row["short_name"]), LABELS.get(row["category"], str(row["category"])),
+                      _us(row["total_us_a"]), _us(row["total_us_b"]), _us(row["delta_us"]))
+        console.print(m)
+    for which, label in (("a", "before"), ("b", "after")):
+        k = comparison.top_kernel.get(which)
+        cat = comparison.top_category.get(which)
+        if k and cat:
+            console.print(f"{label}: #1 kernel {escape(k.get('short_name') or k['name'])} {_pct(k['share'])}; "
+                          f"#1 category {LABELS.get(cat['category'], cat['category'])} {_pct(cat['share'])}")
+    for key, v in (comparison.throughput or {}).items():
+        console.print(f"{key}: {v['a']:.3g} -> {v['b']:.3g} (x{v['ratio']:.2f})")
+    console.print(f"[bold]{escape(comparison.verdict)}[/]")
