@@ -8,15 +8,25 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
 
 def attention_simt(q, kv, indices, lengths, sink, scale):
-    """Slot `attention` (signature in dsv4opt/workload/impls.py); Triton imported on first use."""
-    from dsv4opt.workload.attention.simt import sparse_decode_simt
+    """Slot `attention` (signature in dsv4opt/workload/impls.py); Triton imported on first use.
 
-    return sparse_decode_simt(q, kv, indices, lengths, sink, scale)
+    On a CPU, Triton runs only under its interpreter (TRITON_INTERPRET=1, used by the tests); other
+    CPU runs take SGLang's plain-torch path, which computes the same function.
+    """
+    if q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        from dsv4opt.workload.attention.simt import sparse_decode_simt
+
+        return sparse_decode_simt(q, kv, indices, lengths, sink, scale)
+    from dsv4opt.workload.attention.torch_path import sparse_decode_torch
+
+    return sparse_decode_torch(q, kv, indices, lengths, sink, scale)
 
 
 def indexer_score_fp32(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -99,7 +99,8 @@ class DecodeWorkload:
         self.hc_head_scale = torch.ones(1, device=self.device)
         self.hc_head_base = torch.zeros(cfg.hc, device=self.device)
         self.final_norm = torch.ones(cfg.hidden, device=self.device, dtype=dtype)
-        self.lm_head = self._dense(cfg.vocab, cfg.hidden)
+        # The LM head stays in the model dtype in production as well (not quantised).
+        self.lm_head = Dense(self._randn(cfg.vocab, cfg.hidden), BF16)
         self.last_hidden: torch.Tensor | None = None
         self._probe_fp8()
 

@@ -1,0 +1,278 @@
+"""Profile steady-state decode of the embedded DeepSeek-V4-Flash-shaped workload.
+
+Warm-up steps run outside the profiler; on a GPU the step (sampling included) is captured as one
+CUDA graph and replayed, as SGLang does. One eager step is profiled first so the analysis can map
+the graph's kernels (which carry only the graph launch's correlation) back to model parts. The
+S profiled steps and the S timed steps are separate runs, so profiler overhead never enters ms/step.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dsv4opt.analysis.profile import Profile
+from dsv4opt.capture.settings import EmbeddedSettings
+from dsv4opt.errors import CaptureError
+from dsv4opt.fileio import unique_path
+from dsv4opt.workload.config import ModelConfig
+from dsv4opt.workload.memory import estimate_memory
+
+GPU_CONFIG, CPU_CONFIG = "dsv4-flash", "dsv4-tiny"
+MEMORY_HEADROOM = 0.95  # of the free device memory a run may plan to use
+
+_err = Console(stderr=True)
+
+
+def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
+    """Build the workload, warm up, profile S steps, time S steps, analyse; returns the saved profile."""
+    device = _pick_device(settings.device)
+    config_name = settings.config or (GPU_CONFIG if device.type == "cuda" else CPU_CONFIG)
+    cfg = ModelConfig.from_name(config_name).with_layers(settings.layers)
+    stamp = dt.datetime.now()
+    out = _output_path(settings, config_name, stamp)
+    if device.type == "cpu":
+        _err.print(
+            f"[yellow]no GPU in use[/]: running {config_name} on the CPU; the ranking is over CPU "
+            "operators by self time, not GPU kernels"
+        )
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    max_new = settings.warmup + 2 * settings.steps + 8
+    _refuse_if_too_big(cfg, settings, device, dtype, max_new)
+    use_graph = settings.cuda_graph and device.type == "cuda"
+
+    from dsv4opt.workload.model import DecodeWorkload
+
+    with tempfile.TemporaryDirectory(prefix="dsv4opt-embedded-") as tmp, _cpu_threads(device), _progress() as progress:
+        task = progress.add_task(f"building {config_name}", total=None)
+        wl = DecodeWorkload(
+            cfg, concurrency=settings.concurrency, context=settings.context, device=device,
+            experts_resident=settings.experts_resident, optimizations=settings.optimizations,
+            seed=settings.seed, dtype=dtype, max_new_tokens=max_new,
+        )
+        tokens = torch.randint(cfg.vocab, (settings.concurrency,), generator=torch.Generator().manual_seed(settings.seed))
+        tokens = tokens.to(device)
+        eager = _eager_step(wl, tokens)
+
+        progress.update(task, description="warming up", total=max(settings.warmup, 1), completed=0)
+        for _ in range(settings.warmup):
+            eager()
+            _sync(device)
+            progress.advance(task)
+
+        trace_dir = Path(settings.trace_dir) if settings.trace_dir else Path(tmp)
+        stem = out.name[: -len(".json")]
+        capture_trace = None
+        step = eager
+        if use_graph:
+            progress.update(task, description="profiling one eager step (kernel -> model part map)")
+            capture_trace = _profile_steps(eager, 1, device, unique_path(trace_dir / f"{stem}-eager.trace.json"))
+            progress.update(task, description="capturing the step as a CUDA graph")
+            step = _graph_step(wl, tokens)
+        progress.update(task, description="profiling", total=settings.steps, completed=0)
+        trace = _profile_steps(step, settings.steps, device, unique_path(trace_dir / f"{stem}.trace.json"),
+                               on_step=lambda: progress.advance(task))
+        progress.update(task, description="timing", total=None)
+        ms_per_step = _time_steps(step, settings.steps, device)
+
+        meta = _meta(settings, wl, config_name, device, use_graph, stamp)
+        throughput = {"tokens_per_s": settings.concurrency * 1000.0 / ms_per_step, "ms_per_step": ms_per_step}
+        progress.update(task, description="analysing the trace")
+        from dsv4opt.analysis import analyze_paths
+
+        prof = analyze_paths([trace], meta=meta, capture=capture_trace)
+        prof.meta = {**prof.meta, **meta}
+        prof.throughput = throughput
+    return prof, prof.save(out)
+
+
+def _pick_device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cuda", "cpu") and not name.startswith("cuda:"):
+        raise CaptureError(f"unknown device {name!r}; use cuda or cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise CaptureError("--device cuda asked for, but this torch sees no CUDA GPU; use --device cpu")
+    return torch.device(name)
+
+
+def _output_path(settings: EmbeddedSettings, config_name: str, stamp: dt.datetime) -> Path:
+    if settings.out is not None:
+        out = Path(settings.out)
+        if out.exists():
+            raise CaptureError(f"{out} exists; choose another --out or remove it first")
+        if out.suffix != ".json":
+            raise CaptureError(f"{out}: a profile is a .json file; give --out a name ending in .json")
+        return out
+    opts = "+".join(settings.optimizations) or "baseline"
+    name = f"embedded-{config_name}-c{settings.concurrency}-{opts}-{stamp:%Y%m%d-%H%M%S}.json"
+    return unique_path(Path("profiles") / name)
+
+
+def _refuse_if_too_big(cfg, settings, device, dtype, max_new) -> None:
+    """Estimate weights + KV + activations and refuse before allocating anything that will not fit."""
+    if device.type != "cuda":
+        return
+    from dsv4opt.workload.dense import fp8_supported
+
+    est = estimate_memory(
+        cfg, settings.concurrency, settings.context, settings.experts_resident,
+        elem_bytes=dtype.itemsize, fp8=fp8_supported(device), max_new_tokens=max_new,
+    )
+    free, _total = torch.cuda.mem_get_info(device)
+    if est.total > MEMORY_HEADROOM * free:
+        gib = 1 << 30
+        raise CaptureError(
+            f"{cfg.name} at C={settings.concurrency}, context {settings.context}, {cfg.layers} layers needs about "
+            f"{est.total / gib:.1f} GiB (weights {est.weights / gib:.1f}, KV {est.caches / gib:.1f}, "
+            f"activations {est.activations / gib:.1f}) but {free / gib:.1f} GiB is free; lower --layers, "
+            "--experts-resident, --concurrency or --context"
+        )
+
+
+def _eager_step(wl, tokens: torch.Tensor) -> Callable[[], None]:
+    """One decode step that feeds its greedy next tokens back into `tokens` (static buffer)."""
+
+    def run() -> None:
+        tokens.copy_(wl.step(tokens).argmax(-1))
+
+    return run
+
+
+def _graph_step(wl, tokens: torch.Tensor) -> Callable[[], None]:
+    """The same step captured once as a CUDA graph; each call replays it (no host work per kernel)."""
+    graph = torch.cuda.CUDAGraph()
+    # Capture on a side stream after one eager run there, as torch's CUDA-graph notes advise.
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        tokens.copy_(wl.step(tokens).argmax(-1))
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    try:
+        with torch.cuda.graph(graph):
+            tokens.copy_(wl.step(tokens).argmax(-1))
+    except RuntimeError as exc:
+        raise CaptureError(
+            f"the decode step could not be captured as a CUDA graph ({str(exc).splitlines()[0]}); "
+            "rerun with --no-cuda-graph"
+        ) from None
+    return graph.replay
+
+
+def _profile_steps(step: Callable[[], None], n: int, device: torch.device, path: Path,
+                   on_step: Callable[[], None] | None = None) -> Path:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with profile(activities=activities) as prof:
+        for _ in range(n):
+            step()
+            prof.step()  # ProfilerStep#N ranges bound the steps for the analysis
+            if on_step:
+                on_step()
+        _sync(device)
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def _time_steps(step: Callable[[], None], n: int, device: torch.device) -> float:
+    """Milliseconds per step over n steps, no profiler attached."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        for _ in range(n):
+            step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / n
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    return (time.perf_counter() - t0) * 1000.0 / n
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {
+        "target": "embedded",
+        "concurrency": settings.concurrency,
+        "context": settings.context,
+        "contexts": [int(c) for c in wl.contexts],
+        "config": config_name,
+        "layers": wl.cfg.layers,
+        "experts_resident": wl.experts_resident,
+        "device": "cpu" if device.type == "cpu" else "cuda",
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "dtype": str(wl.dtype).removeprefix("torch."),
+        "weights": wl.weight_format if wl.dtype == torch.bfloat16 else str(wl.dtype).removeprefix("torch."),
+        "fp8_fallbacks": getattr(wl, "fp8_fallbacks", []),
+        "grouped_gemm": wl.grouped_gemm,
+        "cuda_graph": use_graph,
+        "optimizations": list(settings.optimizations),
+        "steps": settings.steps,
+        "warmup": settings.warmup,
+        "seed": settings.seed,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "date": stamp.isoformat(timespec="seconds"),
+        "git_commit": _git_commit(),
+    }
+
+
+def _git_commit() -> str | None:
+    """The commit of the dsv4opt checkout, '+dirty' when it has uncommitted changes; None outside git."""
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@contextmanager
+def _cpu_threads(device: torch.device):
+    """On a CPU the tiny config's operators are microseconds long: one intra-op thread avoids
+    hand-off costs that would otherwise dominate (and vary with the machine's load)."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
+def _progress():
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+    with Progress(*columns, console=_err, transient=True) as progress:
+        yield progress
