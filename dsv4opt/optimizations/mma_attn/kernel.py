@@ -36,11 +36,10 @@ def _mma_sparse_decode_kernel(
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     i_s = tl.program_id(2)
-    D: tl.constexpr = DN + DR
     o_h = i_h * BH + tl.arange(0, BH)
     m_h = o_h < H
     o_d = tl.arange(0, D_P)
-    m_d = o_d < D
+    m_d = o_d < DN + DR
     p_q_tile = p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q_tile, mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]
     n_used = tl.load(p_len + i_b)
@@ -73,7 +72,7 @@ def _mma_sparse_decode_kernel(
         b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
         b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_kv.dtype), b_kv)  # [BH, D_P]
+        b_acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc=b_acc * b_alpha[:, None])  # [BH, D_P]
         b_m = b_m_new
 
     if NSPLIT == 1:
@@ -90,7 +89,7 @@ def _mma_sparse_decode_kernel(
         b_o = b_acc / tl.where(m_any, b_l, 1.0)[:, None]
         b_lse2 = tl.where(m_any, b_m + tl.log2(tl.where(m_any, b_l, 1.0)), float("-inf"))
         row_part = (i_b * NSPLIT + i_s).to(tl.int64) * H + o_h  # [BH] rows of [B*NSPLIT*H]
-        tl.store(p_o_part + row_part[:, None] * D + o_d[None, :], b_o, mask=m_h[:, None] & m_d[None, :])
+        tl.store(p_o_part + row_part[:, None] * (DN + DR) + o_d[None, :], b_o, mask=m_h[:, None] & m_d[None, :])
         tl.store(p_lse_part + row_part, b_lse2, mask=m_h)
 
 

@@ -1,0 +1,180 @@
+"""`dsv4opt bench mma-attn`: mma-attn against the floor, the baseline kernel and a torch path.
+
+Runs the correctness gate first; when it fails, nothing is timed and no speed-up is printed.
+Times are medians of CUDA-graph replays; the KV pool is much larger than L2 and each request
+selects distinct random rows, so every byte counted comes from HBM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from dsv4opt.errors import DsvOptError
+from dsv4opt.optimizations.registry import CheckResult
+
+# dsv4-flash attention (docs/kernels/mma_attn.md): 64 heads, latent 512 (448 nope + 64 rope),
+# top-512 compressed entries plus the 128-token window.
+HEADS = 64
+DIM = 512
+TOPK = 512 + 128
+BATCHES = (1, 16, 32, 64)
+POOL_GB = 4.0
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    batch: int
+    tiles: str
+    mma_us: float
+    bytes_moved: int  # unique KV rows + q + o
+    floor_us: float  # bytes_moved over the copy bandwidth measured in this run
+    flop_floor_us: float  # QK and PV FLOPs over the bf16 matmul rate measured in this run
+    achieved_gbps: float
+    frac_copy_bw: float
+    baseline_us: float
+    torch_us: float
+    speedup_vs_baseline: float
+    speedup_vs_torch: float
+
+
+@dataclass
+class BenchResult:
+    check: CheckResult
+    device: str
+    copy_gbps: float = 0.0
+    matmul_tflops: float = 0.0
+    rows: list[BenchRow] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        check = asdict(self.check)
+        check["details"] = {"cases": check["details"].get("cases", [])}
+        return {
+            "bench": "mma-attn",
+            "device": self.device,
+            "shape": {"heads": HEADS, "dim": DIM, "topk": TOPK, "kv_dtype": "bfloat16"},
+            "copy_gbps": self.copy_gbps,
+            "matmul_tflops": self.matmul_tflops,
+            "check": check,
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+
+def _median_graph_ms(fn: Callable[[], object]) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median"))
+
+
+def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = _median_graph_ms(lambda: dst.copy_(src))
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def matmul_tflops(n: int = 8192) -> float:
+    """bf16 matrix product on random data: the tensor-core ceiling for the FLOP floor."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = _median_graph_ms(lambda: a @ b)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def bench_inputs(batch: int, kv: torch.Tensor, gen: torch.Generator):
+    """Inputs for one batch size: distinct random rows per request, every slot used."""
+    n = kv.shape[0]
+    q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=kv.dtype, generator=gen)
+    indices = torch.stack([torch.randperm(n, device="cuda", generator=gen)[:TOPK] for _ in range(batch)])
+    indices = indices.to(torch.int32)
+    lengths = torch.full((batch,), TOPK, device="cuda", dtype=torch.int32)
+    sink = torch.randn(HEADS, device="cuda", generator=gen)
+    return q, indices, lengths, sink
+
+
+def run_bench(
+    batches: Sequence[int] = BATCHES,
+    pool_gb: float = POOL_GB,
+    on_step: Callable[[str], None] = lambda _msg: None,
+) -> BenchResult:
+    """Check, then time mma-attn, the baseline kernel and the torch path for each batch size."""
+    if not torch.cuda.is_available():
+        raise DsvOptError("dsv4opt bench mma-attn needs a CUDA GPU (on a CPU only the correctness check runs, under Triton's interpreter)")
+    from dsv4opt.optimizations.mma_attn.check import check
+    from dsv4opt.optimizations.mma_attn.kernel import choose_tiles, mma_sparse_decode
+    from dsv4opt.workload.attention import sparse_decode_simt, sparse_decode_torch
+
+    on_step("correctness check")
+    result = BenchResult(check=check("cuda"), device=torch.cuda.get_device_name())
+    if not result.check.passed:
+        return result
+    on_step("copy bandwidth and matmul rate")
+    result.copy_gbps = copy_bandwidth_gbps()
+    result.matmul_tflops = matmul_tflops()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = int(pool_gb * 2**30) // (DIM * 2)
+    kv = torch.randn(rows, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    scale = DIM**-0.5
+    for batch in batches:
+        on_step(f"B = {batch}")
+        q, indices, lengths, sink = bench_inputs(batch, kv, gen)
+        args = (q, kv, indices, lengths, sink, scale)
+        mma_ms = _median_graph_ms(lambda: mma_sparse_decode(*args))
+        base_ms = _median_graph_ms(lambda: sparse_decode_simt(*args))
+        torch_ms = _median_graph_ms(lambda: sparse_decode_torch(*args))
+        unique_rows = int(torch.unique(indices).numel())
+        moved = unique_rows * DIM * kv.element_size() + 2 * q.numel() * q.element_size()
+        flops = 2 * 2 * batch * HEADS * TOPK * DIM
+        gbps = moved / (mma_ms * 1e-3) / 1e9
+        result.rows.append(
+            BenchRow(
+                batch=batch,
+                tiles=str(choose_tiles(batch, HEADS, TOPK, q.device)).removeprefix("Tiles"),
+                mma_us=mma_ms * 1e3,
+                bytes_moved=moved,
+                floor_us=moved / (result.copy_gbps * 1e9) * 1e6,
+                flop_floor_us=flops / (result.matmul_tflops * 1e12) * 1e6,
+                achieved_gbps=gbps,
+                frac_copy_bw=gbps / result.copy_gbps,
+                baseline_us=base_ms * 1e3,
+                torch_us=torch_ms * 1e3,
+                speedup_vs_baseline=base_ms / mma_ms,
+                speedup_vs_torch=torch_ms / mma_ms,
+            )
+        )
+    return result
+
+
+def render(result: BenchResult):
+    """A rich table of the rows (or of the failed check)."""
+    from rich.table import Table
+
+    if not result.check.passed:
+        table = Table(title=f"mma-attn check FAILED on {result.device}: no timing, no speed-up")
+        table.add_column("case")
+        table.add_column("rel err o", justify="right")
+        table.add_column("rel err lse", justify="right")
+        for c in result.check.details["cases"]:
+            if not c["passed"]:
+                table.add_row(c["case"], f"{c['rel_err_o']:.2e}", f"{c['rel_err_lse']:.2e}")
+        return table
+    table = Table(
+        title=(
+            f"mma-attn on {result.device}: H {HEADS}, D {DIM}, K {TOPK}, bf16 KV; "
+            f"copy {result.copy_gbps:.0f} GB/s, matmul {result.matmul_tflops:.0f} TFLOP/s; "
+            f"check: {result.check.summary}"
+        )
+    )
+    for col in ("B", "tiles", "mma µs", "floor µs", "FLOP floor µs", "GB/s", "of copy bw",
+                "baseline µs", "torch µs", "x baseline", "x torch"):
+        table.add_column(col, justify="left" if col == "tiles" else "right")
+    for r in result.rows:
+        table.add_row(
+            str(r.batch), r.tiles, f"{r.mma_us:.1f}", f"{r.floor_us:.1f}", f"{r.flop_floor_us:.1f}",
+            f"{r.achieved_gbps:.0f}", f"{r.frac_copy_bw:.0%}", f"{r.baseline_us:.1f}", f"{r.torch_us:.1f}",
+            f"{r.speedup_vs_baseline:.1f}", f"{r.speedup_vs_torch:.1f}",
+        )
+    return table
