@@ -1,0 +1,56 @@
+import pytest
+
+from dsv4opt.analysis.categories import CATEGORIES
+from dsv4opt.analysis.classify import RULES, classify, matching_rule
+from dsv4opt.analysis.names import demangle, short_name
+
+# Real names: NVIDIA (A100/V100/H100 from ../shared/traces, H200 from the shared model notes) and AMD MI300X.
+REAL = [
+    ("volta_sgemm_64x64_nt", "gemm_fp32_simt"),
+    ("ampere_sgemm_128x128_tn", "gemm_fp32_simt"),
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(cutlass_80_simt_sgemm_128x32_8x5_nn_align1::Params)", "gemm_fp32_simt"),
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas", "gemm_fp32_simt"),
+    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)", "gemm_tc"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", "gemm_tc"),
+    ("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_TNT", "gemm_tc"),
+    ("Cijk_Alik_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT256x32x64_MI16x16x1_SN_LDSB1_AFC1_AFEM1", "gemm_tc"),
+    ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>, false>(pytorch_flash::Flash_fwd_params)", "attention"),
+    ("void paged_attention_ll4mi_QKV_mfma16_kernel<0, __hip_bfloat16, __hip_bfloat16, (vllm::Fp8KVCacheDataType)0, 1, 128, 256, false, 4, 1, ck_tile::ComposedAttention<0u, false> >(__hip_bfloat16 const*)", "attention"),
+    ("attn_fwd", "attention"),
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "communication"),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)", "elementwise"),
+    ("triton_poi_fused__unsafe_view_mul_silu_2", "elementwise"),
+    ("_ZN7sgl_hip10activation18act_and_mul_kernelI14__hip_bfloat16TnPFT_RKS3_EXadL_Z4siluIS2_ES3_S5_EEEEvPS3_PS4_i", "elementwise"),
+    ("void rotary_embedding_kernel<c10::BFloat16, true>(long const*, c10::BFloat16*)", "elementwise"),
+    ("triton_red_fused_add_mean_mul_pow_rsqrt_0", "reduction"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, float, 4>)", "reduction"),
+    ("_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256ELi16ELb1ELb0ELb1ELi1EEEvPT0_PT_PfS4_S4_S4_diiiiiiib", "reduction"),
+    ("Memcpy HtoD (Pinned -> Device)", "copy"),
+    ("Memset (Device)", "copy"),
+    ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<float, unsigned int, 2, 128, 1>(float*)", "copy"),
+    ("void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long, long, long, bool)", "copy"),
+    ("void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>)", "copy"),
+    ("void cub::DeviceRadixSortOnesweepKernel<cub::DeviceRadixSortPolicy<long, int, int>::Policy800, false, long, int, int, int>(int*)", "topk_sort"),
+    ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>(at::cuda::detail::TensorInfo<float const, unsigned int>)", "topk_sort"),
+    ("void (anonymous namespace)::resolve_future_token_ids_kernel<long>(long*, long const*, unsigned long)", "other"),
+]
+
+
+@pytest.mark.parametrize("name,category", REAL, ids=[f"{c}-{i}" for i, (_, c) in enumerate(REAL)])
+def test_real_names(name, category):
+    assert classify(name) == category
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[f"{i}-{r.category}" for i, r in enumerate(RULES)])
+def test_each_rule_example_lands_in_its_row(rule):
+    assert rule.category in CATEGORIES
+    assert matching_rule(rule.example) is rule
+
+
+def test_demangle_and_shorten():
+    assert demangle("_ZN7cutlass13device_kernelIiEEvv") == "void cutlass::device_kernel<int>()"
+    # Newer manglings older libstdc++ rejects still give the qualified name.
+    assert demangle("_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256EEEvPT0_").startswith("aiter::add_rmsnorm_quant_kernel")
+    assert short_name("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, X> >(at::native::ReduceOp<float, X>)") == "reduce_kernel<512, 1, ReduceOp<…> >"
+    assert short_name("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"

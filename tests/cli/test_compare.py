@@ -1,0 +1,34 @@
+import json
+
+from typer.testing import CliRunner
+
+from dsv4opt.cli import app
+
+runner = CliRunner()
+
+
+def _trace(path, kernels):
+    events = [{"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": 7, "ts": float(i), "dur": d} for i, (n, d) in enumerate(kernels)]
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_compare_traces_and_profiles(tmp_path):
+    a = _trace(tmp_path / "a.json", [("flash_decode_kernel", 57.0), ("ampere_sgemm_128x64_nn", 19.0), ("elementwise_kernel", 24.0)])
+    b = _trace(tmp_path / "b.json", [("flash_decode_kernel", 5.0), ("ampere_sgemm_128x64_nn", 19.0), ("elementwise_kernel", 24.0)])
+    pa = tmp_path / "pa.json"
+    assert runner.invoke(app, ["analyze", str(a), "--json", str(pa)]).exit_code == 0
+    out = tmp_path / "c.json"
+    r = runner.invoke(app, ["compare", str(pa), str(b), "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    assert data["bottleneck_moved"] and data["verdict"].startswith("bottleneck moved: attention 57.0%")
+    assert "bottleneck moved" in r.output
+
+
+def test_compare_bad_input(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "dsv4opt.profile/9"}')
+    out = tmp_path / "c.json"
+    r = runner.invoke(app, ["compare", str(bad), str(tmp_path / "missing.json"), "--json", str(out)])
+    assert r.exit_code == 1 and "Traceback" not in r.output and not out.exists()
