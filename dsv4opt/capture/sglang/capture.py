@@ -105,6 +105,12 @@ async def capture(settings: SGLangSettings, run_dir: Path) -> CaptureResult:
             t0 = time.monotonic()
             await load.run_for(settings.window_s)
             t1 = time.monotonic()
+            silent = load.silent_since(t0)
+            if silent:
+                raise CaptureError(
+                    f"{silent} of {settings.concurrency} requests got no token during the {settings.window_s:g} s "
+                    "window: the server stalled (check its log) or steps are slower than the window (--window)"
+                )
             metrics = window_metrics([r.events for r in load.records], t0, t1)
             steady = load.all_decoding() and load.finished_between(t0, t1) == 0
             await client.start_profile(body)

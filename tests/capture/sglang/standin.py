@@ -14,7 +14,8 @@ scheduler_profiler_mixin.py / utils/profile_utils.py):
   by piece as torch's export does, while the scheduler (ticker) is blocked.
 - `/stop_profile`, `/server_info` + `/get_server_info`, `/model_info` + `/get_model_info`.
 Faults: not_sglang (404 everywhere), legacy_routes (only /get_*), generate_status / profile_status
-(HTTP errors), profile_mode "never_finishes" (half a gzip, then nothing) or "no_files", stall_after
+(HTTP errors), profile_mode "never_finishes" (half a gzip, then nothing), "no_files" (directory
+made, nothing written) or "elsewhere" (traces go to another machine's disk), stall_after
 (streams go silent after k tokens but stay open).
 """
 
@@ -47,7 +48,7 @@ class StandInSGLang:
         self.legacy_routes = False
         self.generate_status: int | None = None
         self.profile_status: int | None = None
-        self.profile_mode = "ok"  # "ok" | "never_finishes" | "no_files"
+        self.profile_mode = "ok"  # "ok" | "never_finishes" | "no_files" | "elsewhere"
         self.stall_after: int | None = None
         self.export_pieces = 4
         self.export_s = 0.04
@@ -119,12 +120,14 @@ class StandInSGLang:
 
     async def _export(self) -> None:
         p, self._profile = self._profile, None
+        if self.profile_mode == "elsewhere":
+            return  # e.g. a server in a container: its output_dir is not this machine's
+        out = Path(p["output_dir"])
+        out.mkdir(parents=True, exist_ok=True)  # SGLang creates it before exporting
         if self.profile_mode == "no_files":
             return
         self._exporting = True
         try:
-            out = Path(p["output_dir"])
-            out.mkdir(parents=True, exist_ok=True)
             suffix = "-DECODE" if p["profile_by_stage"] else ""
             for rank in range(self.tp_size):
                 path = out / f"{p['profile_id']}-TP-{rank}{suffix}.trace.json.gz"
