@@ -90,6 +90,8 @@ def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
         progress.update(task, description="analysing the trace")
         from dsv4opt.analysis import analyze_paths
 
+        if settings.trace_dir is None:  # the traces go with the temporary folder: name none
+            meta["sources"], meta["capture_trace"] = [], None
         prof = analyze_paths([trace], meta=meta, capture=capture_trace)
         prof.meta = {**prof.meta, **meta}
         prof.throughput = throughput
@@ -172,18 +174,21 @@ def _graph_step(wl, tokens: torch.Tensor) -> Callable[[], None]:
 
 def _profile_steps(step: Callable[[], None], n: int, device: torch.device, path: Path,
                    on_step: Callable[[], None] | None = None) -> Path:
-    from torch.profiler import ProfilerActivity, profile
+    """Profile n steps, each inside a ProfilerStep#N range, after one profiler warm-up step."""
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     path.parent.mkdir(parents=True, exist_ok=True)
-    with profile(activities=activities) as prof:
-        for _ in range(n):
+    # A schedule is what makes prof.step() emit ProfilerStep#N ranges; its warm-up step keeps the
+    # profiler's start-up cost out of the recorded steps.
+    plan = schedule(wait=0, warmup=1, active=n, repeat=1)
+    with profile(activities=activities, schedule=plan, on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for i in range(n + 1):
             step()
-            prof.step()  # ProfilerStep#N ranges bound the steps for the analysis
-            if on_step:
+            _sync(device)
+            prof.step()
+            if on_step and i:
                 on_step()
-        _sync(device)
-    prof.export_chrome_trace(str(path))
     return path
 
 
