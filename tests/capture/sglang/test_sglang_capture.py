@@ -156,3 +156,29 @@ def test_existing_output_is_not_touched(standin, tmp_path):
 def test_url_without_scheme(tmp_path):
     with pytest.raises(DsvOptError, match="http://HOST:PORT"):
         profile_sglang(small_settings("127.0.0.1:30000", tmp_path))
+
+
+def _cli(url, tmp_path, *extra):
+    from typer.testing import CliRunner
+
+    from dsv4opt.cli import app
+
+    args = ["profile", "--target", "sglang", "--url", url, "-c", "4", "--prompt-len", "8", "--steps", "3",
+            "--window", "0.3", "--timeout", "3", "--stall-timeout", "1", "--max-new-tokens", "100000",
+            "--trace-dir", str(tmp_path / "traces"), "--out", str(tmp_path / "out" / "p.json"), *extra]
+    return CliRunner().invoke(app, args)
+
+
+def test_cli_profile(standin, tmp_path):
+    result = _cli(standin.url, tmp_path, "--with", "mma-attn")
+    assert result.exit_code == 0, result.output
+    assert "profile saved" in result.output
+    assert json.loads((tmp_path / "out" / "p.json").read_text())["meta"]["optimizations"] == ["mma-attn"]
+
+
+def test_cli_fault_is_one_line(standin, tmp_path):
+    standin.generate_status = 500
+    result = _cli(standin.url, tmp_path)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "error: server returned HTTP 500 for /generate" in result.output
+    assert not (tmp_path / "out").exists()
