@@ -1,5 +1,6 @@
-"""One device call for mma-attn: full bf16 correctness table, CUDA-graph replay check, the bench
-(`dsv4opt bench mma-attn`'s code path), then a tile sweep; short table printed last.
+"""One device call for mma-attn: a sweep of tile families through choose_tiles, then, with the
+best family as the default, the bench (`dsv4opt bench mma-attn`'s code path: full bf16 correctness
+table first, then timing), a CUDA-graph replay check, and a short table printed last.
 
     PYTHONPATH=. python3 scripts/gpu_mma_attn.py      # logs and JSON under $OUT (default gpu_out/)
 """
@@ -11,7 +12,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -20,7 +21,7 @@ from rich.console import Console
 START = time.time()
 OUT = Path(os.environ.get("OUT", "gpu_out"))
 OUT.mkdir(parents=True, exist_ok=True)
-SWEEP_UNTIL = START + float(os.environ.get("SWEEP_BUDGET_S", "250"))
+SWEEP_UNTIL = START + float(os.environ.get("SWEEP_BUDGET_S", "170"))
 LOG = open(OUT / "log.txt", "w")
 
 
@@ -75,38 +76,86 @@ def kernel_resources() -> list[dict]:
     return rows
 
 
+FAMILIES = [
+    dict(block_k=64, num_warps=8, num_stages=2, block_v=0, reload_v=False),
+    dict(block_k=32, num_warps=8, num_stages=2, block_v=0, reload_v=False),
+    dict(block_k=32, num_warps=8, num_stages=2, block_v=0, reload_v=True),
+    dict(block_k=64, num_warps=8, num_stages=2, block_v=0, reload_v=True),
+    dict(block_k=64, num_warps=8, num_stages=3, block_v=0, reload_v=True),
+    dict(block_k=32, num_warps=4, num_stages=2, block_v=256, reload_v=True),
+    dict(block_k=32, num_warps=8, num_stages=2, block_v=256, reload_v=True),
+    dict(block_k=64, num_warps=4, num_stages=2, block_v=256, reload_v=True),
+    dict(block_k=64, num_warps=8, num_stages=3, block_v=256, reload_v=True),
+    dict(block_k=32, num_warps=4, num_stages=3, block_v=128, reload_v=True),
+    dict(block_k=64, num_warps=4, num_stages=2, block_v=128, reload_v=True),
+]
+SPLIT_FACTORS = (0.5, 1.0, 2.0)
+
+
 def sweep(kv: torch.Tensor) -> list[dict]:
-    from dsv4opt.optimizations.mma_attn.bench import HEADS, TOPK, _median_graph_ms, bench_inputs
-    from dsv4opt.optimizations.mma_attn.kernel import Tiles, choose_tiles, mma_sparse_decode
+    """Time every tile family x split factor x B through choose_tiles itself."""
+    import triton.testing
+
+    from dsv4opt.optimizations.mma_attn import kernel
+    from dsv4opt.optimizations.mma_attn.bench import HEADS, TOPK, bench_inputs
 
     gen = torch.Generator(device="cuda").manual_seed(1)
+    inputs = {b: bench_inputs(b, kv, gen) for b in (64, 32, 16, 1)}
+    saved = dict(kernel.TILE_DEFAULTS)
     results = []
-    variants = [(32, 8, 1), (32, 8, 3), (64, 8, 2), (16, 8, 2), (32, 4, 2), (32, 16, 2), (64, 8, 1)]
-    for batch in (64, 32, 16, 1):
-        q, indices, lengths, sink = bench_inputs(batch, kv, gen)
-        base = choose_tiles(batch, HEADS, TOPK, q.device)
-        tiles = [replace(base, nsplit=n) for n in sorted({max(1, base.nsplit // 2), base.nsplit, base.nsplit * 2, 1})]
-        tiles += [Tiles(base.block_h, bk, base.nsplit, w, s) for bk, w, s in variants]
-        for t in tiles:
-            if time.time() > SWEEP_UNTIL:
-                log("sweep: out of time budget, stopping")
-                return results
-            try:
-                ms = _median_graph_ms(lambda: mma_sparse_decode(q, kv, indices, lengths, sink, 512**-0.5, t))
-                row = {"batch": batch, **asdict(t), "us": ms * 1e3}
-            except Exception as exc:  # noqa: BLE001 - a tile that does not fit is a result too
-                row = {"batch": batch, **asdict(t), "us": None, "error": f"{type(exc).__name__}: {str(exc)[:120]}"}
-            log("sweep", json.dumps(row))
-            results.append(row)
+    for fam_id, fam in enumerate(FAMILIES):
+        for factor in SPLIT_FACTORS:
+            for batch, (q, indices, lengths, sink) in inputs.items():
+                if time.time() > SWEEP_UNTIL:
+                    log("sweep: out of time budget, stopping")
+                    kernel.TILE_DEFAULTS.update(saved)
+                    return results
+                kernel.TILE_DEFAULTS.update(fam, split_factor=factor)
+                t = kernel.choose_tiles(batch, HEADS, TOPK, q.device)
+                row = {"family": fam_id, "split_factor": factor, "batch": batch, **asdict(t)}
+                try:
+                    fn = lambda: kernel.mma_sparse_decode(q, kv, indices, lengths, sink, 512**-0.5, t)  # noqa: E731
+                    row["us"] = 1e3 * float(triton.testing.do_bench_cudagraph(fn, rep=25, return_mode="median"))
+                except Exception as exc:  # noqa: BLE001 - a tile that does not fit is a result too
+                    row["us"] = None
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+                log("sweep", json.dumps(row))
+                results.append(row)
+    kernel.TILE_DEFAULTS.update(saved)
     return results
+
+
+def best_family(rows: list[dict]):
+    """(family, split factor) with the least sum of log times over all four B; None if none complete."""
+    import math
+
+    scores = {}
+    for fam_id in range(len(FAMILIES)):
+        for factor in SPLIT_FACTORS:
+            ts = [r["us"] for r in rows if r["family"] == fam_id and r["split_factor"] == factor]
+            if len(ts) == 4 and all(t is not None for t in ts):
+                scores[(fam_id, factor)] = sum(math.log(t) for t in ts)
+    if not scores:
+        return None
+    return min(scores, key=scores.get)
 
 
 def main() -> int:
     import triton
 
-    from dsv4opt.optimizations.mma_attn.bench import POOL_GB, DIM, render, run_bench
+    from dsv4opt.optimizations.mma_attn import kernel
+    from dsv4opt.optimizations.mma_attn.bench import DIM, POOL_GB, render, run_bench
 
     log(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")
+    kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16)
+    rows = sweep(kv)
+    del kv
+    (OUT / "sweep.json").write_text(json.dumps(rows, indent=1))
+    best = best_family(rows)
+    if best is not None:
+        kernel.TILE_DEFAULTS.update(FAMILIES[best[0]], split_factor=best[1])
+    log(f"[{time.time() - START:5.0f} s] tile defaults for the bench: {kernel.TILE_DEFAULTS}")
+
     console = Console(width=220, record=True)
     result = None
     try:
@@ -115,34 +164,27 @@ def main() -> int:
             log(f"check {c['case']:<34} o {c['rel_err_o']:.2e} lse {c['rel_err_lse']:.2e} "
                 f"baseline {c['baseline_rel_err_o']:.2e} vs-baseline {c['rel_diff_vs_baseline']:.2e} "
                 f"nonfinite {c['nonfinite']} {'ok' if c['passed'] else 'FAIL'}")
-        (OUT / "bench.json").write_text(json.dumps(result.as_json(), indent=1))
-    except Exception:  # noqa: BLE001 - keep going to the sweep and report
+        (OUT / "bench.json").write_text(json.dumps({**result.as_json(), "tile_defaults": kernel.TILE_DEFAULTS}, indent=1))
+    except Exception:  # noqa: BLE001 - keep going and report
         log(traceback.format_exc())
     try:
         log(graph_replay_check())
     except Exception:  # noqa: BLE001
         log(traceback.format_exc())
-    rows = []
-    if result is not None and result.check.passed:
-        log(f"[{time.time() - START:5.0f} s] sweep")
-        kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16)
-        rows = sweep(kv)
-        (OUT / "sweep.json").write_text(json.dumps(rows, indent=1))
     try:
         res = kernel_resources()
         (OUT / "resources.json").write_text(json.dumps(res, indent=1))
-        for r in res:
-            log("resources", json.dumps(r))
     except Exception:  # noqa: BLE001
         log(traceback.format_exc())
 
     log(f"[{time.time() - START:5.0f} s] done")
-    best = {}
-    for r in rows:
-        if r["us"] is not None and (r["batch"] not in best or r["us"] < best[r["batch"]]["us"]):
-            best[r["batch"]] = r
-    for b, r in sorted(best.items()):
-        log(f"best B={b}: {r['us']:.1f} us  bk {r['block_k']} warps {r['num_warps']} stages {r['num_stages']} nsplit {r['nsplit']}")
+    for fam_id, fam in enumerate(FAMILIES):
+        for factor in SPLIT_FACTORS:
+            ts = {r["batch"]: r["us"] for r in rows if r["family"] == fam_id and r["split_factor"] == factor}
+            if ts:
+                cells = " ".join(f"B{b}={'-' if t is None else f'{t:.1f}'}" for b, t in sorted(ts.items()))
+                log(f"family {fam_id} x{factor}: {cells}  {fam}")
+    log(f"tile defaults used: {kernel.TILE_DEFAULTS}")
     if result is not None:
         log("check:", result.check.summary, json.dumps(result.check.figures))
         console.print(render(result))

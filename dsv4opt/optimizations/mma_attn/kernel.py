@@ -20,33 +20,58 @@ _NO_SCORE = tl.constexpr(-1.0e30)
 
 
 @triton.jit
+def _load_latent_cols(p_nope, p_rope, row, m_row, o_c, stride_nope, stride_rope,
+                      DN: tl.constexpr, D: tl.constexpr, ROPE_FOLLOWS_NOPE: tl.constexpr):
+    """Columns o_c of the latent rows `row` (masked rows read nothing and give 0)."""
+    if ROPE_FOLLOWS_NOPE:
+        # One latent row, nope then rope, contiguous: a single wide load per row.
+        p_rows = p_nope + row[:, None] * stride_nope + o_c[None, :]
+        b_x = tl.load(p_rows, mask=m_row[:, None] & (o_c[None, :] < D), other=0.0)
+    else:
+        # Separate nope and rope stores (the FP8 cache keeps rope apart, in bf16).
+        p_n = p_nope + row[:, None] * stride_nope + o_c[None, :]
+        p_r = p_rope + row[:, None] * stride_rope + (o_c[None, :] - DN)
+        b_x = tl.load(p_n, mask=m_row[:, None] & (o_c[None, :] < DN), other=0.0) + tl.load(
+            p_r, mask=m_row[:, None] & (o_c[None, :] >= DN) & (o_c[None, :] < D), other=0.0
+        )
+    return b_x
+
+
+@triton.jit
 def _mma_sparse_decode_kernel(
     p_q, p_nope, p_rope, p_idx, p_len, p_sink, p_o, p_lse, p_o_part, p_lse_part,
     stride_qb, stride_qh, stride_nope, stride_rope, stride_ib, stride_ob, stride_oh,
     H, qk_scale_log2,
     K: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
     DN: tl.constexpr, DR: tl.constexpr, D_P: tl.constexpr, ROPE_FOLLOWS_NOPE: tl.constexpr,
-    BH: tl.constexpr, BK: tl.constexpr,
+    BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr,
 ):
-    """One program: request i_b, heads [i_h*BH, +BH), selected slots [i_s*CHUNK, +CHUNK).
+    """One program: request i_b, heads [i_h*BH, +BH), value columns [i_v*BV, +BV), selected
+    slots [i_s*CHUNK, +CHUNK).
 
+    Scores always use the whole latent row; with BV < D_P the value columns are split over
+    programs (smaller accumulator, more programs per SM; the rows they share come from L2).
     NSPLIT == 1 writes o and lse directly; otherwise fp32 partials (o normalised by its own
     denominator, base-2 lse) for _combine_splits_kernel.
     """
+    NV: tl.constexpr = D_P // BV
     i_b = tl.program_id(0)
-    i_h = tl.program_id(1)
+    i_h = tl.program_id(1) // NV
+    i_v = tl.program_id(1) % NV
     i_s = tl.program_id(2)
     o_h = i_h * BH + tl.arange(0, BH)
     m_h = o_h < H
     o_d = tl.arange(0, D_P)
     m_d = o_d < DN + DR
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DN + DR
     p_q_tile = p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q_tile, mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]
     n_used = tl.load(p_len + i_b)
 
     b_m = tl.full([BH], _NO_SCORE, tl.float32)  # [BH] running max, base 2
     b_l = tl.zeros([BH], tl.float32)  # [BH]
-    b_acc = tl.zeros([BH, D_P], tl.float32)  # [BH, D_P]
+    b_acc = tl.zeros([BH, BV], tl.float32)  # [BH, BV]
     # Compile-time loop bounds (the interpreter cannot loop to a run-time scalar); slots past the
     # context or marked -1 are masked, so their rows are never read.
     for k0 in range(0, CHUNK, BK):
@@ -55,42 +80,41 @@ def _mma_sparse_decode_kernel(
         b_idx = tl.load(p_idx + i_b * stride_ib + o_k, mask=m_k, other=-1)  # [BK]
         m_row = b_idx >= 0
         row = tl.where(m_row, b_idx, 0).to(tl.int64)  # pools can exceed 2^31 elements
-        if ROPE_FOLLOWS_NOPE:
-            # One latent row, nope then rope, contiguous: a single wide load per row.
-            p_rows = p_nope + row[:, None] * stride_nope + o_d[None, :]
-            b_kv = tl.load(p_rows, mask=m_row[:, None] & m_d[None, :], other=0.0)  # [BK, D_P]
+        b_k = _load_latent_cols(p_nope, p_rope, row, m_row, o_d, stride_nope, stride_rope,
+                                DN, DN + DR, ROPE_FOLLOWS_NOPE)  # [BK, D_P]
+        if RELOAD_V or NV > 1:
+            # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
+            b_v = _load_latent_cols(p_nope, p_rope, row, m_row, o_v, stride_nope, stride_rope,
+                                    DN, DN + DR, ROPE_FOLLOWS_NOPE)  # [BK, BV]
         else:
-            # Separate nope and rope stores (the FP8 cache keeps rope apart in bf16).
-            p_n = p_nope + row[:, None] * stride_nope + o_d[None, :]
-            p_r = p_rope + row[:, None] * stride_rope + (o_d[None, :] - DN)
-            b_kv = tl.load(p_n, mask=m_row[:, None] & (o_d[None, :] < DN), other=0.0) + tl.load(
-                p_r, mask=m_row[:, None] & (o_d[None, :] >= DN) & m_d[None, :], other=0.0
-            )  # [BK, D_P]
-        b_s = tl.dot(b_q, tl.trans(b_kv)) * qk_scale_log2  # [BH, BK]
+            b_v = b_k
+        b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
         b_s = tl.where(m_row[None, :], b_s, float("-inf"))
         b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
         b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
         b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc=b_acc * b_alpha[:, None])  # [BH, D_P]
+        b_acc = tl.dot(b_p.to(b_v.dtype), b_v, acc=b_acc * b_alpha[:, None])  # [BH, BV]
         b_m = b_m_new
 
+    m_o = m_h[:, None] & m_v[None, :]
+    m_lse = m_h & (i_v == 0)  # every value slice computes the same lse; one writes it
     if NSPLIT == 1:
         b_sink = tl.load(p_sink + o_h, mask=m_h, other=0.0).to(tl.float32) * 1.4426950408889634
         b_top = tl.maximum(b_m, b_sink)  # [BH]
         b_w = tl.exp2(b_m - b_top)
         b_den = b_l * b_w + tl.exp2(b_sink - b_top)
         b_o = b_acc * (b_w / b_den)[:, None]
-        p_o_tile = p_o + i_b * stride_ob + o_h[:, None] * stride_oh + o_d[None, :]
-        tl.store(p_o_tile, b_o.to(p_o.dtype.element_ty), mask=m_h[:, None] & m_d[None, :])
-        tl.store(p_lse + i_b * H + o_h, (b_top + tl.log2(b_den)) * 0.6931471805599453, mask=m_h)
+        p_o_tile = p_o + i_b * stride_ob + o_h[:, None] * stride_oh + o_v[None, :]
+        tl.store(p_o_tile, b_o.to(p_o.dtype.element_ty), mask=m_o)
+        tl.store(p_lse + i_b * H + o_h, (b_top + tl.log2(b_den)) * 0.6931471805599453, mask=m_lse)
     else:
         m_any = b_l > 0
         b_o = b_acc / tl.where(m_any, b_l, 1.0)[:, None]
         b_lse2 = tl.where(m_any, b_m + tl.log2(tl.where(m_any, b_l, 1.0)), float("-inf"))
         row_part = (i_b * NSPLIT + i_s).to(tl.int64) * H + o_h  # [BH] rows of [B*NSPLIT*H]
-        tl.store(p_o_part + row_part[:, None] * (DN + DR) + o_d[None, :], b_o, mask=m_h[:, None] & m_d[None, :])
-        tl.store(p_lse_part + row_part, b_lse2, mask=m_h)
+        tl.store(p_o_part + row_part[:, None] * (DN + DR) + o_v[None, :], b_o, mask=m_o)
+        tl.store(p_lse_part + row_part, b_lse2, mask=m_lse)
 
 
 @triton.jit
@@ -127,6 +151,8 @@ class Tiles:
     nsplit: int
     num_warps: int
     num_stages: int
+    block_v: int = 0  # value columns per program; 0 = the whole latent
+    reload_v: bool = False  # load the rows again for the PV product instead of reusing them
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,15 +160,24 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def choose_tiles(batch: int, heads: int, topk: int, device: torch.device) -> Tiles:
+# Tile family measured best on the H200 (docs/kernels/mma_attn.md); scripts/gpu_mma_attn.py sweeps it.
+TILE_DEFAULTS = {"block_k": 32, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "split_factor": 1.0}
+
+
+def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: int = 512) -> Tiles:
     """Tiles from B, H and K: 64-head tiles (Hopper's MMA wants 64 rows), then split the selected
-    slots until about one program per SM; at large B a single pass needs no partials."""
+    slots until about `split_factor` programs per SM; at large B a single pass needs no partials."""
+    d = TILE_DEFAULTS
     block_h = min(64, max(16, triton.next_power_of_2(heads)))
-    block_k = 32
+    d_p = triton.next_power_of_2(dim)
+    block_v = d["block_v"] if d["block_v"] and d_p % d["block_v"] == 0 else 0
     sms = _sm_count(device.index or 0) if device.type == "cuda" else 132
-    programs = batch * triton.cdiv(heads, block_h)
-    nsplit = max(1, min(round(sms / programs), triton.cdiv(topk, block_k)))
-    return Tiles(block_h=block_h, block_k=block_k, nsplit=nsplit, num_warps=8, num_stages=2)
+    programs = batch * triton.cdiv(heads, block_h) * (d_p // block_v if block_v else 1)
+    nsplit = max(1, min(round(d["split_factor"] * sms / programs), triton.cdiv(topk, d["block_k"])))
+    return Tiles(
+        block_h=block_h, block_k=d["block_k"], nsplit=nsplit, num_warps=d["num_warps"],
+        num_stages=d["num_stages"], block_v=block_v, reload_v=d["reload_v"],
+    )
 
 
 def sparse_decode_mma_split_kv(
@@ -174,7 +209,7 @@ def sparse_decode_mma_split_kv(
         check_attention_inputs(q, torch.empty(0, D, device=q.device), indices, lengths, sink)
         assert kv_nope.stride(1) == 1
     assert kv_nope.dtype == q.dtype, "KV cache in q's dtype (FP8 nope needs a scale pointer: not yet)"
-    t = tiles or choose_tiles(B, H, K, q.device)
+    t = tiles or choose_tiles(B, H, K, q.device, D)
     nsplit = max(1, min(t.nsplit, triton.cdiv(K, t.block_k)))
     chunk = triton.cdiv(triton.cdiv(K, nsplit), t.block_k) * t.block_k
     nsplit = triton.cdiv(K, chunk)  # no program left with an empty range
@@ -187,14 +222,16 @@ def sparse_decode_mma_split_kv(
         lse_part = torch.empty(B, nsplit, H, device=q.device, dtype=torch.float32)
     else:
         o_part, lse_part = o, lse  # unused by the single-pass kernel
-    grid = (B, triton.cdiv(H, t.block_h), nsplit)
+    block_v = t.block_v or d_p
+    assert d_p % block_v == 0, (d_p, block_v)
+    grid = (B, triton.cdiv(H, t.block_h) * (d_p // block_v), nsplit)
     _mma_sparse_decode_kernel[grid](
         q, kv_nope, kv_rope, indices, lengths, sink, o, lse, o_part, lse_part,
         q.stride(0), q.stride(1), kv_nope.stride(0), kv_rope.stride(0), indices.stride(0),
         o.stride(0), o.stride(1),
         H, scale * _LOG2E,
         K=K, CHUNK=chunk, NSPLIT=nsplit, DN=dn, DR=dr, D_P=d_p, ROPE_FOLLOWS_NOPE=rope_follows,
-        BH=t.block_h, BK=t.block_k,
+        BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     if nsplit > 1:
