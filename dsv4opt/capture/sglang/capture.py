@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from dsv4opt.analysis.profile import Profile
+from dsv4opt.capture.naming import profile_path
 from dsv4opt.capture.settings import SGLangSettings
 from dsv4opt.capture.sglang.client import SGLangClient
 from dsv4opt.capture.sglang.load import LoadGenerator
 from dsv4opt.capture.sglang.metrics import window_metrics
 from dsv4opt.capture.sglang.traces import TraceFile, decode_traces, wait_for_traces
 from dsv4opt.errors import CaptureError, DsvOptError
-from dsv4opt.fileio import unique_path
 
 # Server arguments worth keeping with the profile (present in SGLang's /server_info).
 _SERVER_KEYS = (
@@ -50,7 +50,7 @@ class CaptureResult:
 def profile_sglang(settings: SGLangSettings) -> tuple[Profile, Path]:
     """Capture, analyse and save; returns the profile and where it was written."""
     _validate(settings)
-    out = Path(settings.out) if settings.out else unique_path(Path("profiles") / f"sglang-c{settings.concurrency}-{_stamp()}.json")
+    out = Path(settings.out) if settings.out else profile_path("sglang", None, settings.concurrency, settings.optimizations)
     run_dir = _trace_root(settings) / f"dsv4opt-{_stamp()}-{os.getpid()}"
     result = asyncio.run(capture(settings, run_dir))
     decode = decode_traces(result.traces)

@@ -181,15 +181,20 @@ def mapping_for(name: str) -> SGLangMapping:
         ) from None
 
 
-def sglang_summary(name: str) -> str:
-    """What the user must do after writing the files, in a few lines."""
+def describe(name: str) -> str:
+    """What the user must do after writing the files, in a few lines (`apply --target sglang` prints it)."""
     m = mapping_for(name)
     sets = ", ".join(f"{s.name}={s.value}" for s in m.env)
+    unconfirmed = [s.name for s in m.env if s.caveat.startswith("UNCONFIRMED")]
+    doubts = f"\nUnconfirmed on sm_120: {', '.join(unconfirmed)} (see the notes in the env file)." if unconfirmed else ""
     return (
         f"{m.optimization} on SGLang: {m.summary}.\n"
         f"Sets {sets}; {m.restart}.\n"
-        f"Mapping read from {READ_FROM}; not verified on a live server."
+        f"Mapping read from {READ_FROM}; not verified on a live server.{doubts}"
     )
+
+
+sglang_summary = describe
 
 
 def render_env_file(m: SGLangMapping) -> str:

@@ -182,3 +182,10 @@ def test_cli_fault_is_one_line(standin, tmp_path):
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "error: server returned HTTP 500 for /generate" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_default_output_goes_under_profiles(standin, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, path = profile_sglang(small_settings(standin.url, tmp_path, out=None))
+    assert path.resolve().parent == (tmp_path / "profiles").resolve()
+    assert path.name.startswith("sglang-c4-baseline-") and path.is_file()

@@ -74,3 +74,10 @@ def test_cli_command(tmp_path):
     assert (tmp_path / "sglang-bf16-gemm.env").is_file() and "not verified on a live server" in ok.output
     bad = runner.invoke(app, ["sglang-switches", "nope", "--out", str(tmp_path)])
     assert bad.exit_code == 1 and "unknown optimisation" in bad.output and "Traceback" not in bad.output
+
+
+def test_apply_command_with_sglang_target(tmp_path):
+    # `dsv4opt apply NAME --target sglang` is wired onto apply_to_sglang and describe.
+    result = CliRunner().invoke(app, ["apply", "mma-attn", "--target", "sglang", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "sglang-mma-attn.env").is_file() and "SGLANG_SM120_FLASHMLA_BACKEND" in result.output
