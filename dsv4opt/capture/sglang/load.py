@@ -72,8 +72,11 @@ class LoadGenerator:
         return all(r is not None and r.finished_s is None and r.events for r in self.current)
 
     def silent_since(self, t: float) -> int:
-        """In-flight requests whose latest token is older than t."""
-        return sum(1 for r in self.current if r is not None and r.finished_s is None and (not r.events or r.events[-1][0] < t))
+        """In-flight requests, already sent at t, whose latest token is older than t."""
+        return sum(
+            1 for r in self.current
+            if r is not None and r.finished_s is None and r.sent_s <= t and (not r.events or r.events[-1][0] < t)
+        )
 
     def finished_between(self, t0: float, t1: float) -> int:
         return sum(1 for r in self.records if r.finished_s is not None and t0 <= r.finished_s <= t1)
