@@ -2,7 +2,8 @@
 best family as the default, the bench (`dsv4opt bench mma-attn`'s code path: full bf16 correctness
 table first, then timing), a CUDA-graph replay check, and a short table printed last.
 
-    PYTHONPATH=. python3 scripts/gpu_mma_attn.py      # logs and JSON under $OUT (default gpu_out/)
+    PYTHONPATH=. python3 scripts/gpu_mma_attn.py              # logs and JSON under $OUT (default gpu_out/)
+    PYTHONPATH=. python3 scripts/gpu_mma_attn.py --pool-scan  # time against the KV pool's size
 """
 
 from __future__ import annotations
@@ -140,8 +141,35 @@ def best_family(rows: list[dict]):
     return min(scores, key=scores.get)
 
 
+def pool_scan() -> None:
+    """Same kernel and B, KV pools from 0.25 to 16 GB: how much the pool's size (TLB reach) costs."""
+    import triton.testing
+
+    from dsv4opt.optimizations.mma_attn.bench import DIM, bench_inputs
+    from dsv4opt.optimizations.mma_attn.kernel import mma_sparse_decode
+    from dsv4opt.workload.attention import sparse_decode_torch
+
+    for pool_gb in (0.25, 1.0, 4.0, 16.0):
+        kv = torch.randn(int(pool_gb * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16)
+        gen = torch.Generator(device="cuda").manual_seed(2)
+        for batch in (32, 64):
+            args = (*bench_inputs(batch, kv, gen), DIM**-0.5)
+            q, indices, lengths, sink, scale = args
+            mma = 1e3 * triton.testing.do_bench_cudagraph(
+                lambda: mma_sparse_decode(q, kv, indices, lengths, sink, scale), rep=50, return_mode="median")
+            tp = 1e3 * triton.testing.do_bench_cudagraph(
+                lambda: sparse_decode_torch(q, kv, indices, lengths, sink, scale), rep=50, return_mode="median")
+            log(f"pool {pool_gb:5.2f} GB  B={batch:<3} mma {mma:6.1f} us  torch path {tp:6.1f} us")
+        del kv
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     import triton
+
+    if "--pool-scan" in sys.argv:
+        pool_scan()
+        return 0
 
     from dsv4opt.optimizations.mma_attn import kernel
     from dsv4opt.optimizations.mma_attn.bench import DIM, POOL_GB, render, run_bench

@@ -6,7 +6,7 @@ Maths, byte/FLOP accounting and tile choice: docs/kernels/mma_attn.md.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -161,7 +161,10 @@ def _sm_count(device_index: int) -> int:
 
 
 # Tile family measured best on the H200 (docs/kernels/mma_attn.md); scripts/gpu_mma_attn.py sweeps it.
-TILE_DEFAULTS = {"block_k": 32, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "split_factor": 1.0}
+TILE_DEFAULTS = {"block_k": 64, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "split_factor": 1.0}
+# Two masked loads per tile (separate nope and rope) double the staging buffers: 64-row tiles
+# then need 262 KB of shared memory, past the H200's 227 KB.
+_SPLIT_KV_MAX_BLOCK_K = 32
 
 
 def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: int = 512) -> Tiles:
@@ -210,6 +213,8 @@ def sparse_decode_mma_split_kv(
         assert kv_nope.stride(1) == 1
     assert kv_nope.dtype == q.dtype, "KV cache in q's dtype (FP8 nope needs a scale pointer: not yet)"
     t = tiles or choose_tiles(B, H, K, q.device, D)
+    if not rope_follows and t.block_k > _SPLIT_KV_MAX_BLOCK_K:
+        t = replace(t, block_k=_SPLIT_KV_MAX_BLOCK_K)
     nsplit = max(1, min(t.nsplit, triton.cdiv(K, t.block_k)))
     chunk = triton.cdiv(triton.cdiv(K, nsplit), t.block_k) * t.block_k
     nsplit = triton.cdiv(K, chunk)  # no program left with an empty range
