@@ -218,16 +218,19 @@ def e2e_figures(settings: E2ESettings, device: torch.device) -> dict[str, float]
     ref, new, control = build(()), build((NAME,)), build((), torch.float32)
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab, (settings.concurrency,), generator=gen).to(device)
-    rel, rel_ctl, agree, agree_ctl = [], [], [], []
+    rel, rel_ctl, agree, agree_ctl, regret, regret_ctl = [], [], [], [], [], []
     with torch.no_grad():
         for _ in range(settings.steps):
-            greedy = ref.step(tokens).argmax(-1)
+            logits = ref.step(tokens)
+            greedy = logits.argmax(-1)
             greedy_new = new.step(tokens).argmax(-1)
             greedy_ctl = control.step(tokens).argmax(-1)
             rel.append(error_report(new.last_hidden, ref.last_hidden).rel)
             rel_ctl.append(error_report(control.last_hidden, ref.last_hidden).rel)
             agree.append(float((greedy_new == greedy).double().mean()))
             agree_ctl.append(float((greedy_ctl == greedy).double().mean()))
+            regret.append(_regret(logits, greedy_new))
+            regret_ctl.append(_regret(logits, greedy_ctl))
             tokens = greedy
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     # Below one bf16 ulp (2^-8 relative) of the hidden state nothing counts as a regression.
@@ -239,7 +242,19 @@ def e2e_figures(settings: E2ESettings, device: torch.device) -> dict[str, float]
         "hidden_rel_mean_vs_control": mean(rel) / max(mean(rel_ctl), floor),
         "greedy_agree": mean(agree), "control_greedy_agree": mean(agree_ctl),
         "greedy_disagree_excess": mean(agree_ctl) - mean(agree),
+        "greedy_regret_worst": max(regret), "control_greedy_regret_worst": max(regret_ctl),
     }
+
+
+def _regret(logits: torch.Tensor, chosen: torch.Tensor) -> float:
+    """How much worse, under the float32 path's logits, a path's greedy pick is than its top pick.
+
+    logits: [C, vocab], chosen: [C] -> worst (max logit - logit of chosen) / logit std; 0 when every
+    pick agrees, small when a disagreement was between near-tied tokens.
+    """
+    logits = logits.float()
+    gap = logits.max(-1).values - logits.gather(-1, chosen[:, None]).squeeze(-1)
+    return float((gap / logits.std(-1)).max())
 
 
 def run_check(device: torch.device, impls: dict[str, Callable], *, batch: int = 8,

@@ -20,6 +20,8 @@ import triton.language as tl
 
 # Programs the pre-mix split-K aims for: about one per SM on an H200 (132 SMs).
 _PREMIX_TARGET_PROGRAMS = 128
+# Triton picks interpreter or compiler when a kernel is defined, i.e. at this module's import.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -84,7 +86,7 @@ def _use_triton(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type == "cuda":
         return True
     # The interpreter runs fp16 dots correctly but not bf16 ones (it multiplies bit patterns).
-    return os.environ.get("TRITON_INTERPRET") == "1" and dtype != torch.bfloat16
+    return _INTERPRETED and dtype != torch.bfloat16
 
 
 def _pow2(n: int, lo: int = 16) -> int:
