@@ -125,11 +125,12 @@ def _refuse_if_too_big(cfg, settings, device, dtype, max_new) -> None:
     """Estimate weights + KV + activations and refuse before allocating anything that will not fit."""
     if device.type != "cuda":
         return
-    from dsv4opt.workload.dense import fp8_supported
+    from dsv4opt.workload import dense
 
     est = estimate_memory(
         cfg, settings.concurrency, settings.context, settings.experts_resident,
-        elem_bytes=dtype.itemsize, fp8=fp8_supported(device), max_new_tokens=max_new,
+        elem_bytes=dtype.itemsize, fp8=dense.fp8_supported(device), max_new_tokens=max_new,
+        fp8_experts=dense.fp8_supported(device) and dense.grouped_gemm_supported(device, dtype),
     )
     free, _total = torch.cuda.mem_get_info(device)
     if est.total > MEMORY_HEADROOM * free:

@@ -30,12 +30,15 @@ def estimate_memory(
     elem_bytes: int = 2,
     fp8: bool = False,
     max_new_tokens: int = 256,
+    fp8_experts: bool | None = None,
 ) -> MemoryEstimate:
     """Bytes for `cfg` (already cut to its layers) at C requests of up to 1.25 x context tokens.
 
-    Mirrors what DecodeWorkload allocates; fp8 stores the non-expert projections as 1-byte weights
-    with one fp32 scale per output row.
+    Mirrors what DecodeWorkload allocates; fp8 stores the projections other than the LM head and
+    the grouped o_a as 1-byte weights with one fp32 scale per output row; fp8_experts (default:
+    fp8) says whether the routed experts are fp8 too (that needs the grouped GEMMs of sm_90+).
     """
+    fp8_experts = fp8 if fp8_experts is None else fp8_experts
     C, d, e = concurrency, cfg.hidden, elem_bytes
     R = experts_resident or cfg.experts_resident_default
     H, D, G, F = cfg.heads, cfg.head_dim, cfg.o_groups, cfg.expert_width
@@ -53,7 +56,8 @@ def estimate_memory(
         weights += G * cfg.o_lora * (H // G * D) * e + H * FP32
         weights += (2 * d + cfg.q_lora + D) * e  # norms
         weights += cfg.experts * d * e + cfg.experts * FP32  # router and its bias
-        weights += R * 3 * F * d * e + dense(2 * F * cfg.shared_experts, d) + dense(d, F * cfg.shared_experts)
+        weights += (R * 3 * F * d + R * (2 * F + d) * FP32) if fp8_experts else R * 3 * F * d * e
+        weights += dense(2 * F * cfg.shared_experts, d) + dense(d, F * cfg.shared_experts)
         weights += 2 * (cfg.hc_mix * cfg.hc * d + 3 + cfg.hc_mix) * FP32
         if i < cfg.hash_layers:
             weights += cfg.vocab * cfg.experts_per_token * INT64
@@ -73,4 +77,6 @@ def estimate_memory(
     step += C * csa_slots * (Di + Hi + 2) * FP32  # the baseline indexer: fp32 keys, [B, S, Hi] logits
     step += C * H * D * 4 * FP32 + C * cfg.hc * d * 8 * FP32  # attention and hyper-connection temps
     build = cfg.vocab * cfg.experts * (FP32 + 2 * INT64)  # hash-routing table: rand + argsort
+    if fp8_experts:  # one layer's expert sets in the model dtype before quantisation
+        build = max(build, R * 2 * F * d * e + 2 * F * d * 3 * FP32)
     return MemoryEstimate(weights=weights, caches=caches, activations=max(step, build) + WORKSPACE)

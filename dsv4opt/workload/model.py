@@ -19,14 +19,16 @@ from torch.profiler import record_function
 from dsv4opt.errors import DsvOptError
 from dsv4opt.workload import ops
 from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
-from dsv4opt.workload.dense import BF16, FP8_FORMAT, Dense, fp8_supported, quantize_rows
+from dsv4opt.workload.dense import (
+    BF16, FP8_FORMAT, Dense, GroupedDense, fp8_supported, grouped_gemm_supported, quantize_rows,
+)
 from dsv4opt.workload.impls import resolve
 
 PARTS = (
     "embed", "mhc_pre", "q_proj", "kv_proj", "compress", "indexer", "attn", "o_proj", "mhc_post",
     "moe", "mhc_head", "lm_head",
 )
-GROUP_ALIGN = 8  # rows per expert group in the grouped GEMM are padded to this (TMA-friendly)
+GROUP_ALIGN = 16  # rows per expert group in the grouped GEMMs are padded to this (fp8 TMA alignment)
 
 
 @dataclass
@@ -82,7 +84,7 @@ class DecodeWorkload:
         self.optimizations = tuple(optimizations)
         self.impls = resolve(self.optimizations)
         self.weight_format = _pick_format(weights, self.device)
-        self.grouped_gemm = _grouped_mm_works(self.device, dtype)
+        self.grouped_gemm = grouped_gemm_supported(self.device, dtype)
 
         host = torch.Generator().manual_seed(seed)
         lo, hi = max(1, round(0.75 * context)), max(1, round(1.25 * context))
@@ -114,6 +116,11 @@ class DecodeWorkload:
     def _dense(self, out_features: int, in_features: int) -> Dense:
         return Dense(self._randn(out_features, in_features), self.weight_format)
 
+    def _grouped(self, out_features: int, in_features: int) -> GroupedDense:
+        """Resident expert weight sets; fp8 only where the grouped GEMMs run (else a dense fallback)."""
+        fmt = self.weight_format if self.grouped_gemm else BF16
+        return GroupedDense(self._randn(self.experts_resident, out_features, in_features), fmt)
+
     def _build_layer(self, i: int) -> Layer:
         cfg, C, dev = self.cfg, self.concurrency, self.device
         kind = cfg.layer_kind(i)
@@ -133,8 +140,8 @@ class DecodeWorkload:
             "ffn_norm": torch.ones(cfg.hidden, device=dev, dtype=self.dtype),
             "router": self._randn(cfg.experts, cfg.hidden),
             "router_bias": self._randn(cfg.experts, dtype=torch.float32, scale=0.01),
-            "w13": self._randn(self.experts_resident, 2 * cfg.expert_width, cfg.hidden),
-            "w2": self._randn(self.experts_resident, cfg.hidden, cfg.expert_width),
+            "w13": self._grouped(2 * cfg.expert_width, cfg.hidden),
+            "w2": self._grouped(cfg.hidden, cfg.expert_width),
             "shared_w13": self._dense(2 * cfg.expert_width * cfg.shared_experts, cfg.hidden),
             "shared_w2": self._dense(cfg.hidden, cfg.expert_width * cfg.shared_experts),
         }
@@ -170,22 +177,36 @@ class DecodeWorkload:
         return Layer(index=i, kind=kind, slots=slots, w=w, cache=cache)
 
     def _probe_fp8(self) -> None:
-        """Run every fp8 projection once; one that this torch/GPU cannot run falls back to bf16."""
+        """Run every fp8 projection once; a shape this torch/GPU cannot run falls back to bf16."""
+        self.fp8_fallbacks: list[str] = []
         if self.weight_format != FP8_FORMAT:
             return
-        denses = [self.lm_head] + [v for layer in self.layers for v in layer.w.values() if isinstance(v, Dense)]
-        tried: dict[tuple[int, int], bool] = {}
-        for d in denses:
-            shape = (d.out_features, d.in_features)
-            if shape not in tried:
-                try:
-                    d(torch.zeros(self.concurrency, d.in_features, device=self.device, dtype=self.dtype))
-                    tried[shape] = True
-                except (RuntimeError, NotImplementedError):
-                    tried[shape] = False
-            if not tried[shape]:
-                d.fall_back(self.dtype)
-        self.fp8_fallbacks = sorted(f"{o}x{i}" for (o, i), ok in tried.items() if not ok)
+        tried: dict[tuple, bool] = {}
+        for layer in self.layers:
+            for name, v in layer.w.items():
+                if not isinstance(v, (Dense, GroupedDense)) or v.format != FP8_FORMAT:
+                    continue
+                key = (type(v).__name__, v.out_features, v.in_features)
+                if key not in tried:
+                    try:
+                        self._try_once(v)
+                        tried[key] = True
+                    except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
+                        tried[key] = False
+                        self.fp8_fallbacks.append(f"{name} {v.out_features}x{v.in_features}: {str(exc).splitlines()[0][:120]}")
+                if tried[key]:
+                    continue
+                if isinstance(v, Dense):
+                    v.fall_back(self.dtype)
+                else:
+                    v.fall_back()
+
+    def _try_once(self, v) -> None:
+        if isinstance(v, Dense):
+            v(torch.zeros(self.concurrency, v.in_features, device=self.device, dtype=self.dtype))
+            return
+        offs = torch.arange(1, v.groups + 1, device=self.device, dtype=torch.int32) * GROUP_ALIGN
+        v.grouped(torch.zeros(v.groups * GROUP_ALIGN, v.in_features, device=self.device, dtype=self.dtype), offs)
 
     # ---- the decode step ----------------------------------------------------------------------
 
@@ -332,7 +353,7 @@ class DecodeWorkload:
         C, k = ids.shape
         sets = (ids % R).reshape(-1)
         if not self.grouped_gemm:
-            return _routed_dense(x, sets.view(C, k), gates, w["w13"], w["w2"], R)
+            return _routed_dense(x, sets.view(C, k), gates, w["w13"].stacked(), w["w2"].stacked(), R)
         A, n = GROUP_ALIGN, C * k
         counts = torch.zeros(R, dtype=torch.int64, device=x.device).scatter_add_(0, sets, torch.ones_like(sets))
         padded = (counts + A - 1) // A * A
@@ -344,8 +365,8 @@ class DecodeWorkload:
         rows = torch.zeros(n + R * (A - 1), x.shape[1], dtype=x.dtype, device=x.device)
         rows[dest] = x[order // k]
         offs = group_end.to(torch.int32)
-        act = ops.swiglu(torch._grouped_mm(rows, w["w13"].transpose(1, 2), offs=offs))
-        out = torch._grouped_mm(act, w["w2"].transpose(1, 2), offs=offs)
+        act = ops.swiglu(w["w13"].grouped(rows, offs))
+        out = w["w2"].grouped(act, offs)
         contrib = torch.zeros(n, x.shape[1], dtype=torch.float32, device=x.device)
         contrib[order] = out[dest].float() * gates.reshape(-1)[order, None]
         return contrib.view(C, k, -1).sum(1)
@@ -354,11 +375,8 @@ class DecodeWorkload:
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes held on the device: weights and caches (what the memory estimate predicts)."""
-        def size(v) -> int:
-            return v.nbytes if isinstance(v, Dense) else v.nbytes
-
         weights = self.embed.nbytes + self.lm_head.nbytes + self.hc_head_fn.nbytes
-        weights += sum(size(v) for layer in self.layers for v in layer.w.values())
+        weights += sum(v.nbytes for layer in self.layers for v in layer.w.values())
         caches = sum(t.nbytes for layer in self.layers for t in layer.cache.values())
         return {"weights": weights, "caches": caches}
 
@@ -376,15 +394,8 @@ def _pick_format(weights: str, device: torch.device) -> str:
         raise DsvOptError(f"unknown weight format {weights!r}; use auto, bf16 or fp8")
     if weights == "auto":
         return FP8_FORMAT if fp8_supported(device) else BF16
-    if weights == FP8_FORMAT and not fp8_supported(device):
-        raise DsvOptError("fp8 weights need a CUDA GPU of sm_89 or newer; use --weights bf16")
+    if weights == FP8_FORMAT and not hasattr(torch, "_scaled_mm"):
+        raise DsvOptError("fp8 weights need torch._scaled_mm (torch 2.5 or newer); use bf16 weights")
+    # Asked for explicitly, fp8 runs wherever _scaled_mm does (CPUs included, for tests); shapes
+    # the device cannot run fall back one by one (_probe_fp8).
     return weights
-
-
-def _grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
-    """torch._grouped_mm runs on CPUs and on sm_90+ GPUs (bf16); elsewhere use the dense fallback."""
-    if not hasattr(torch, "_grouped_mm"):
-        return False
-    if device.type == "cuda":
-        return dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) >= (9, 0)
-    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)

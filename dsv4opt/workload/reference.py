@@ -143,7 +143,7 @@ def _moe(wl, layer, x_in: torch.Tensor, tok: int) -> torch.Tensor:
     out = _w(w["shared_w2"]) @ _swiglu(_w(w["shared_w13"]) @ xn)
     for e, g in zip(ids.tolist(), gates):
         r = e % wl.experts_resident
-        out = out + g * (_f64(w["w2"][r]) @ _swiglu(_f64(w["w13"][r]) @ xn))
+        out = out + g * (_f64(w["w2"].dense(r)) @ _swiglu(_f64(w["w13"].dense(r)) @ xn))
     return out
 
 

@@ -55,3 +55,27 @@ def test_hc_premix_matches_reference(shape):
 
 def test_baseline_fills_every_slot():
     assert set(IMPLEMENTATIONS) == set(SLOTS)
+
+
+def test_quantize_rows_round_trip_within_e4m3_precision():
+    x = torch.randn(5, 33) * torch.logspace(-3, 3, 5)[:, None]
+    q, scale = quantize_rows(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (5,)
+    back = q.double() * scale.double()[:, None]
+    # e4m3 keeps 3 mantissa bits: relative rounding error <= 2^-4 for normal values; values far
+    # below the row's maximum fall into subnormals, bounded by the smallest step times the scale.
+    bound = torch.maximum(x.double().abs() * 2**-4, scale.double()[:, None] * 2**-9)
+    assert ((back - x.double()).abs() <= bound + 1e-12).all()
+    assert torch.allclose(back.abs().amax(1), x.double().abs().amax(1), rtol=2**-4)
+
+
+def test_fp8_dense_multiplies_the_dequantised_operands():
+    from dsv4opt.workload.dense import Dense
+
+    w, x = torch.randn(48, 64) * 0.1, torch.randn(3, 64)
+    d = Dense(w, "fp8")
+    x8, xs = quantize_rows(x)
+    expected = (x8.double() * xs.double()[:, None]) @ d.dense().t()
+    report = error_report(d(x), expected)
+    assert report.ok(1e-5), report
+    assert d.nbytes == 48 * 64 + 48 * 4

@@ -14,6 +14,7 @@ from dsv4opt.errors import DsvOptError  # noqa: E402
 from dsv4opt.numerics import error_report  # noqa: E402
 from dsv4opt.workload.attention.torch_path import sparse_decode_torch  # noqa: E402
 from dsv4opt.workload.config import ModelConfig  # noqa: E402
+from dsv4opt.workload.dense import GroupedDense  # noqa: E402
 from dsv4opt.workload.memory import estimate_memory  # noqa: E402
 from dsv4opt.workload.model import DecodeWorkload, _routed_dense  # noqa: E402
 from dsv4opt.workload.reference import decode_step_ref  # noqa: E402
@@ -102,14 +103,14 @@ def test_grouped_experts_match_dense_fallback(case):
     wl = DecodeWorkload(TINY, concurrency=1, context=4, dtype=torch.float32)
     d, F = 24, 8
     layer = wl.layers[0]
-    layer.w["w13"] = torch.randn(R, 2 * F, d)
-    layer.w["w2"] = torch.randn(R, d, F)
+    layer.w["w13"] = GroupedDense(torch.randn(R, 2 * F, d))
+    layer.w["w2"] = GroupedDense(torch.randn(R, d, F))
     wl.experts_resident = R
     x = torch.randn(T, d)
     ids = torch.stack([torch.randperm(E)[:k] for _ in range(T)])
     gates = torch.rand(T, k)
     out = wl._routed_experts(layer, x, ids, gates)
-    dense = _routed_dense(x, ids % R, gates, layer.w["w13"], layer.w["w2"], R)
+    dense = _routed_dense(x, ids % R, gates, layer.w["w13"].stacked(), layer.w["w2"].stacked(), R)
     report = error_report(out, dense)
     assert report.ok(1e-5), report
 
@@ -130,5 +131,25 @@ def test_bad_arguments_raise_user_errors():
         DecodeWorkload(TINY, concurrency=1, context=4, experts_resident=TINY.experts + 1)
     with pytest.raises(DsvOptError, match="weight format"):
         DecodeWorkload(TINY, concurrency=1, context=4, weights="int4")
-    with pytest.raises(DsvOptError, match="fp8"):
-        DecodeWorkload(TINY, concurrency=1, context=4, weights="fp8")
+
+
+def test_fp8_weights_match_reference_of_their_dequantised_values():
+    """fp8 projections on the CPU (torch._scaled_mm runs there); the grouped fp8 GEMM does not,
+    so the experts fall back to the model dtype and say so. The reference applies the dequantised
+    weights exactly; what remains is the per-token activation quantisation (e4m3: 3 mantissa bits)."""
+    wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.bfloat16, weights="fp8")
+    assert wl.layers[2].w["q_b"].format == "fp8"
+    if not hasattr(torch.ops.aten, "_scaled_grouped_mm") or not torch.cuda.is_available():
+        assert any(f.startswith("w13") for f in wl.fp8_fallbacks)
+    tokens = torch.tensor([3, 9])
+    ref, _ = decode_step_ref(wl, tokens)
+    report = error_report(wl.step(tokens), ref)
+    assert report.ok(0.15), report
+
+
+def test_memory_estimate_of_fp8_projections():
+    wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.bfloat16, weights="fp8")
+    expert_fallback = all(f.startswith(("w13", "w2")) for f in wl.fp8_fallbacks)
+    assert expert_fallback, wl.fp8_fallbacks  # on a CPU only the grouped fp8 GEMM is missing
+    est = estimate_memory(TINY, 2, 40, elem_bytes=2, fp8=True, fp8_experts=wl.layers[0].w["w13"].format == "fp8")
+    assert est.weights == wl.state_bytes()["weights"]
