@@ -181,6 +181,8 @@ def _stream_array(win: _Window, on_event: Callable[[dict, int], None]) -> None:
     scan = _scan_once
     skip = _SKIP_COMMA.match
     while True:
+        if not win.eof and len(win.buf) - win.pos < MARGIN_CHARS:
+            win.refill()
         buf = win.buf
         buf_len = len(buf)
         pos = win.pos
