@@ -83,24 +83,16 @@ class Attributor:
         ops = ops.sort_values("dur_us", kind="mergesort").drop_duplicates("external_id")
         self._op_by_ext = pd.Series(ops["name"].astype(object).to_numpy(), index=ops["external_id"].to_numpy())
         self._frames: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # Older Kineto traces reuse the correlation id as External id; then the operator is the
+        # innermost cpu_op around the launch on its thread.
+        self._ops_by_thread = _intervals(trace.cpu_ops, trace.cpu_ops["name"].astype(object).to_numpy())
         f = trace.frames
         if not f.empty:
             names = f["name"].astype(object).to_numpy()
-            user = np.array([is_user_frame(x) for x in pd.unique(names)], bool)
-            user_map = dict(zip(pd.unique(names), user))
-            keep = np.array([user_map[x] for x in names], bool)
-            f = f[keep]
-            names = names[keep]
-            for (pid, tid), idx in f.groupby(["pid", "tid"]).indices.items():
-                ts = f["ts_us"].to_numpy()[idx]
-                order = np.argsort(ts, kind="mergesort")
-                self._frames[(int(pid), int(tid))] = (
-                    ts[order], ts[order] + f["dur_us"].to_numpy()[idx][order], names[idx][order]
-                )
-
-    @property
-    def has_stacks(self) -> bool:
-        return bool(self._frames)
+            distinct = pd.unique(names)
+            user_map = dict(zip(distinct, (is_user_frame(x) for x in distinct)))
+            keep = np.fromiter((user_map[x] for x in names), bool, len(names))
+            self._frames = _intervals(f[keep], names[keep])
 
     def operator(self, external_id: int) -> str | None:
         if external_id < 0:
@@ -110,17 +102,41 @@ class Attributor:
 
     def location(self, pid: int, tid: int, ts_us: float) -> str | None:
         """Innermost user frame enclosing ts on that thread: the latest-starting one that still covers ts."""
-        fr = self._frames.get((pid, tid))
-        if fr is None or not np.isfinite(ts_us):
-            return None
-        starts, ends, names = fr
-        i = np.searchsorted(starts, ts_us, side="right")
-        # Walk back from the last frame that started before ts to the first that still covers it.
-        lo = max(0, i - 4096)
-        cover = np.flatnonzero(ends[lo:i] >= ts_us)
-        if cover.size == 0:
-            return None
-        return frame_location(str(names[lo + cover[-1]]))
+        found = _innermost(self._frames.get((pid, tid)), ts_us)
+        return None if found is None else frame_location(str(found))
+
+    def operator_at(self, pid: int, tid: int, ts_us: float) -> str | None:
+        """Innermost cpu_op around ts on that thread."""
+        found = _innermost(self._ops_by_thread.get((pid, tid)), ts_us)
+        return None if found is None else str(found)
+
+    @property
+    def has_stacks(self) -> bool:
+        return bool(self._frames)
+
+
+def _intervals(table: pd.DataFrame, names: np.ndarray) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per (pid, tid): starts, ends, names sorted by start."""
+    out = {}
+    if table.empty:
+        return out
+    ts_all = table["ts_us"].to_numpy()
+    end_all = ts_all + table["dur_us"].to_numpy()
+    for (pid, tid), idx in table.groupby(["pid", "tid"]).indices.items():
+        order = idx[np.argsort(ts_all[idx], kind="mergesort")]
+        out[(int(pid), int(tid))] = (ts_all[order], end_all[order], names[order])
+    return out
+
+
+def _innermost(intervals, ts_us: float):
+    """Name of the latest-starting interval that still covers ts (the innermost one), or None."""
+    if intervals is None or not np.isfinite(ts_us):
+        return None
+    starts, ends, names = intervals
+    i = np.searchsorted(starts, ts_us, side="right")
+    lo = max(0, i - 4096)
+    cover = np.flatnonzero(ends[lo:i] >= ts_us)
+    return None if cover.size == 0 else names[lo + cover[-1]]
 
 
 def match_capture(kernels: pd.DataFrame, launches: pd.DataFrame, capture: Trace) -> pd.DataFrame:
@@ -208,7 +224,7 @@ def attribute_top(kernels: pd.DataFrame, launches: pd.DataFrame, names: list[str
                     site = attributor.location(int(lpid[i]), int(ltid[i]), float(lts[i]))
                     loc = f"graph replay at {site}" if site else None
             else:
-                op = attributor.operator(int(ext[i]))
+                op = attributor.operator(int(ext[i])) or attributor.operator_at(int(lpid[i]), int(ltid[i]), float(lts[i]))
                 loc = attributor.location(int(lpid[i]), int(ltid[i]), float(lts[i]))
             if op:
                 ops[op] += 1

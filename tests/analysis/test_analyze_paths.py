@@ -133,3 +133,19 @@ def test_compare_verdicts():
     assert not same.bottleneck_moved and same.verdict.startswith("bottleneck did not move")
     with pytest.raises(DsvOptError):
         compare_profiles(before, Profile(meta={}, gpu_time_us=0.0, kernels=[], categories=[], time_basis="cpu_self"))
+
+
+@needs_shared
+def test_operator_by_time_when_external_id_is_only_the_correlation():
+    # In this older trace kernels' External id equals their correlation id, not an operator's.
+    name = "hta_a100_train_control.json.gz"
+    events = _events(name)
+    top = analyze_paths([SHARED_TRACES / name]).kernels[0]
+    runtime = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    votes = Counter()
+    launches = [runtime[e["args"]["correlation"]] for e in events if e.get("cat") == "kernel" and e["name"] == top["name"]]
+    for rt in launches[:16]:
+        around = [o for o in ops if o["tid"] == rt["tid"] and o["pid"] == rt["pid"] and o["ts"] <= rt["ts"] <= o["ts"] + o["dur"]]
+        votes[max(around, key=lambda o: o["ts"])["name"] if around else None] += 1
+    assert top["launched_by"] == votes.most_common(1)[0][0]
