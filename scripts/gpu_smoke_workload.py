@@ -44,8 +44,13 @@ def check_tiny(rows: list) -> bool:
             ok &= good
             print(f"tiny weights={wl.weight_format} step {step}: {report} {'ok' if good else 'FAIL'}")
             tokens = out.argmax(-1)
-        rows.append((f"tiny {wl.weight_format} vs float64", "ok" if ok else "FAIL", "", "", ""))
+        experts = wl.layers[0].w["w13"].format
+        print(f"  fp8 fallbacks: {wl.fp8_fallbacks}")
+        rows.append((f"tiny {wl.weight_format}/experts {experts}", "ok" if ok else "FAIL", "", "", ""))
     return ok
+
+
+WEIGHTS = "auto"
 
 
 def build(cfg, layers, C, context, max_new) -> tuple[DecodeWorkload, float, float]:
@@ -53,7 +58,8 @@ def build(cfg, layers, C, context, max_new) -> tuple[DecodeWorkload, float, floa
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     t0 = time.perf_counter()
-    wl = DecodeWorkload(cfg, concurrency=C, context=context, device="cuda", layers=layers, max_new_tokens=max_new)
+    wl = DecodeWorkload(cfg, concurrency=C, context=context, device="cuda", layers=layers, max_new_tokens=max_new,
+                        weights=WEIGHTS)
     torch.cuda.synchronize()
     return wl, time.perf_counter() - t0, base
 
@@ -85,12 +91,14 @@ def time_graph(graph, steps: int) -> float:
 
 def memory_row(name, cfg, wl, C, context, base, max_new) -> tuple:
     est = estimate_memory(cfg.with_layers(wl.cfg.layers), C, context, elem_bytes=2,
-                          fp8=wl.weight_format == "fp8", max_new_tokens=max_new)
+                          fp8=wl.weight_format == "fp8", max_new_tokens=max_new,
+                          fp8_experts=wl.layers[0].w["w13"].format == "fp8")
     peak = torch.cuda.max_memory_allocated() - base
     held = wl.state_bytes()
     print(f"{name}: estimate {est.total / GIB:.2f} GiB (weights {est.weights / GIB:.2f}, caches {est.caches / GIB:.2f}, "
           f"activations {est.activations / GIB:.2f}); held {sum(held.values()) / GIB:.2f}; peak allocated {peak / GIB:.2f}; "
-          f"weights {wl.weight_format}, fp8 fallbacks {getattr(wl, 'fp8_fallbacks', [])}, grouped GEMM {wl.grouped_gemm}")
+          f"weights {wl.weight_format}, experts {wl.layers[0].w['w13'].format}, fp8 fallbacks {wl.fp8_fallbacks}, "
+          f"grouped GEMM {wl.grouped_gemm}")
     return est, peak
 
 
@@ -160,7 +168,11 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip-full", action="store_true", help="stop after the 4-layer checks")
+    parser.add_argument("--weights", default="auto", choices=["auto", "bf16", "fp8"],
+                        help="weight format of the dsv4-flash runs (the tiny check runs bf16 and auto)")
     args = parser.parse_args()
+    global WEIGHTS
+    WEIGHTS = args.weights
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")

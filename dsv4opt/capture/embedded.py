@@ -54,11 +54,12 @@ def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
     from dsv4opt.workload.model import DecodeWorkload
 
     with tempfile.TemporaryDirectory(prefix="dsv4opt-embedded-") as tmp, _cpu_threads(device), _progress() as progress:
-        task = progress.add_task(f"building {config_name}", total=None)
+        task = progress.add_task(f"building {config_name} ({cfg.layers} layers)", total=cfg.layers)
         wl = DecodeWorkload(
             cfg, concurrency=settings.concurrency, context=settings.context, device=device,
             experts_resident=settings.experts_resident, optimizations=settings.optimizations,
-            seed=settings.seed, dtype=dtype, max_new_tokens=max_new,
+            seed=settings.seed, dtype=dtype, weights=_weights(settings), max_new_tokens=max_new,
+            on_layer=lambda i: progress.advance(task),
         )
         tokens = torch.randint(cfg.vocab, (settings.concurrency,), generator=torch.Generator().manual_seed(settings.seed))
         tokens = tokens.to(device)
@@ -98,6 +99,11 @@ def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
     return prof, prof.save(out)
 
 
+def _weights(settings: EmbeddedSettings) -> str:
+    """auto (fp8 where the GPU has it), bf16 or fp8; settings without the field mean auto."""
+    return getattr(settings, "weights", None) or "auto"
+
+
 def _pick_device(name: str | None) -> torch.device:
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -127,10 +133,11 @@ def _refuse_if_too_big(cfg, settings, device, dtype, max_new) -> None:
         return
     from dsv4opt.workload import dense
 
+    fp8 = _weights(settings) == "fp8" or (_weights(settings) == "auto" and dense.fp8_supported(device))
     est = estimate_memory(
         cfg, settings.concurrency, settings.context, settings.experts_resident,
-        elem_bytes=dtype.itemsize, fp8=dense.fp8_supported(device), max_new_tokens=max_new,
-        fp8_experts=dense.fp8_supported(device) and dense.grouped_gemm_supported(device, dtype),
+        elem_bytes=dtype.itemsize, fp8=fp8, max_new_tokens=max_new,
+        fp8_experts=fp8 and dense.grouped_gemm_supported(device, dtype),
     )
     free, _total = torch.cuda.mem_get_info(device)
     if est.total > MEMORY_HEADROOM * free:

@@ -6,7 +6,9 @@ dsv4opt/workload/naive.py) with the same signature:
 
 attention(q, kv, indices, lengths, sink, scale) -> (o, lse)
     q:       [B, H, D] bf16 (fp16 in interpreter tests); D = 512 (448 nope + 64 rope)
-    kv:      [N, D] latent KV pool of one layer (rows are cache entries; K = V = the latent)
+    kv:      [N, D] latent KV pool of one layer in the model dtype (rows are cache entries;
+             K = V = the latent). The workload lays it out as C blocks of M compressed slots then
+             the W-slot window ring; indices are absolute rows of this [N, D] view
     indices: [B, K] int32 rows of `kv` to attend to; -1 marks an unused slot
     lengths: [B] int32; slots at positions >= lengths[b] are unused as well
     sink:    [H] fp32 per-head attention-sink logit (adds exp(sink) to the softmax denominator)
@@ -16,7 +18,8 @@ attention(q, kv, indices, lengths, sink, scale) -> (o, lse)
 
 indexer_score(q, k, k_scale, w) -> scores
     q:       [B, Hi, Di] bf16 index queries (Hi = 64, Di = 128)
-    k:       [B, S, Di] float8_e4m3fn index keys of each request's compressed entries
+    k:       [B, S, Di] float8_e4m3fn index keys of each request's compressed entries; S is the
+             allocated slot count, entries past a request's live count hold stale values
     k_scale: [B, S] fp32 per-entry dequantisation scale
     w:       [B, Hi] fp32 per-head weights
     scores:  [B, S] fp32 = sum_j w[b, j] * relu(q[b, j] . (k[b, s] * k_scale[b, s]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,7 @@ from dsv4opt.workload.dense import (
 from dsv4opt.workload.impls import resolve
 
 PARTS = (
-    "embed", "mhc_pre", "q_proj", "kv_proj", "compress", "indexer", "attn", "o_proj", "mhc_post",
+    "embed", "mhc_pre", "attn_norm", "q_proj", "kv_proj", "compress", "indexer", "attn", "o_proj", "mhc_post",
     "moe", "mhc_head", "lm_head",
 )
 GROUP_ALIGN = 16  # rows per expert group in the grouped GEMMs are padded to this (fp8 TMA alignment)
@@ -44,7 +44,7 @@ class Layer:
     index: int
     kind: str
     slots: int  # M: compressed entries a request can hold (0 on window-only layers)
-    w: dict[str, torch.Tensor | Dense] = field(default_factory=dict)
+    w: dict[str, torch.Tensor | Dense | GroupedDense] = field(default_factory=dict)
     cache: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -69,6 +69,7 @@ class DecodeWorkload:
         dtype: torch.dtype = torch.bfloat16,
         weights: str = "auto",
         max_new_tokens: int = 256,
+        on_layer: Callable[[int], None] | None = None,
     ):
         if concurrency < 1 or context < 1:
             raise DsvOptError("concurrency and context must be at least 1")
@@ -90,13 +91,17 @@ class DecodeWorkload:
         lo, hi = max(1, round(0.75 * context)), max(1, round(1.25 * context))
         self.contexts = torch.randint(lo, hi + 1, (C,), generator=host)  # tokens already seen
         self.max_context = int(self.contexts.max()) + max_new_tokens
-        self.pos = self.contexts.to(self.device)  # position of the token each request decodes next
+        self.pos = self.contexts.to(self.device, copy=True)  # position of the token each request decodes next
         self._rows = torch.arange(C, device=self.device)
 
         gen = torch.Generator(device=self.device).manual_seed(seed)
         self._gen = gen
         self.embed = self._randn(cfg.vocab, cfg.hidden, scale=1.0)
-        self.layers = [self._build_layer(i) for i in range(cfg.layers)]
+        self.layers = []
+        for i in range(cfg.layers):
+            self.layers.append(self._build_layer(i))
+            if on_layer:
+                on_layer(i)
         self.hc_head_fn = self._randn(cfg.hc, cfg.hc * cfg.hidden, dtype=torch.float32, scale=(cfg.hc * cfg.hidden) ** -0.5)
         self.hc_head_scale = torch.ones(1, device=self.device)
         self.hc_head_base = torch.zeros(cfg.hc, device=self.device)
@@ -252,7 +257,8 @@ class DecodeWorkload:
         cfg, w, cache, C = self.cfg, layer.w, layer.cache, self.concurrency
         H, D, M, W = cfg.heads, cfg.head_dim, layer.slots, cfg.window
         x_in, post, comb = self._hc_pre(layer, "attn", h)
-        x = ops.rms_norm(x_in, w["attn_norm"], cfg.norm_eps)
+        with record_function("attn_norm"):
+            x = ops.rms_norm(x_in, w["attn_norm"], cfg.norm_eps)
         with record_function("q_proj"):
             qa = ops.rms_norm(w["q_a"](x), w["q_norm"], cfg.norm_eps)
             q = ops.apply_rope(w["q_b"](qa).view(C, H, D), cos, sin)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4opt.workload.config import CSA, HCA, WINDOW
+from dsv4opt.workload.config import CSA, WINDOW
 
 FP8_MAX = 448.0
 
@@ -101,7 +101,7 @@ def _compressed_entries(wl, layer, b: int, p: int, xn: torch.Tensor) -> tuple[to
     return kv, keys
 
 
-def _attention(wl, layer, b: int, p: int, x_in: torch.Tensor, tok: int) -> torch.Tensor:
+def _attention(wl, layer, b: int, p: int, x_in: torch.Tensor) -> torch.Tensor:
     cfg, w, cache = wl.cfg, layer.w, layer.cache
     H, D, W, M = cfg.heads, cfg.head_dim, cfg.window, layer.slots
     xn = _rms(x_in, w["attn_norm"], cfg.norm_eps)
@@ -153,7 +153,7 @@ def _one_request(wl, b: int, tok: int, p: int) -> tuple[torch.Tensor, torch.Tens
     for layer in wl.layers:
         w = layer.w
         x_in, post, comb = _hc_pre(h, w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"], cfg)
-        h = _hc_post(_attention(wl, layer, b, p, x_in, tok), h, post, comb)
+        h = _hc_post(_attention(wl, layer, b, p, x_in), h, post, comb)
         x_in, post, comb = _hc_pre(h, w["hc_ffn_fn"], w["hc_ffn_scale"], w["hc_ffn_base"], cfg)
         h = _hc_post(_moe(wl, layer, x_in, tok), h, post, comb)
     flat = h.reshape(-1)

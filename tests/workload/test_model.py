@@ -87,6 +87,7 @@ def test_step_advances_every_request():
     wl.step(torch.tensor([0, 1]))
     wl.step(torch.tensor([0, 1]))
     assert torch.equal(wl.pos, start + 2)
+    assert torch.equal(wl.contexts, start)  # the drawn contexts stay as drawn (they go into meta)
     assert wl.last_hidden.shape == (2, TINY.hidden)
 
 
