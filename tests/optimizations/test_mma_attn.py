@@ -1,0 +1,130 @@
+"""mma-attn: the tensor-core kernel against the float64 reference and the baseline kernel over the
+interpreter table (fp16: the interpreter cannot multiply bf16 in tl.dot), its tile variants, a
+correctness gate that can fail, and the bench command's refusals.
+
+On a machine with a GPU the same module runs the full bf16 table (`test_full_table_on_gpu`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from dsv4opt.cli import app  # noqa: E402
+from dsv4opt.numerics import error_report  # noqa: E402
+from dsv4opt.optimizations.mma_attn import kernel  # noqa: E402
+from dsv4opt.optimizations.mma_attn.cases import AttnCase, interpreter_cases, make_inputs  # noqa: E402
+from dsv4opt.optimizations.registry import get  # noqa: E402
+from dsv4opt.workload.attention import sparse_attention_ref  # noqa: E402
+from tests.helpers import needs_gpu  # noqa: E402
+
+# The package exports the function `check`, which hides the submodule of the same name.
+check_module = importlib.import_module("dsv4opt.optimizations.mma_attn.check")
+INTERPRETED = type(kernel._mma_sparse_decode_kernel).__name__ == "InterpretedFunction"
+on_cpu = pytest.mark.skipif(not INTERPRETED, reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
+SMALL = AttnCase(3, 100, "half_unused", heads=8, dim=64, rope_dim=16)
+
+
+@on_cpu
+@pytest.mark.parametrize("case", interpreter_cases(), ids=lambda c: c.name)
+def test_kernel_and_baseline_match_reference(case):
+    row = check_module.run_case(case, torch.device("cpu"), torch.float16, seed=3)
+    assert row["passed"], row
+    assert row["nonfinite"] == 0
+    assert row["rel_err_o"] <= 1e-2 and row["rel_err_lse"] <= 1e-2
+
+
+@on_cpu
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        kernel.Tiles(16, 32, 1, 4, 1),
+        kernel.Tiles(16, 16, 3, 4, 1),
+        kernel.Tiles(16, 32, 2, 4, 1, block_v=32),
+        kernel.Tiles(16, 16, 4, 4, 1, block_v=16, reload_v=True),
+        kernel.Tiles(16, 64, 2, 4, 1, reload_v=True),
+    ],
+    ids=["single-pass", "split3-bk16", "split2-vsplit2", "split4-vsplit4-reload", "split2-bk64-reload"],
+)
+def test_tile_variants_match_reference(tiles):
+    x = make_inputs(SMALL, "cpu", torch.float16, seed=5)
+    o, lse = kernel.mma_sparse_decode(*x.args(), tiles=tiles)
+    ref_o, ref_lse = sparse_attention_ref(*x.args())
+    assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
+    assert error_report(lse, ref_lse).ok(1e-5), error_report(lse, ref_lse)
+
+
+def test_choose_tiles_fills_the_gpu_then_stops_splitting():
+    cpu = torch.device("cpu")  # counts 132 SMs, the H200's
+    for batch in (1, 3, 16, 32, 64, 256):
+        t = kernel.choose_tiles(batch, 64, 640, cpu)
+        assert t.block_h == 64
+        assert 1 <= t.nsplit <= -(-640 // t.block_k)
+        assert batch * t.nsplit <= 2 * 132 or t.nsplit == 1
+    assert kernel.choose_tiles(256, 64, 640, cpu).nsplit == 1
+    assert kernel.choose_tiles(1, 8, 640, cpu).block_h == 16
+
+
+@on_cpu
+def test_gate_fails_on_wrong_output(monkeypatch):
+    real = kernel.sparse_decode_mma_split_kv
+
+    def off_by_two_percent(*args, **kwargs):
+        o, lse = real(*args, **kwargs)
+        return o * 1.02, lse
+
+    monkeypatch.setattr(kernel, "sparse_decode_mma_split_kv", off_by_two_percent)
+    result = check_module.check("cpu", [SMALL])
+    assert not result.passed
+    assert result.figures["rel_err_o"] > result.bounds["rel_err_o"]
+    assert "FAILED" in result.summary
+
+
+@on_cpu
+def test_gate_fails_on_unwritten_output(monkeypatch):
+    monkeypatch.setattr(kernel, "sparse_decode_mma_split_kv", lambda q, *a, **k: (torch.empty_like(q), torch.empty(q.shape[:2])))
+    result = check_module.check("cpu", [SMALL])
+    assert not result.passed
+    assert result.figures["nonfinite"] > 0
+
+
+@on_cpu
+def test_gate_passes_and_reports_figures():
+    result = check_module.check("cpu", [SMALL, interpreter_cases()[-1]])
+    assert result.passed, result.summary
+    assert set(result.bounds) <= set(result.figures)
+    assert result.figures["cases"] == 2 and result.device.startswith("cpu")
+
+
+def test_registry_provides_the_attention_slot():
+    impls = get("mma-attn").implementations()
+    assert impls == {"attention": kernel.mma_sparse_decode}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_bench_without_gpu_is_a_one_line_error():
+    result = CliRunner().invoke(app, ["bench", "mma-attn"])
+    assert result.exit_code == 1
+    assert "needs a CUDA GPU" in result.output and "Traceback" not in result.output
+
+
+def test_bench_refuses_unknown_name_and_existing_json(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "mma-atn"])
+    assert result.exit_code == 1 and "unknown benchmark 'mma-atn'" in result.output
+    existing = tmp_path / "out.json"
+    existing.write_text("{}")
+    result = CliRunner().invoke(app, ["bench", "mma-attn", "--json", str(existing)])
+    assert result.exit_code == 1 and "already exists" in result.output
+    assert existing.read_text() == "{}"
+
+
+@needs_gpu
+def test_full_table_on_gpu():
+    result = check_module.check("cuda")
+    assert result.passed, result.summary
