@@ -16,6 +16,7 @@ from dsv4opt.trace.model import Trace
 SAMPLES_PER_KERNEL = 32
 _GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.IGNORECASE)
 _KERNEL_LAUNCH = re.compile(r"Launch(?:Kernel|CooperativeKernel)|ModuleLaunch|cuLaunch", re.IGNORECASE)
+_BEGIN_CAPTURE = re.compile(r"StreamBeginCapture", re.IGNORECASE)
 _FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
 # Frames that are machinery, not the user's model code.
 _LIBRARY = re.compile(r"(^|/)(torch|triton|contextlib\.py|threading\.py|runpy\.py)(/|$)|site-packages/torch/|^<built-in|^nn\.Module|^torch/|^<frozen|^\w+\.py\(\d+\): _call_impl")
@@ -143,48 +144,64 @@ def match_capture(kernels: pd.DataFrame, launches: pd.DataFrame, capture: Trace)
     """[kernels] cap_external_id, cap_pid, cap_tid, cap_ts_us: the captured launch each graph-replayed
     kernel came from (-1/NaN where none).
 
-    A graph replays its captured launches in capture order. Per graph launch, replayed kernels (by
-    start time) are walked against the capture trace's kernel launches (by time): when the capture
-    records kernel names (HIP does) the next launch with the same name is taken, else the same position.
+    A graph replays its captured launches in capture order. The capture trace is cut into captures
+    at each Stream{Begin,End}Capture call (one graph each; the whole trace when it has none). Per
+    graph launch, its replayed kernels (by start time) are walked against each capture's kernel
+    launches (by time); when the capture records kernel names (HIP does) the next launch with the
+    same name is taken and the capture with most matches wins; without names only a capture with
+    exactly as many launches as the replay is used, position by position. Anything else stays unmatched.
     """
     n = len(kernels)
-    out = pd.DataFrame({"cap_external_id": np.full(n, -1, np.int64), "cap_pid": np.full(n, -1, np.int64),
-                        "cap_tid": np.full(n, -1, np.int64), "cap_ts_us": np.full(n, np.nan)})
+    cols = {"cap_external_id": np.full(n, -1, np.int64), "cap_pid": np.full(n, -1, np.int64),
+            "cap_tid": np.full(n, -1, np.int64), "cap_ts_us": np.full(n, np.nan)}
     cl = capture.launches
     if n == 0 or cl.empty:
-        return out
+        return pd.DataFrame(cols)
+    cl = cl.sort_values("ts_us", kind="mergesort")
     cnames = cl["name"].astype(object).to_numpy()
     is_launch = np.array([bool(_KERNEL_LAUNCH.search(x)) and not _GRAPH_LAUNCH.search(x) for x in cnames], bool)
-    cap = cl[is_launch].sort_values("ts_us", kind="mergesort")
+    is_begin = np.array([bool(_BEGIN_CAPTURE.search(x)) for x in cnames], bool)
+    segment = np.cumsum(is_begin)[is_launch]
+    cap = cl[is_launch]
     if cap.empty:
-        return out
+        return pd.DataFrame(cols)
     cap_kernel = cap["kernel"].astype(object).to_numpy()
     have_names = bool((cap_kernel != "").any())
+    captures = [np.flatnonzero(segment == s) for s in np.unique(segment)]
     via = launches["via_graph"].to_numpy()
     corr = kernels["correlation"].to_numpy()
     knames = kernels["name"].astype(object).to_numpy()
     ts = kernels["ts_us"].to_numpy()
-    cols = {c: out[c].to_numpy().copy() for c in out.columns}
+    c_ext, c_pid, c_tid, c_ts = (cap[c].to_numpy() for c in ("external_id", "pid", "tid", "ts_us"))
     for c_id in np.unique(corr[via]):
         idx = np.flatnonzero(via & (corr == c_id))
         idx = idx[np.argsort(ts[idx], kind="mergesort")]
-        j = 0
-        for i in idx:
-            if have_names:
-                k = j
-                while k < len(cap) and cap_kernel[k] != knames[i]:
-                    k += 1
-                if k >= len(cap):
-                    continue
-                j = k
-            elif j >= len(cap):
-                break
-            cols["cap_external_id"][i] = cap["external_id"].iat[j]
-            cols["cap_pid"][i] = cap["pid"].iat[j]
-            cols["cap_tid"][i] = cap["tid"].iat[j]
-            cols["cap_ts_us"][i] = cap["ts_us"].iat[j]
-            j += 1
+        best: list[tuple[int, int]] = []
+        for rows in captures:
+            pairs = _align_by_name(idx, knames, rows, cap_kernel) if have_names else (
+                list(zip(idx, rows)) if len(rows) == len(idx) else [])
+            if len(pairs) > len(best):
+                best = pairs
+        for i, j in best:
+            cols["cap_external_id"][i] = c_ext[j]
+            cols["cap_pid"][i] = c_pid[j]
+            cols["cap_tid"][i] = c_tid[j]
+            cols["cap_ts_us"][i] = c_ts[j]
     return pd.DataFrame(cols)
+
+
+def _align_by_name(replayed: np.ndarray, knames: np.ndarray, rows: np.ndarray, cap_kernel: np.ndarray) -> list[tuple[int, int]]:
+    """Greedy in-order alignment: each replayed kernel takes the next captured launch of the same name."""
+    pairs = []
+    j = 0
+    for i in replayed:
+        k = j
+        while k < len(rows) and cap_kernel[rows[k]] != knames[i]:
+            k += 1
+        if k < len(rows):
+            pairs.append((i, rows[k]))
+            j = k + 1
+    return pairs
 
 
 def attribute_top(kernels: pd.DataFrame, launches: pd.DataFrame, names: list[str], attributor: Attributor,

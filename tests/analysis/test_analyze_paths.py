@@ -149,3 +149,18 @@ def test_operator_by_time_when_external_id_is_only_the_correlation():
         around = [o for o in ops if o["tid"] == rt["tid"] and o["pid"] == rt["pid"] and o["ts"] <= rt["ts"] <= o["ts"] + o["dur"]]
         votes[max(around, key=lambda o: o["ts"])["name"] if around else None] += 1
     assert top["launched_by"] == votes.most_common(1)[0][0]
+
+
+@needs_shared
+def test_capture_match_names_an_operator_that_launched_that_kernel_in_the_capture():
+    capture = SHARED_TRACES / "tracelens_sglang_qwen3_8b_capture_bs32.json.gz"
+    prof = analyze_paths([SHARED_TRACES / "tracelens_sglang_qwen3_8b_decode_mi300x.json.gz"], capture=capture)
+    events = _events(capture.name)
+    ops_by_ext = {}
+    for e in events:
+        if e.get("cat") == "cpu_op":
+            ops_by_ext.setdefault(e["args"].get("External id"), set()).add(e["name"])
+    for k in prof.kernels[:5]:
+        launched = set().union(*(ops_by_ext.get(e["args"].get("External id"), set()) for e in events
+                                 if e.get("cat") == "cuda_runtime" and e.get("args", {}).get("kernel") == k["name"]))
+        assert k["launched_by"] in launched, k["short_name"]
