@@ -110,6 +110,14 @@ def test_references_agree_with_the_workload():
         assert error_report(a, b).ok(1e-6)
 
 
+def test_registry_resolves_both_slots_to_this_package():
+    from dsv4opt.workload.impls import resolve
+
+    impls = resolve(["bf16-gemm"])
+    assert impls["indexer_score"] is bf16_gemm.indexer_score
+    assert impls["hc_premix"] is bf16_gemm.hc_premix
+
+
 def test_cached_cast_converts_once_and_notices_in_place_updates():
     weight = torch.randn(24, 64)
     first = kernel.cached_cast(weight, torch.bfloat16)

@@ -106,8 +106,8 @@ def indexer_score_lowp(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, 
         return _indexer_score_emulated(q, k, k_scale, w)
     k = k if k.stride(-1) == 1 else k.contiguous()
     q = q if q.stride(-1) == 1 else q.contiguous()
-    k_scale = k_scale.float()
-    w = w.float()
+    k_scale = k_scale.float().contiguous()
+    w = w.float().contiguous()
     out = torch.empty((B, S), device=q.device, dtype=torch.float32)
     if B == 0 or S == 0:
         return out.zero_()
