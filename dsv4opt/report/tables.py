@@ -27,13 +27,13 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
     total = profile.extra.get("cpu_self_us", 0.0) if cpu else profile.gpu_time_us
     src = ", ".join(profile.meta.get("sources", [])[:3]) or "profile"
     console.print(f"[bold]{escape(src)}[/]  {escape(str(profile.meta.get('device') or ''))}  "
-                  f"{basis}: {_us(total)}, {sum(k.get('count', 0) for k in profile.kernels)} launches")
+                  f"{basis}: {_us(total)}, {sum(k.get('count', 0) for k in profile.kernels)} {'calls' if cpu else 'launches'}")
     if not profile.kernels:
         console.print("no kernels in this profile")
         return
     t = Table(title=f"top {min(top, len(profile.kernels))} {'CPU operators' if cpu else 'kernels'} by {basis}")
     for col, kw in (("#", {"justify": "right"}), ("share", {"justify": "right"}), ("total", {"justify": "right"}),
-                    ("launches", {"justify": "right"}), ("mean", {"justify": "right"}), ("category", {}),
+                    ("calls" if cpu else "launches", {"justify": "right"}), ("mean", {"justify": "right"}), ("category", {}),
                     ("name", {"no_wrap": True, "overflow": "ellipsis", "max_width": 56}),
                     ("launched by", {"overflow": "fold", "max_width": 40})):
         t.add_column(col, **kw)
