@@ -93,6 +93,39 @@ def test_premix_bf16_path_matches_float64_on_rounded_inputs(T, N, K):
     assert error_report(out, naive.hc_premix_ref(x, weight, torch.float64)).ok(4e-3)
 
 
+INDEXER_SIGNATURE = {
+    "p_q": "*bf16", "p_k": "*fp8e4nv", "p_scale": "*fp32", "p_w": "*fp32", "p_out": "*fp32", "S": "i32",
+    "s_qb": "i32", "s_qh": "i32", "s_kb": "i32", "s_ks": "i32", "s_sb": "i32", "s_wb": "i32", "s_ob": "i32",
+}
+PREMIX_SIGNATURE = {
+    "p_x": "*fp32", "p_w": "*bf16", "p_part": "*fp32", "T": "i32", "N": "i32", "K": "i32",
+    "s_xt": "i32", "s_wn": "i32", "s_ps": "i32", "s_pt": "i32",
+}
+
+
+@pytest.mark.parametrize("name,signature,constexprs", [
+    pytest.param("_indexer_score_kernel", INDEXER_SIGNATURE,
+                 {"H": 64, "D": 128, "BLOCK_S": 64, "BLOCK_H": 64, "BLOCK_D": 128}, id="indexer-flash"),
+    pytest.param("_premix_kernel", PREMIX_SIGNATURE,
+                 {"K_PER_SPLIT": 128, "BLOCK_T": 64, "BLOCK_N": 32, "BLOCK_K": 128}, id="premix-64-tokens"),
+    pytest.param("_premix_kernel", PREMIX_SIGNATURE,
+                 {"K_PER_SPLIT": 128, "BLOCK_T": 16, "BLOCK_N": 32, "BLOCK_K": 128}, id="premix-1-token"),
+])
+def test_kernels_compile_to_bf16_tensor_core_mma_on_sm90(name, signature, constexprs):
+    """Compiled ahead of time for an H200 (no GPU needed): bf16 MMAs with fp32 accumulators."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    fn = JITFunction(getattr(kernel, name).fn)  # a fresh compiled-mode kernel even under the interpreter
+    sig = dict(signature, **{k: "constexpr" for k in constexprs})
+    ptx = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    assert re.search(r"mma\S*\.f32\.bf16\.bf16", ptx), "no bf16 tensor-core MMA with fp32 accumulation"
+
+
 def test_references_agree_with_the_workload():
     """naive.py is this package's definition of correct; it must be the workload's float32 path."""
     baseline = pytest.importorskip("dsv4opt.workload.baseline")
