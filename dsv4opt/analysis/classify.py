@@ -1,7 +1,7 @@
 """Kernel name -> category, as an ordered pattern table: first match wins.
 
-Each row carries a real kernel name it was written for (from the traces in ../shared/traces or from
-an H200 run as listed in the shared model notes); tests/analysis/test_classify.py checks every
+Each row carries a real kernel name it was written for (from the traces in ../shared/traces; the
+H200 name patterns of the shared model notes are tested in the test module); tests/analysis/test_classify.py checks every
 example lands in its row's category. Patterns match the demangled name, case-insensitively.
 """
 
@@ -40,9 +40,15 @@ RULES: tuple[Rule, ...] = (
     Rule(GEMM_FP32_SIMT, r"sgemm|simt|_ffma|ffma_|gemm_f32f32_f32f32|scudnn|gemv.*<float|gemvx?_?kernel.*\bfloat\b|gemmsn_.*float|gemmk1_kernel<.*float|^cijk_(?!.*_mi\d)",
          "volta_sgemm_64x64_nt",
          "FP32 GEMM/GEMV on CUDA cores (also cuDNN's FP32 scudnn convolutions)"),
-    Rule(GEMM_TC, r"(?<!fb)gemm|gemv|nvjet|tensorop|xmma|hmma|wgmma|cutlass|cublas|^cijk_|ck_tile.*gemm|matmul|triton_mm|_mm_|tl_dot|bmm|splitkreduce|cudnn.*conv|implicit_convolve|dgrad|wgrad",
+    Rule(GEMM_TC, r"(?<!fb)gemm|gemv|nvjet|tensorop|xmma|hmma|wgmma|cutlass|cublas|^cijk_|ck_tile.*gemm|matmul|triton_mm|triton_tem_|_mm_|tl_dot|bmm|splitkreduce|cudnn.*conv|implicit_convolve|dgrad|wgrad",
          "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
          "tensor-core GEMM/GEMV, tf32 included (s1688gemm), Triton tl.dot matmuls"),
+    Rule(REDUCTION, r"^triton_(?:red|per)_",
+         "triton_red_fused__unsafe_view_add_mean_mul_pow_rsqrt_1",
+         "Inductor reductions by their prefix, whatever they fuse (their names often say _to_copy)"),
+    Rule(ELEMENTWISE, r"^triton_poi_",
+         "triton_poi_fused__unsafe_view_mul_silu_2",
+         "Inductor pointwise kernels by their prefix"),
     Rule(TOPK_SORT, r"topk|top_k|sort|radix|argsort|bitonic|segmented_sort|gathertopk",
          "void cub::DeviceRadixSortOnesweepKernel<cub::DeviceRadixSortPolicy<long, int, int>::Policy800, false, long, int, int, int>(...)"),
     Rule(COPY, r"^memcpy|^memset|copy|catarray|\bcat_|gather|scatter|index|(?<!rotary_)embedding|fill|permute|transpose|store_kvcache|concat|\bstack|unfold|im2col|nchwtonhwc|nhwctonchw",

@@ -4,11 +4,12 @@ from dsv4opt.analysis.categories import CATEGORIES
 from dsv4opt.analysis.classify import RULES, classify, matching_rule
 from dsv4opt.analysis.names import demangle, short_name
 
-# Real names: NVIDIA (A100/V100/H100 from ../shared/traces, H200 from the shared model notes) and AMD MI300X.
+# Names from ../shared/traces (NVIDIA A100/V100/H100, AMD MI300X) unless marked otherwise.
 REAL = [
     ("volta_sgemm_64x64_nt", "gemm_fp32_simt"),
     ("ampere_sgemm_128x128_tn", "gemm_fp32_simt"),
     ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(cutlass_80_simt_sgemm_128x32_8x5_nn_align1::Params)", "gemm_fp32_simt"),
+    # Written from the H200 notes' prefixes (sm80_xmma_..._ffma_, nvjet_sm90_tst_, ncclDevKernel_, gatherTopK).
     ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize32x32x8_stage3_warpsize1x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas", "gemm_fp32_simt"),
     ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4>(cutlass_80_tensorop_s1688gemm_64x64_16x6_nn_align4::Params)", "gemm_tc"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas", "gemm_tc"),
@@ -35,6 +36,17 @@ REAL = [
     ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>(at::cuda::detail::TensorInfo<float const, unsigned int>)", "topk_sort"),
     ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernel<float, float>(long, long, float const*, float const*, float const*, float const*, float*, float*)", "reduction"),
     ("void cudnn::ops::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)0>(cudnn::ops::nchw2nhwc_params_t<float>)", "copy"),
+    # Patterns the shared model notes list for an H200 (torch 2.11 / CUDA 13); the notes give name
+    # prefixes, so these full names are written in those kernels' naming schemes, not copied from a trace.
+    ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, cutlass::gemm::collective::CollectiveMma<> > >(cutlass::gemm::kernel::GemmUniversal<>::Params)", "gemm_tc"),
+    ("void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<cute::tuple<int, int, int> >, cutlass::gemm::collective::CollectiveMma<> > >(cutlass::gemm::kernel::GemmUniversal<>::Params)", "moe"),
+    ("triton_tem_fused_mm_0", "gemm_tc"),
+    ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<flashinfer::PosEncodingMode)0, 2u, 4u, 8u, 16u, 1u, 8u>(flashinfer::Params)", "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0", "attention"),
+    ("void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::index_kernel_impl<at::native::OpaqueType<2> > >(at::TensorIteratorBase&)::{lambda(int)#1}>(long, at::native::gpu_index_kernel<>::{lambda(int)#1})", "copy"),
+    ("void at::native::radixSortKVInPlace<-2, -1, 32, 4, float, long, unsigned int>(at::cuda::detail::TensorInfo<float, unsigned int>)", "topk_sort"),
+    ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", "reduction"),
+    ("void cross_device_reduce_1stage<__nv_bfloat16, 8>(sglang::RankData*, sglang::RankSignals, sglang::Signal*, __nv_bfloat16*, int, int)", "communication"),
     ("void (anonymous namespace)::resolve_future_token_ids_kernel<long>(long*, long const*, unsigned long)", "other"),
 ]
 
