@@ -9,6 +9,7 @@ S profiled steps and the S timed steps are separate runs, so profiler overhead n
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import subprocess
 import tempfile
@@ -129,8 +130,6 @@ def _output_path(settings: EmbeddedSettings, config_name: str, stamp: dt.datetim
 
 def _refuse_if_too_big(cfg, settings, device, dtype, max_new) -> None:
     """Estimate weights + KV + activations and refuse before allocating anything that will not fit."""
-    if device.type != "cuda":
-        return
     from dsv4opt.workload import dense
 
     fp8 = _weights(settings) == "fp8" or (_weights(settings) == "auto" and dense.fp8_supported(device))
@@ -139,15 +138,23 @@ def _refuse_if_too_big(cfg, settings, device, dtype, max_new) -> None:
         elem_bytes=dtype.itemsize, fp8=fp8, max_new_tokens=max_new,
         fp8_experts=fp8 and dense.grouped_gemm_supported(device, dtype),
     )
-    free, _total = torch.cuda.mem_get_info(device)
-    if est.total > MEMORY_HEADROOM * free:
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else _free_host_memory()
+    if free is not None and est.total > MEMORY_HEADROOM * free:
         gib = 1 << 30
         raise CaptureError(
             f"{cfg.name} at C={settings.concurrency}, context {settings.context}, {cfg.layers} layers needs about "
             f"{est.total / gib:.1f} GiB (weights {est.weights / gib:.1f}, KV {est.caches / gib:.1f}, "
-            f"activations {est.activations / gib:.1f}) but {free / gib:.1f} GiB is free; lower --layers, "
+            f"activations {est.activations / gib:.1f}) but {free / gib:.1f} GiB is free on the {device.type}; lower --layers, "
             "--experts-resident, --concurrency or --context"
         )
+
+
+def _free_host_memory() -> int | None:
+    """Bytes of RAM available now (Linux); None where the system does not say."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _eager_step(wl, tokens: torch.Tensor) -> Callable[[], None]:

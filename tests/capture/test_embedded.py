@@ -38,3 +38,11 @@ def test_too_big_is_refused_before_allocating(monkeypatch):
     assert "GiB" in str(exc.value)
     # Four layers fit in the same pretend GPU.
     embedded._refuse_if_too_big(ModelConfig.from_name("dsv4-flash").with_layers(4), settings, torch.device("cuda"), torch.bfloat16, 64)
+
+
+def test_flash_on_a_small_host_is_refused(monkeypatch):
+    monkeypatch.setattr(embedded, "_free_host_memory", lambda: 8 << 30)
+    from dsv4opt.workload.config import ModelConfig
+
+    with pytest.raises(CaptureError, match="free on the cpu"):
+        embedded._refuse_if_too_big(ModelConfig.from_name("dsv4-flash"), EmbeddedSettings(), torch.device("cpu"), torch.float32, 64)
