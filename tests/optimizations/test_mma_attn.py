@@ -128,3 +128,12 @@ def test_bench_refuses_unknown_name_and_existing_json(tmp_path):
 def test_full_table_on_gpu():
     result = check_module.check("cuda")
     assert result.passed, result.summary
+
+
+def test_cpu_tensors_without_interpreter_are_refused(monkeypatch):
+    from dsv4opt.errors import DsvOptError
+
+    monkeypatch.setattr(kernel, "_INTERPRETED", False)
+    x = make_inputs(SMALL, "cpu", torch.float16)
+    with pytest.raises(DsvOptError, match="runs on a CUDA GPU"):
+        kernel.mma_sparse_decode(*x.args())

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4opt.errors import DsvOptError
 from dsv4opt.workload.attention.simt import check_attention_inputs
 
 _LOG2E = 1.4426950408889634
@@ -142,6 +143,10 @@ def _combine_splits_kernel(
     tl.store(p_lse + i_b * H + i_h, (b_top + tl.log2(b_den)) * 0.6931471805599453)
 
 
+# Triton chose interpreter or compiler when the kernels above were defined.
+_INTERPRETED = type(_mma_sparse_decode_kernel).__name__ == "InterpretedFunction"
+
+
 @dataclass(frozen=True)
 class Tiles:
     """Launch configuration; `nsplit` programs share each (request, head tile)."""
@@ -199,6 +204,10 @@ def sparse_decode_mma_split_kv(
     whole latent row [N, D]. Same dtype as q (bf16; fp16 under the interpreter). indices: [B, K]
     int32, lengths: [B] int32, sink: [H] fp32. Returns o: [B, H, D] in q's dtype, lse: [B, H] fp32.
     """
+    if q.device.type != "cuda" and not _INTERPRETED:
+        raise DsvOptError(
+            "mma-attn runs on a CUDA GPU; on a CPU leave it off, or set TRITON_INTERPRET=1 (slow) to run it"
+        )
     B, H, D = q.shape
     K = indices.shape[1]
     rope_follows = kv_rope is None
