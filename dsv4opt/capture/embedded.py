@@ -244,8 +244,10 @@ def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
         "config": config_name,
         "layers": wl.cfg.layers,
         "experts_resident": wl.experts_resident,
-        "device": "cpu" if device.type == "cpu" else "cuda",
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        # the contract's `device` is the GPU's name ("cpu" without one); device_kind re-creates the run
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device_kind": device.type,
+        "cpu": platform.processor() or platform.machine(),
         "dtype": str(wl.dtype).removeprefix("torch."),
         "weights": wl.weight_format if wl.dtype == torch.bfloat16 else str(wl.dtype).removeprefix("torch."),
         "fp8_fallbacks": getattr(wl, "fp8_fallbacks", []),
@@ -258,12 +260,17 @@ def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
         "torch": torch.__version__,
         "triton": triton_version,
         "date": stamp.isoformat(timespec="seconds"),
-        "git_commit": _git_commit(),
+        "commit": _git_commit(),
     }
 
 
 def _git_commit() -> str | None:
-    """The commit of the dsv4opt checkout, '+dirty' when it has uncommitted changes; None outside git."""
+    """The commit of the dsv4opt checkout, '+dirty' when it has uncommitted changes; None outside git.
+
+    DSV4OPT_COMMIT names it where the tree was copied without its .git (e.g. onto a lent GPU machine).
+    """
+    if os.environ.get("DSV4OPT_COMMIT"):
+        return os.environ["DSV4OPT_COMMIT"]
     repo = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsv4opt.cli import app
+from dsv4opt.cli import app, console
 from dsv4opt.capture.settings import EmbeddedSettings, SGLangSettings
 from dsv4opt.errors import DsvOptError
 
@@ -31,6 +31,7 @@ def profile(
     experts_resident: Annotated[Optional[int], typer.Option(min=1, help="Embedded: expert weight sets kept on the device.")] = None,
     device: Annotated[Optional[str], typer.Option(help="Embedded: cuda or cpu (default: cuda when present).")] = None,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph", help="Embedded: replay the decode step as a CUDA graph.")] = True,
+    weights: Annotated[str, typer.Option(help="Embedded: weight format: auto (fp8 where the GPU has it), bf16 or fp8.")] = "auto",
     with_: Annotated[Optional[list[str]], typer.Option("--with", help="Optimisations to switch on, comma-separated (adds to those applied).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Profile JSON to write (default: a new file under profiles/).")] = None,
     trace_dir: Annotated[Optional[Path], typer.Option(help="Keep the raw trace(s) here (sglang: where the server writes them).")] = None,
@@ -44,15 +45,20 @@ def profile(
     profile_by_stage: Annotated[bool, typer.Option("--profile-by-stage/--no-profile-by-stage", help="SGLang: let the server split traces into prefill/decode files.")] = False,
 ) -> None:
     """Capture steady-state decode with torch.profiler, rank the GPU kernels, save a profile."""
+    from dsv4opt.decision.diagnose import diagnose
+    from dsv4opt.loop.apply import record_profile
     from dsv4opt.optimizations.registry import enabled_optimizations
+    from dsv4opt.report.decision import print_diagnosis
     from dsv4opt.report.tables import print_profile
 
+    if weights not in ("auto", "bf16", "fp8"):
+        raise DsvOptError(f"--weights must be auto, bf16 or fp8, not {weights!r}")
     if target == "embedded":
         from dsv4opt.capture.embedded import profile_embedded
 
         settings = EmbeddedSettings(
             concurrency=concurrency, context=context, steps=steps, warmup=warmup, config=config,
-            layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph,
+            layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, weights=weights,
             optimizations=enabled_optimizations(_split(with_)), out=out, trace_dir=trace_dir, seed=seed,
         )
         prof, path = profile_embedded(settings)
@@ -73,5 +79,7 @@ def profile(
             typer.secho(f"warning: {warning}", fg="yellow", err=True)
     else:
         raise DsvOptError(f"unknown target {target!r}; use embedded or sglang")
-    print_profile(prof)
-    typer.echo(f"profile saved: {path}")
+    print_profile(prof, console=console)
+    print_diagnosis(diagnose(prof), console)
+    record_profile(path)
+    console.print(f"profile saved: {path}", highlight=False)

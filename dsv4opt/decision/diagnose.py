@@ -16,16 +16,18 @@ class Diagnosis:
     top_category: dict | None
     glue: Fragmentation
     recommendation: Recommendation
+    cpu: bool = False  # ranked by CPU self time: "kernels" are CPU operators
 
     def lines(self) -> list[str]:
         out: list[str] = []
         if self.top_kernel is None:
             return ["no kernels in this profile: nothing to diagnose"]
         k, c = self.top_kernel, self.top_category
-        out.append(
-            f"#1 kernel: {k.get('short_name') or k['name']} ({LABELS.get(k['category'], k['category'])}) "
-            f"{k['share']:.1%}; #1 category: {LABELS.get(c['category'], c['category'])} {c['share']:.1%}"
-        )
+        what = "operator" if self.cpu else "kernel"
+        line = f"#1 {what}: {k.get('short_name') or k['name']} ({LABELS.get(k['category'], k['category'])}) {k['share']:.1%}"
+        if c is not None:
+            line += f"; #1 category: {LABELS.get(c['category'], c['category'])} {c['share']:.1%}"
+        out.append(line)
         g = self.glue
         shape = "fragmented" if g.tiny else "not especially fragmented"
         out.append(
@@ -42,4 +44,5 @@ def diagnose(profile: Profile, enabled: list[str] | None = None) -> Diagnosis:
         top_category=profile.top_category,
         glue=fragmentation(profile, GLUE),
         recommendation=recommend(profile, enabled),
+        cpu=profile.time_basis != "gpu",
     )
