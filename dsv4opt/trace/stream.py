@@ -84,12 +84,10 @@ class _Window:
                 # An error well inside the window is corruption; one at its edge (or an
                 # unterminated string, reported at its start) may just need more text.
                 inside = at + 64 < len(self.buf) and not msg.startswith("Unterminated string")
-                if (inside and not self.eof) or len(self.buf) - self.pos > MAX_VALUE_CHARS:
+                if inside or len(self.buf) - self.pos > MAX_VALUE_CHARS:
                     raise self.error(f"{what} is not valid JSON ({msg})") from None
-                if not inside and self.refill():
+                if self.refill():
                     continue
-                if inside:
-                    raise self.error(f"{what} is not valid JSON ({msg})") from None
                 raise TraceError(
                     f"{self.path}: ends in the middle of {what} (truncated or corrupt JSON: {msg})"
                 ) from None
@@ -176,7 +174,6 @@ def stream_trace(path: str | Path, on_event: Callable[[dict, int], None]) -> dic
 
 
 def _stream_array(win: _Window, on_event: Callable[[dict, int], None]) -> None:
-    buf_len = 0
     index = 0
     scan = _scan_once
     skip = _SKIP_COMMA.match
