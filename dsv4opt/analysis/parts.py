@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dsv4opt.analysis.steps import STEP_NAME
+from dsv4opt.analysis.steps import STEP_LIKE, STEP_NAME
 
 NO_PART = "(outside any annotation)"
 
@@ -14,13 +14,15 @@ def part_table(kernels: pd.DataFrame, launch_ts_us: np.ndarray, launch_tid: np.n
                annotations: pd.DataFrame, total_us: float) -> pd.DataFrame:
     """[parts] part, count, total_us, share. Each kernel goes to the innermost annotation around it:
     GPU-side ranges by the kernel's own time when the trace has them, else CPU-side ranges on the
-    launching thread by launch time. Empty when the trace has no annotations besides steps."""
+    launching thread by launch time. Step ranges (ProfilerStep#N, names with step/iteration) are not parts. Empty when the trace
+    has no other annotations."""
     cols = ["part", "count", "total_us", "share"]
     empty = pd.DataFrame({c: pd.Series(dtype=object if c == "part" else float) for c in cols})
     if kernels.empty or annotations.empty:
         return empty
     names = annotations["name"].astype(object)
-    usable = ~names.str.match(STEP_NAME.pattern).fillna(False).to_numpy(bool)
+    usable = ~(names.str.match(STEP_NAME.pattern).fillna(False).to_numpy(bool)
+               | names.str.contains(STEP_LIKE.pattern, case=False, regex=True).fillna(False).to_numpy(bool))
     ann = annotations[usable]
     if ann.empty:
         return empty

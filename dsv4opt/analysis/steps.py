@@ -8,13 +8,15 @@ import numpy as np
 import pandas as pd
 
 STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
+STEP_LIKE = re.compile(r"step|iteration")
 
 
 def step_ranges(annotations: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     """Where steps come from and their [steps] name, start_us, end_us, on_gpu.
 
     ProfilerStep#N ranges when present (GPU-side copies preferred: they bound the kernels directly);
-    else the top-level GPU-side user annotations when there are at least two; else none.
+    else the outermost user annotations named like a step (SGLang's `step[DECODE bs=32]`, a
+    `decode_step`, ...), GPU-side preferred. Model-part annotations (attn, moe, ...) are never steps.
     """
     empty = pd.DataFrame({"name": pd.Series(dtype=object), "start_us": [], "end_us": [], "on_gpu": []})
     if annotations.empty:
@@ -25,16 +27,15 @@ def step_ranges(annotations: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     for mask, source in ((is_step & on_gpu, "ProfilerStep (GPU)"), (is_step & ~on_gpu, "ProfilerStep")):
         if mask.any():
             return source, _ranges(annotations[mask], names[mask])
-    gpu = annotations[on_gpu & ~is_step]
-    if len(gpu) >= 2:
-        r = _ranges(gpu, names[on_gpu & ~is_step]).sort_values("start_us", kind="mergesort")
-        # Top level only: drop ranges that start inside the previous kept range.
-        kept_end = np.maximum.accumulate(r["end_us"].to_numpy())
-        top = np.ones(len(r), bool)
-        top[1:] = r["start_us"].to_numpy()[1:] >= kept_end[:-1]
-        r = r[top]
-        if len(r) >= 2:
-            return "GPU user annotations", r.reset_index(drop=True)
+    steplike = names.str.contains(STEP_LIKE.pattern, case=False, regex=True).fillna(False).to_numpy(bool) & ~is_step
+    for mask, source in ((steplike & on_gpu, "step annotations (GPU)"), (steplike & ~on_gpu, "step annotations")):
+        if mask.any():
+            r = _ranges(annotations[mask], names[mask])
+            # Outermost only: drop ranges that start inside an earlier kept one.
+            kept_end = np.maximum.accumulate(r["end_us"].to_numpy())
+            top = np.ones(len(r), bool)
+            top[1:] = r["start_us"].to_numpy()[1:] >= kept_end[:-1]
+            return source, r[top].reset_index(drop=True)
     return "", empty
 
 

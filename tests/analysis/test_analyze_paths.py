@@ -110,8 +110,25 @@ def test_parts_from_gpu_annotations(tmp_path):
     ]
     p = tmp_path / "parts.json"
     p.write_text(json.dumps({"traceEvents": events}))
-    parts = {r["part"]: r["total_us"] for r in analyze_paths([p]).extra["parts"]}
+    prof = analyze_paths([p])
+    parts = {r["part"]: r["total_us"] for r in prof.extra["parts"]}
     assert parts == {"attn": 3.0, "moe": 5.0, "(outside any annotation)": 1.0}
+    assert prof.steps is None  # parts are not steps
+
+
+@needs_shared
+def test_steps_from_sglang_step_annotation_under_graph_replay():
+    name = "tracelens_sglang_qwen3_8b_decode_mi300x.json.gz"
+    events = _events(name)
+    step = next(e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("step["))
+    runtime = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime"}
+    inside = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+              and e["args"].get("correlation") in runtime
+              and step["ts"] <= runtime[e["args"]["correlation"]]["ts"] <= step["ts"] + step["dur"]]
+    steps = analyze_paths([SHARED_TRACES / name]).steps
+    assert steps["count"] == 1 and steps["steps"][0]["name"] == step["name"]
+    assert steps["launches_per_step"] == len(inside)
+    assert math.isclose(steps["gpu_us_per_step"], math.fsum(e["dur"] for e in inside), rel_tol=1e-12)
 
 
 def _profile(cats, kernels):
