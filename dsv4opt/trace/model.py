@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,4 @@ class Trace:
 
     @property
     def gpu_time_us(self) -> float:
-        import math
-
         return math.fsum(self.kernels["dur_us"].tolist())
