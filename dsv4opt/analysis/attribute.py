@@ -173,8 +173,10 @@ def match_capture(kernels: pd.DataFrame, launches: pd.DataFrame, capture: Trace)
     knames = kernels["name"].astype(object).to_numpy()
     ts = kernels["ts_us"].to_numpy()
     c_ext, c_pid, c_tid, c_ts = (cap[c].to_numpy() for c in ("external_id", "pid", "tid", "ts_us"))
-    for c_id in np.unique(corr[via]):
-        idx = np.flatnonzero(via & (corr == c_id))
+    # Graph memcpy/memset nodes were not captured through a kernel-launch call: match kernels only.
+    replayed = via & (kernels["cat"].astype(object).to_numpy() == "kernel")
+    for c_id in np.unique(corr[replayed]):
+        idx = np.flatnonzero(replayed & (corr == c_id))
         idx = idx[np.argsort(ts[idx], kind="mergesort")]
         best: list[tuple[int, int]] = []
         for rows in captures:

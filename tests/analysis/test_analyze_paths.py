@@ -181,3 +181,27 @@ def test_capture_match_names_an_operator_that_launched_that_kernel_in_the_captur
         launched = set().union(*(ops_by_ext.get(e["args"].get("External id"), set()) for e in events
                                  if e.get("cat") == "cuda_runtime" and e.get("args", {}).get("kernel") == k["name"]))
         assert k["launched_by"] in launched, k["short_name"]
+
+
+def test_capture_without_kernel_names_matches_by_position_only_on_equal_counts(tmp_path):
+    # CUDA capture traces do not name the kernel a launch call captured; position is the only link.
+    rt = {"ph": "X", "cat": "cuda_runtime", "pid": 1, "tid": 1, "dur": 1.0}
+    op = {"ph": "X", "cat": "cpu_op", "pid": 1, "tid": 1, "dur": 3.0}
+    capture = [dict(rt, name="cudaStreamBeginCapture", ts=0.0, args={"correlation": 1})]
+    for i, opname in enumerate(("aten::mm", "aten::add")):
+        capture += [dict(op, name=opname, ts=10.0 * (i + 1), args={"External id": 100 + i}),
+                    dict(rt, name="cudaLaunchKernel", ts=10.0 * (i + 1) + 1, args={"correlation": 2 + i, "External id": 100 + i})]
+    capture.append(dict(rt, name="cudaStreamEndCapture", ts=50.0, args={"correlation": 9}))
+    k = {"ph": "X", "cat": "kernel", "pid": 0, "tid": 7, "args": {"correlation": 500}}
+    replay = [dict(rt, name="cudaGraphLaunch", ts=0.0, args={"correlation": 500}),
+              dict(k, name="ampere_sgemm_128x64_nn", ts=5.0, dur=9.0), dict(k, name="vectorized_elementwise_kernel", ts=15.0, dur=1.0),
+              dict(k, name="Memset (Device)", cat="gpu_memset", ts=17.0, dur=0.5)]
+    (tmp_path / "cap.json").write_text(json.dumps({"traceEvents": capture}))
+    (tmp_path / "replay.json").write_text(json.dumps({"traceEvents": replay}))
+    prof = analyze_paths([tmp_path / "replay.json"], capture=tmp_path / "cap.json")
+    by = {r["name"]: r["launched_by"] for r in prof.kernels}
+    assert by == {"ampere_sgemm_128x64_nn": "aten::mm", "vectorized_elementwise_kernel": "aten::add",
+                  "Memset (Device)": "cudaGraphLaunch (graph replay)"}
+    (tmp_path / "cap.json").write_text(json.dumps({"traceEvents": capture[:-3] + capture[-1:]}))  # one launch fewer
+    prof = analyze_paths([tmp_path / "replay.json"], capture=tmp_path / "cap.json")
+    assert all("graph replay" in r["launched_by"] for r in prof.kernels)
