@@ -66,7 +66,7 @@ _COMPILED = tuple((re.compile(r.pattern, re.IGNORECASE), r.category) for r in RU
 @lru_cache(maxsize=65536)
 def classify(name: str) -> str:
     """Category of one kernel name (mangled or not); `other` when no rule matches."""
-    text = demangle(name)
+    text = _searchable(name)
     for pattern, category in _COMPILED:
         if pattern.search(text):
             return category
@@ -80,8 +80,15 @@ def classify_names(names: pd.Series) -> pd.Series:
     return names.map(mapping)
 
 
-def matching_rule(name: str) -> Rule | None:
+def _searchable(name: str) -> str:
+    """The demangled name, plus the raw symbol when demangling fell back to the bare prefix (the
+    template arguments, e.g. GroupProblemShape of a grouped GEMM, then live only in the raw text)."""
     text = demangle(name)
+    return f"{text}\n{name}" if name.startswith("_Z") and "(" not in text else text
+
+
+def matching_rule(name: str) -> Rule | None:
+    text = _searchable(name)
     for rule, (pattern, _) in zip(RULES, _COMPILED):
         if pattern.search(text):
             return rule

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -19,6 +20,10 @@ def _us(x) -> str:
     return f"{x / 1000:.2f} ms" if abs(x) >= 1000 else f"{x:.1f} µs"
 
 
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def print_profile(profile, top: int = 15, console: Console | None = None) -> None:
     """Top kernels (with who launched them), categories with the glue roll-up, steps, parts, ranks."""
     console = console or Console()
@@ -31,19 +36,35 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
     if not profile.kernels:
         console.print("no kernels in this profile")
         return
-    t = Table(title=f"top {min(top, len(profile.kernels))} {'CPU operators' if cpu else 'kernels'} by {basis}")
-    for col, kw in (("#", {"justify": "right"}), ("share", {"justify": "right"}), ("total", {"justify": "right"}),
-                    ("calls" if cpu else "launches", {"justify": "right"}), ("mean", {"justify": "right"}), ("category", {}),
-                    ("name", {"no_wrap": True, "overflow": "ellipsis", "max_width": 56}),
-                    ("launched by", {"overflow": "fold", "max_width": 40})):
+    t = Table(title=f"top {min(top, len(profile.kernels))} {'CPU operators' if cpu else 'kernels'} by {basis}",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    # Numbers never wrap; on a narrow terminal the names give way (ellipsis) and attribution moves
+    # below the table, rather than the figures being squeezed.
+    wide = console.width >= 120
+    num = {"justify": "right", "no_wrap": True}
+    columns = [("#", num), ("share", num), ("total", num), ("calls" if cpu else "launches", num), ("mean", num),
+               ("category", {"no_wrap": True}),
+               ("name", {"no_wrap": True})]
+    name_width = 56 if wide else max(16, console.width - 64)
+    if wide:
+        columns.append(("launched by", {"overflow": "fold", "max_width": 40}))
+    for col, kw in columns:
         t.add_column(col, **kw)
+    notes = []
     for i, k in enumerate(profile.kernels[:top], 1):
         who = " ".join(x for x in (k.get("launched_by"), k.get("source")) if x)
         if k.get("graph_replay_share"):
             who += f" [graph replay {_pct(k['graph_replay_share'])}]"
-        t.add_row(str(i), _pct(k["share"]), _us(k["total_us"]), str(k["count"]), _us(k.get("mean_us")),
-                  LABELS.get(k["category"], k["category"]), escape(k.get("short_name") or k["name"]), escape(who))
+        row = [str(i), _pct(k["share"]), _us(k["total_us"]), str(k["count"]), _us(k.get("mean_us")),
+               LABELS.get(k["category"], k["category"]), escape(_clip(k.get("short_name") or k["name"], name_width))]
+        if wide:
+            row.append(escape(who))
+        elif who and i <= 5:
+            notes.append(f"  #{i} launched by {escape(who)}")
+        t.add_row(*row)
     console.print(t)
+    for line in notes:
+        console.print(line, highlight=False)
     if profile.categories:
         c = Table(title="categories")
         for col in ("category", "share", "total", "launches"):

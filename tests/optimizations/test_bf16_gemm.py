@@ -104,11 +104,11 @@ PREMIX_SIGNATURE = {
 
 
 @pytest.mark.parametrize("name,signature,constexprs", [
-    pytest.param("_indexer_score_kernel", INDEXER_SIGNATURE,
+    pytest.param("_indexer_score_mm_kernel", INDEXER_SIGNATURE,
                  {"H": 64, "D": 128, "BLOCK_S": 64, "BLOCK_H": 64, "BLOCK_D": 128}, id="indexer-flash"),
-    pytest.param("_premix_kernel", PREMIX_SIGNATURE,
+    pytest.param("_premix_mm_kernel", PREMIX_SIGNATURE,
                  {"K_PER_SPLIT": 128, "BLOCK_T": 64, "BLOCK_N": 32, "BLOCK_K": 128}, id="premix-64-tokens"),
-    pytest.param("_premix_kernel", PREMIX_SIGNATURE,
+    pytest.param("_premix_mm_kernel", PREMIX_SIGNATURE,
                  {"K_PER_SPLIT": 128, "BLOCK_T": 16, "BLOCK_N": 32, "BLOCK_K": 128}, id="premix-1-token"),
 ])
 def test_kernels_compile_to_bf16_tensor_core_mma_on_sm90(name, signature, constexprs):

@@ -25,7 +25,7 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _indexer_score_kernel(
+def _indexer_score_mm_kernel(
     p_q, p_k, p_scale, p_w, p_out,
     S,
     s_qb, s_qh, s_kb, s_ks, s_sb, s_wb, s_ob,
@@ -55,7 +55,7 @@ def _indexer_score_kernel(
 
 
 @triton.jit
-def _premix_kernel(
+def _premix_mm_kernel(
     p_x, p_w, p_part,
     T, N, K,
     s_xt, s_wn, s_ps, s_pt,
@@ -113,7 +113,7 @@ def indexer_score_lowp(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, 
         return out.zero_()
     BLOCK_S = 64
     grid = (B, triton.cdiv(S, BLOCK_S))
-    _indexer_score_kernel[grid](
+    _indexer_score_mm_kernel[grid](
         q, k, k_scale, w, out, S,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_scale.stride(0), w.stride(0), out.stride(0),
         H=H, D=D,
@@ -151,7 +151,7 @@ def hc_premix_lowp(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype = t
     part = torch.empty((n_split, T, N), device=x.device, dtype=torch.float32)
     if T == 0:
         return part.sum(0)
-    _premix_kernel[(n_t, n_split)](
+    _premix_mm_kernel[(n_t, n_split)](
         x, w, part, T, N, K,
         x.stride(0), w.stride(0), part.stride(0), part.stride(1),
         K_PER_SPLIT=k_per_split,

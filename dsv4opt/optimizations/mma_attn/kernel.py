@@ -53,7 +53,7 @@ def _mma_sparse_decode_kernel(
     Scores always use the whole latent row; with BV < D_P the value columns are split over
     programs (smaller accumulator, more programs per SM; the rows they share come from L2).
     NSPLIT == 1 writes o and lse directly; otherwise fp32 partials (o normalised by its own
-    denominator, base-2 lse) for _combine_splits_kernel.
+    denominator, base-2 lse) for _attn_combine_splits_kernel.
     """
     NV: tl.constexpr = D_P // BV
     i_b = tl.program_id(0)
@@ -119,7 +119,7 @@ def _mma_sparse_decode_kernel(
 
 
 @triton.jit
-def _combine_splits_kernel(
+def _attn_combine_splits_kernel(
     p_o_part, p_lse_part, p_sink, p_o, p_lse,
     stride_ob, stride_oh, H,
     NSPLIT: tl.constexpr, NS_P: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
@@ -249,7 +249,7 @@ def sparse_decode_mma_split_kv(
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     if nsplit > 1:
-        _combine_splits_kernel[(B, H)](
+        _attn_combine_splits_kernel[(B, H)](
             o_part, lse_part, sink, o, lse, o.stride(0), o.stride(1), H,
             NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=D, D_P=d_p,
             num_warps=4,
