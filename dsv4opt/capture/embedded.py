@@ -8,6 +8,7 @@ S profiled steps and the S timed steps are separate runs, so profiler overhead n
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import platform
@@ -236,8 +237,12 @@ def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
+    # What was asked, so `apply` can re-profile exactly like this run (device/config as resolved).
+    asked = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("out", "trace_dir", "optimizations")}
+    asked.update(device=device.type, config=config_name)
     return {
         "target": "embedded",
+        "settings": asked,
         "concurrency": settings.concurrency,
         "context": settings.context,
         "contexts": [int(c) for c in wl.contexts],

@@ -1,0 +1,152 @@
+"""list / apply / revert / status / recommend / sweep / report through the CLI, failure paths included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dsv4opt.analysis.profile import Profile
+from dsv4opt.cli import app
+from dsv4opt.optimizations.registry import CheckResult, Optimization
+from dsv4opt.state import load_state, state_path
+from tests.decision.profiles import story_after_attention
+
+runner = CliRunner()
+TINY = ["--config", "dsv4-tiny", "--device", "cpu", "--context", "24", "--steps", "2", "--warmup", "1"]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), env={"COLUMNS": "160"})
+
+
+@pytest.fixture
+def failing_check(monkeypatch):
+    def check(self, device=None):
+        return CheckResult(self.name, False, "cpu", {"rel_err": 0.5}, {"rel_err": 0.01}, "rel err 0.5 > 0.01")
+
+    monkeypatch.setattr(Optimization, "check", check)
+
+
+def test_list_shows_every_optimisation_and_its_gate():
+    r = invoke("list")
+    assert r.exit_code == 0, r.output
+    for text in ("mma-attn", "bf16-gemm", "DSV4OPT_MMA_ATTN=1", "DSV4OPT_BF16_GEMM=1", "not run"):
+        assert text in r.output
+
+
+def test_apply_unknown_name_lists_the_known_ones():
+    r = invoke("apply", "warp-drive", "--no-reprofile")
+    assert r.exit_code == 1
+    assert "unknown optimisation 'warp-drive'; known: mma-attn, bf16-gemm" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_apply_with_failing_check_changes_nothing(failing_check):
+    r = invoke("apply", "mma-attn", "--no-reprofile")
+    assert r.exit_code == 1
+    assert "FAILED" in r.output and "nothing was changed" in r.output
+    assert not state_path().exists()
+
+
+def test_apply_twice_and_revert(monkeypatch):
+    monkeypatch.setattr(Optimization, "check", lambda self, device=None: CheckResult(
+        self.name, True, "cpu", {"rel_err": 0.001}, {"rel_err": 0.01}, "ok"))
+    assert invoke("apply", "bf16-gemm", "--no-reprofile").exit_code == 0
+    r = invoke("apply", "bf16-gemm", "--no-reprofile")
+    assert r.exit_code == 1 and "already on" in r.output
+    r = invoke("status")
+    assert "on: bf16-gemm" in r.output
+    assert invoke("revert", "bf16-gemm").exit_code == 0
+    r = invoke("revert", "bf16-gemm")
+    assert r.exit_code == 1 and "not on" in r.output
+
+
+def test_status_on_corrupt_state_then_reset():
+    path = state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("]]")
+    r = invoke("status")
+    assert r.exit_code == 1 and "status --reset" in r.output and "Traceback" not in r.output
+    r = invoke("status", "--reset")
+    assert r.exit_code == 0 and "kept as" in r.output
+    assert invoke("status").exit_code == 0
+    assert [p.read_text() for p in path.parent.glob("state.json.bak-*")] == ["]]"]
+
+
+def test_recommend_without_any_profile_says_what_to_do():
+    r = invoke("recommend")
+    assert r.exit_code == 1 and "dsv4opt profile" in r.output
+
+
+def test_recommend_on_a_profile_file(tmp_path):
+    path = story_after_attention().save(tmp_path / "after.json")
+    out = tmp_path / "rec.json"
+    r = invoke("recommend", str(path), "--json", str(out))
+    assert r.exit_code == 0, r.output
+    assert "bf16-gemm *" in r.output
+    assert json.loads(out.read_text())["chosen"] == "bf16-gemm"
+
+
+def test_recommend_on_a_missing_file(tmp_path):
+    r = invoke("recommend", str(tmp_path / "nope.json"))
+    assert r.exit_code == 1 and "nope.json" in r.output
+
+
+def test_report_html_and_markdown(tmp_path):
+    before = story_after_attention()
+    before.meta["optimizations"] = []
+    a = before.save(tmp_path / "a.json")
+    b = story_after_attention().save(tmp_path / "b.json")
+    r = invoke("report", str(a), str(b), "--out", str(tmp_path / "r.html"))
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "r.html").read_text()
+    assert "data:image/png;base64," in page and "Verdict" in page
+    r = invoke("report", str(a), str(b), "--out", str(tmp_path / "r.md"), "--format", "md")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "r-categories.png").read_bytes().startswith(b"\x89PNG")
+    r = invoke("report", str(a), "--format", "pdf", "--out", str(tmp_path / "r.pdf"))
+    assert r.exit_code == 1 and "html or md" in r.output
+    assert not (tmp_path / "r.pdf").exists()
+
+
+def test_sweep_rejects_bad_concurrency_list():
+    r = invoke("sweep", "--concurrency", "1,x")
+    assert r.exit_code == 1 and "whole numbers" in r.output
+
+
+@pytest.mark.slow
+def test_sweep_tiny_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = invoke("sweep", "--concurrency", "1,2", "--with", "bf16-gemm", *TINY, "--out-dir", "sw")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(next(Path("sw").glob("sweep-*.json")).read_text())
+    rows = summary["rows"]
+    assert [(r["concurrency"], r["variant"]) for r in rows] == [
+        (1, "baseline"), (1, "bf16-gemm"), (2, "baseline"), (2, "bf16-gemm")]
+    for row in rows:
+        prof = Profile.load(row["profile"])
+        assert prof.meta["concurrency"] == row["concurrency"]
+        assert prof.meta["optimizations"] == ([] if row["variant"] == "baseline" else ["bf16-gemm"])
+    assert next(Path("sw").glob("sweep-*.png")).read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_profile_then_apply_bf16_gemm_on_cpu_end_to_end(tmp_path, monkeypatch):
+    """The whole loop for real on the tiny config: profile, apply (real check), compare."""
+    monkeypatch.chdir(tmp_path)
+    r = invoke("profile", "--concurrency", "2", *TINY)
+    assert r.exit_code == 0, r.output
+    first = load_state().last_profile
+    r = invoke("apply", "bf16-gemm")
+    assert r.exit_code == 0, r.output
+    assert "bf16-gemm check on" in r.output and "passed" in r.output
+    state = load_state()
+    assert state.enabled == ["bf16-gemm"] and state.last_profile != first
+    after = Profile.load(state.last_profile)
+    assert after.meta["optimizations"] == ["bf16-gemm"] and after.meta["concurrency"] == 2
+    assert Path(first).exists()
+    r = invoke("status")
+    assert "bf16-gemm" in r.output and state.last_profile in r.output
