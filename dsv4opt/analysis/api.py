@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     steps of the first rank with steps). `meta` is merged into profile.meta; target defaults to "trace".
     """
     files = expand_trace_paths(list(paths))
-    capture_trace = read_trace(capture) if capture is not None else None
+    reference = _Reference.of(read_trace(capture)) if capture is not None else None
     per_rank: list[dict[str, Any]] = []
     all_kernels: list[pd.DataFrame] = []
     attributions: dict[str, dict] = {}
@@ -34,9 +35,10 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     part_frames: list[pd.DataFrame] = []
     devices: list[str] = []
     has_stacks = False
+    capture_match = {"replayed": 0, "matched": 0}
     for i, f in enumerate(files):
         trace = read_trace(f, rank=_rank_of(f, i))
-        result = _analyze_one(trace, capture_trace)
+        result = _analyze_one(trace, reference)
         per_rank.append(result["summary"])
         if trace.device and trace.device not in devices:
             devices.append(trace.device)
@@ -51,6 +53,8 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
         if result["cpu_table"] is not None:
             cpu_tables.append(result["cpu_table"])
         has_stacks = has_stacks or result["has_stacks"]
+        for key, value in result["capture_match"].items():
+            capture_match[key] += value
         del trace, result
 
     kernels = pd.concat(all_kernels, ignore_index=True) if all_kernels else pd.DataFrame({"name": [], "dur_us": []})
@@ -67,6 +71,10 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     extra: dict[str, Any] = {"has_stacks": has_stacks}
     if len(per_rank) > 1:
         extra["ranks"] = per_rank
+    if capture is not None:
+        # How many graph-replayed kernels found their launch in the capture trace: a reader judges
+        # the replay's operators and parts by this.
+        extra["capture_match"] = capture_match
 
     if kernels.empty:
         if not cpu_tables:
@@ -105,11 +113,30 @@ def _rank_of(path: Path, index: int) -> int:
     return index if r is None else r
 
 
-def _analyze_one(trace: Trace, capture_trace: Trace | None) -> dict[str, Any]:
+@dataclass
+class _Reference:
+    """The capture trace given with `capture=`, read once for every rank: its operators and, when it
+    is an eager reference run, the part of each of its kernels (None when it has no part annotations)."""
+
+    trace: Trace
+    attributor: attribute.Attributor
+    kernel_parts: np.ndarray | None
+
+    @classmethod
+    def of(cls, trace: Trace) -> "_Reference":
+        part = None
+        if attribute.is_reference_run(trace):
+            la = attribute.launch_info(trace)
+            part = parts.kernel_parts(trace.kernels["ts_us"].to_numpy(), la["launch_ts_us"].to_numpy(),
+                                      la["launch_tid"].to_numpy(), trace.annotations)
+        return cls(trace, attribute.Attributor(trace), part)
+
+
+def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
     k = trace.kernels
     attributor = attribute.Attributor(trace)
     out: dict[str, Any] = {"attribution": {}, "steps": None, "parts": pd.DataFrame(), "cpu_table": None,
-                           "has_stacks": attributor.has_stacks}
+                           "has_stacks": attributor.has_stacks, "capture_match": {}}
     summary: dict[str, Any] = {"rank": trace.rank, "file": str(trace.path), "device": trace.device}
     if k.empty:
         total_cpu, table = cpu_ops.cpu_op_table(trace.cpu_ops)
@@ -120,12 +147,15 @@ def _analyze_one(trace: Trace, capture_trace: Trace | None) -> dict[str, Any]:
     total = rank.total_gpu_us(k)
     ktable = rank.kernel_table(k, total)
     launches = attribute.launch_info(trace)
+    via = launches["via_graph"].to_numpy()
     top = ktable["name"].head(ATTRIBUTED_KERNELS).tolist()
     captured = cap_attr = None
-    if capture_trace is not None and launches["via_graph"].any():
-        captured = attribute.match_capture(k, launches, capture_trace)
-        cap_attr = attribute.Attributor(capture_trace)
+    if reference is not None and via.any():
+        captured = attribute.match_capture(k, launches, reference.trace)
+        cap_attr = reference.attributor
         out["has_stacks"] = out["has_stacks"] or cap_attr.has_stacks
+        found = (captured["cap_kernel"].to_numpy() >= 0) | np.isfinite(captured["cap_ts_us"].to_numpy())
+        out["capture_match"] = {"replayed": int(via.sum()), "matched": int((via & found).sum())}
     out["attribution"] = attribute.attribute_top(k, launches, top, attributor, captured, cap_attr)
 
     source, ranges = steps.step_ranges(trace.annotations)
@@ -137,8 +167,11 @@ def _analyze_one(trace: Trace, capture_trace: Trace | None) -> dict[str, Any]:
         idx = np.searchsorted(ranges["start_us"].to_numpy(), anchor, side="right") - 1
         inside = (idx >= 0) & (anchor <= ranges["end_us"].to_numpy()[np.clip(idx, 0, None)])
         out["steps"] = steps.steps_summary(source, table, k["dur_us"].to_numpy()[inside])
-    out["parts"] = parts.part_table(k, launches["launch_ts_us"].to_numpy(), launches["launch_tid"].to_numpy(),
-                                    trace.annotations, total)
+    part = parts.kernel_parts(k["ts_us"].to_numpy(), launches["launch_ts_us"].to_numpy(),
+                              launches["launch_tid"].to_numpy(), trace.annotations)
+    if captured is not None and reference.kernel_parts is not None:
+        part = parts.with_replayed_parts(part, via, captured["cap_kernel"].to_numpy(), reference.kernel_parts)
+    out["parts"] = parts.part_table_of(part, k["dur_us"].to_numpy(), total)
     summary.update({
         "gpu_time_us": total,
         "launches": int(len(k)),

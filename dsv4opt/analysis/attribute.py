@@ -142,18 +142,22 @@ def _innermost(intervals, ts_us: float):
 
 def match_capture(kernels: pd.DataFrame, launches: pd.DataFrame, capture: Trace) -> pd.DataFrame:
     """[kernels] cap_external_id, cap_pid, cap_tid, cap_ts_us: the captured launch each graph-replayed
-    kernel came from (-1/NaN where none).
+    kernel came from (-1/NaN where none); cap_kernel: the row in capture.kernels it was matched to
+    when the capture is an eager reference run (-1 otherwise).
 
-    A graph replays its captured launches in capture order. The capture trace is cut into captures
-    at each Stream{Begin,End}Capture call (one graph each; the whole trace when it has none). Per
-    graph launch, its replayed kernels (by start time) are walked against each capture's kernel
-    launches (by time); when the capture records kernel names (HIP does) the next launch with the
-    same name is taken and the capture with most matches wins; without names only a capture with
-    exactly as many launches as the replay is used, position by position. Anything else stays unmatched.
+    An eager reference (the capture trace has GPU kernels and no Stream{Begin}Capture call: the same
+    step run without the graph, as the embedded workload records it) is matched by kernel name, see
+    match_reference. Otherwise the capture trace is a graph capture: it is cut into captures at each
+    Stream{Begin,End}Capture call (one graph each; the whole trace when it has none). Per graph
+    launch, its replayed kernels (by start time) are walked against each capture's kernel launches
+    (by time); when the capture records kernel names (HIP does) the next launch with the same name is
+    taken and the capture with most matches wins; without names only a capture with exactly as many
+    launches as the replay is used, position by position. Anything else stays unmatched.
     """
+    if is_reference_run(capture):
+        return match_reference(kernels, launches, capture)
     n = len(kernels)
-    cols = {"cap_external_id": np.full(n, -1, np.int64), "cap_pid": np.full(n, -1, np.int64),
-            "cap_tid": np.full(n, -1, np.int64), "cap_ts_us": np.full(n, np.nan)}
+    cols = _unmatched(n)
     cl = capture.launches
     if n == 0 or cl.empty:
         return pd.DataFrame(cols)
@@ -192,6 +196,123 @@ def match_capture(kernels: pd.DataFrame, launches: pd.DataFrame, capture: Trace)
     return pd.DataFrame(cols)
 
 
+def is_reference_run(capture: Trace) -> bool:
+    """True when the capture trace is an eager run of the step (its kernels ran) rather than a graph
+    capture (whose launches were recorded into a graph between Stream{Begin,End}Capture calls)."""
+    if capture.kernels.empty:
+        return False
+    names = capture.launches["name"].astype(object)
+    return not names.str.contains(_BEGIN_CAPTURE.pattern, case=False, regex=True).fillna(False).any()
+
+
+def match_reference(kernels: pd.DataFrame, launches: pd.DataFrame, reference: Trace) -> pd.DataFrame:
+    """match_capture's columns for an eager reference run: per graph launch, its replayed GPU events
+    (kernels, memcpy and memset nodes, by start time) are aligned with the reference's GPU events (by
+    start time) by name with a shortest-edit-script alignment (align_names), so a few kernels present
+    on one side only (graph memcpy nodes, kernels that differ between eager and graph) are skipped
+    rather than shifting every later match. A replayed kernel whose name has no counterpart at its
+    place in the order stays unmatched. The reference should hold one step: each graph launch is
+    aligned with all of it. Graph launches replaying the same kernel sequence share one alignment."""
+    n = len(kernels)
+    cols = _unmatched(n)
+    via = launches["via_graph"].to_numpy()
+    ref = reference.kernels
+    if n == 0 or ref.empty or not via.any():
+        return pd.DataFrame(cols)
+    ref_launch = launch_info(reference)
+    ref_order = np.argsort(ref["ts_us"].to_numpy(), kind="mergesort")
+    replayed = np.flatnonzero(via)
+    corr = kernels["correlation"].to_numpy()[replayed]
+    replayed = replayed[np.lexsort((kernels["ts_us"].to_numpy()[replayed], corr))]
+    codes, _ = pd.factorize(np.concatenate([kernels["name"].astype(object).to_numpy()[replayed],
+                                            ref["name"].astype(object).to_numpy()[ref_order]]))
+    rep_codes, ref_codes = codes[: len(replayed)], codes[len(replayed):].tolist()
+    starts = np.flatnonzero(np.diff(kernels["correlation"].to_numpy()[replayed])) + 1
+    alignments: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+    rep_rows, ref_rows = [], []
+    for seg in np.split(np.arange(len(replayed)), starts):
+        key = rep_codes[seg].tobytes()
+        if key not in alignments:
+            alignments[key] = align_names(rep_codes[seg].tolist(), ref_codes)
+        ia, ib = alignments[key]
+        rep_rows.append(replayed[seg[ia]])
+        ref_rows.append(ref_order[ib])
+    i, j = np.concatenate(rep_rows), np.concatenate(ref_rows)
+    cols["cap_kernel"][i] = j
+    cols["cap_external_id"][i] = ref_launch["external_id"].to_numpy()[j]
+    cols["cap_pid"][i] = ref_launch["launch_pid"].to_numpy()[j]
+    cols["cap_tid"][i] = ref_launch["launch_tid"].to_numpy()[j]
+    cols["cap_ts_us"][i] = ref_launch["launch_ts_us"].to_numpy()[j]
+    return pd.DataFrame(cols)
+
+
+def align_names(a: list, b: list, max_edits: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Positions (ia, ib) of a longest in-order pairing of equal items of a and b (Myers' shortest edit
+    script). When more than max_edits insertions+deletions would be needed (default: a quarter of
+    both lengths, at most 2000, which bounds the work) the sequences are too different to pair
+    honestly and nothing is matched."""
+    n, m = len(a), len(b)
+    head = 0
+    while head < n and head < m and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < n - head and tail < m - head and a[n - 1 - tail] == b[m - 1 - tail]:
+        tail += 1
+    A, B = a[head:n - tail], b[head:m - tail]
+    N, M = len(A), len(B)
+    if max_edits is None:
+        max_edits = min(2000, max(16, (n + m) // 4))
+    # v[k]: furthest x on diagonal k = x - y; history[d] is v before edit d, for the walk back.
+    v = {1: 0}
+    history = []
+    found = N == 0 and M == 0
+    d = 0
+    if not found:
+        for d in range(max_edits + 1):
+            history.append(v.copy())
+            for k in range(-d, d + 1, 2):
+                x = v[k + 1] if k == -d or (k != d and v[k - 1] < v[k + 1]) else v[k - 1] + 1
+                y = x - k
+                while x < N and y < M and A[x] == B[y]:
+                    x += 1
+                    y += 1
+                v[k] = x
+                if x >= N and y >= M:
+                    found = True
+                    break
+            if found:
+                break
+    if not found:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pairs: list[tuple[int, int]] = []
+    x, y = N, M
+    for e in range(len(history) - 1, -1, -1):
+        hv = history[e]
+        k = x - y
+        prev_k = k + 1 if k == -e or (k != e and hv[k - 1] < hv[k + 1]) else k - 1
+        prev_x = hv[prev_k]
+        prev_y = prev_x - prev_k
+        while x > prev_x and y > prev_y:
+            x -= 1
+            y -= 1
+            pairs.append((x, y))
+        x, y = prev_x, prev_y
+    while x > 0 and y > 0:
+        x -= 1
+        y -= 1
+        pairs.append((x, y))
+    mid = np.array(pairs[::-1], np.int64).reshape(-1, 2)
+    ia = np.concatenate([np.arange(head), mid[:, 0] + head, np.arange(n - tail, n)]).astype(np.int64)
+    ib = np.concatenate([np.arange(head), mid[:, 1] + head, np.arange(m - tail, m)]).astype(np.int64)
+    return ia, ib
+
+
+def _unmatched(n: int) -> dict[str, np.ndarray]:
+    return {"cap_external_id": np.full(n, -1, np.int64), "cap_pid": np.full(n, -1, np.int64),
+            "cap_tid": np.full(n, -1, np.int64), "cap_ts_us": np.full(n, np.nan),
+            "cap_kernel": np.full(n, -1, np.int64)}
+
+
 def _align_by_name(replayed: np.ndarray, knames: np.ndarray, rows: np.ndarray, cap_kernel: np.ndarray) -> list[tuple[int, int]]:
     """Greedy in-order alignment: each replayed kernel takes the next captured launch of the same name."""
     pairs = []
@@ -225,6 +346,8 @@ def attribute_top(kernels: pd.DataFrame, launches: pd.DataFrame, names: list[str
     lpid = launches["launch_pid"].to_numpy()
     ltid = launches["launch_tid"].to_numpy()
     lname = launches["launch_name"].to_numpy()
+    cap_found = None if captured is None else (
+        (captured["cap_kernel"].to_numpy() >= 0) | np.isfinite(captured["cap_ts_us"].to_numpy()))
     for name, pos in groups.items():
         idx = rows[pos]
         sample = idx[np.linspace(0, len(idx) - 1, min(len(idx), SAMPLES_PER_KERNEL)).astype(int)]
@@ -233,11 +356,13 @@ def attribute_top(kernels: pd.DataFrame, launches: pd.DataFrame, names: list[str
         matched = 0
         for i in sample:
             if via[i]:
-                if captured is not None and capture_attributor is not None and captured["cap_external_id"].iat[i] >= 0:
+                if cap_found is not None and capture_attributor is not None and cap_found[i]:
                     matched += 1
-                    op = capture_attributor.operator(int(captured["cap_external_id"].iat[i]))
-                    loc = capture_attributor.location(int(captured["cap_pid"].iat[i]), int(captured["cap_tid"].iat[i]),
-                                                      float(captured["cap_ts_us"].iat[i]))
+                    c_pid, c_tid = int(captured["cap_pid"].iat[i]), int(captured["cap_tid"].iat[i])
+                    c_ts = float(captured["cap_ts_us"].iat[i])
+                    op = (capture_attributor.operator(int(captured["cap_external_id"].iat[i]))
+                          or capture_attributor.operator_at(c_pid, c_tid, c_ts))
+                    loc = capture_attributor.location(c_pid, c_tid, c_ts)
                 else:
                     op = f"{lname[i]} (graph replay)"
                     site = attributor.location(int(lpid[i]), int(ltid[i]), float(lts[i]))

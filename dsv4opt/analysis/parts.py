@@ -8,36 +8,40 @@ import pandas as pd
 from dsv4opt.analysis.steps import STEP_LIKE, STEP_NAME
 
 NO_PART = "(outside any annotation)"
+UNMATCHED_REPLAY = "(graph replay, unmatched)"
+PART_COLUMNS = ["part", "count", "total_us", "share"]
 
 
-def part_table(kernels: pd.DataFrame, launch_ts_us: np.ndarray, launch_tid: np.ndarray,
-               annotations: pd.DataFrame, total_us: float) -> pd.DataFrame:
-    """[parts] part, count, total_us, share. Each kernel goes to the innermost annotation around it:
-    GPU-side ranges by the kernel's own time when the trace has them, else CPU-side ranges on the
-    launching thread by launch time. Step ranges (ProfilerStep#N, names with step/iteration) are not parts. Empty when the trace
-    has no other annotations."""
-    cols = ["part", "count", "total_us", "share"]
-    empty = pd.DataFrame({c: pd.Series(dtype=object if c == "part" else float) for c in cols})
-    if kernels.empty or annotations.empty:
-        return empty
+def part_annotations(annotations: pd.DataFrame) -> pd.DataFrame:
+    """The annotations that can be parts: all but step ranges (ProfilerStep#N, names with step/iteration)."""
+    if annotations.empty:
+        return annotations
     names = annotations["name"].astype(object)
-    usable = ~(names.str.match(STEP_NAME.pattern).fillna(False).to_numpy(bool)
-               | names.str.contains(STEP_LIKE.pattern, case=False, regex=True).fillna(False).to_numpy(bool))
-    ann = annotations[usable]
+    steplike = (names.str.match(STEP_NAME.pattern).fillna(False).to_numpy(bool)
+                | names.str.contains(STEP_LIKE.pattern, case=False, regex=True).fillna(False).to_numpy(bool))
+    return annotations[~steplike]
+
+
+def kernel_parts(kernel_ts_us: np.ndarray, launch_ts_us: np.ndarray, launch_tid: np.ndarray,
+                 annotations: pd.DataFrame) -> np.ndarray | None:
+    """[kernels] the innermost part annotation around each kernel (NO_PART outside any), or None when
+    the trace has no part annotations. GPU-side ranges by the kernel's own time when the trace has
+    them, else CPU-side ranges on the launching thread by launch time."""
+    ann = part_annotations(annotations)
     if ann.empty:
-        return empty
+        return None
     gpu = ann[ann["on_gpu"] == 1]
     if not gpu.empty:
-        ann, t, tid = gpu, kernels["ts_us"].to_numpy(), None
+        ann, t, tid = gpu, np.asarray(kernel_ts_us, float), None
     else:
-        ann, t, tid = ann[ann["on_gpu"] == 0], launch_ts_us, launch_tid
+        ann, t, tid = ann[ann["on_gpu"] == 0], np.asarray(launch_ts_us, float), np.asarray(launch_tid)
     # Innermost = the latest-starting range that still covers t; ranges sorted by start.
     ann = ann.sort_values("ts_us", kind="mergesort")
     a_start = ann["ts_us"].to_numpy()
     a_end = a_start + ann["dur_us"].to_numpy()
     a_tid = ann["tid"].to_numpy()
     a_name = ann["name"].astype(object).to_numpy()
-    part = np.full(len(kernels), NO_PART, object)
+    part = np.full(len(t), NO_PART, object)
     last = np.searchsorted(a_start, t, side="right") - 1
     for i in np.flatnonzero(np.isfinite(t) & (last >= 0)):
         j = last[i]
@@ -48,8 +52,36 @@ def part_table(kernels: pd.DataFrame, launch_ts_us: np.ndarray, launch_tid: np.n
             j -= 1
             if last[i] - j > 256:
                 break
-    frame = pd.DataFrame({"part": part, "dur": kernels["dur_us"].to_numpy()})
-    g = frame.groupby("part")["dur"]
+    return part
+
+
+def with_replayed_parts(own: np.ndarray | None, replayed: np.ndarray, reference_index: np.ndarray,
+                        reference_parts: np.ndarray) -> np.ndarray:
+    """[kernels] parts of a graph-replay trace: a replayed kernel takes the part of the reference
+    kernel it was matched to (reference_index >= 0), else UNMATCHED_REPLAY; the others keep their
+    own part (`own`, NO_PART when the trace has no part annotations)."""
+    out = np.full(len(replayed), NO_PART, object) if own is None else own.copy()
+    out[replayed] = UNMATCHED_REPLAY
+    matched = replayed & (reference_index >= 0)
+    out[matched] = reference_parts[reference_index[matched]]
+    return out
+
+
+def part_table_of(part: np.ndarray | None, dur_us: np.ndarray, total_us: float) -> pd.DataFrame:
+    """[parts] part, count, total_us, share from one part name per kernel; empty (same schema) for None."""
+    if part is None or len(part) == 0:
+        return pd.DataFrame({c: pd.Series(dtype=object if c == "part" else float) for c in PART_COLUMNS})
+    g = pd.DataFrame({"part": part, "dur": dur_us}).groupby("part")["dur"]
     out = pd.DataFrame({"count": g.size(), "total_us": g.sum()}).reset_index()
     out["share"] = out["total_us"] / total_us if total_us > 0 else 0.0
-    return out.sort_values("total_us", ascending=False, kind="mergesort").reset_index(drop=True)[cols]
+    return out.sort_values("total_us", ascending=False, kind="mergesort").reset_index(drop=True)[PART_COLUMNS]
+
+
+def part_table(kernels: pd.DataFrame, launch_ts_us: np.ndarray, launch_tid: np.ndarray,
+               annotations: pd.DataFrame, total_us: float) -> pd.DataFrame:
+    """[parts] part, count, total_us, share: each kernel in its innermost part annotation
+    (kernel_parts). Empty when the trace has no part annotations."""
+    if kernels.empty:
+        return part_table_of(None, np.zeros(0), total_us)
+    part = kernel_parts(kernels["ts_us"].to_numpy(), launch_ts_us, launch_tid, annotations)
+    return part_table_of(part, kernels["dur_us"].to_numpy(), total_us)
