@@ -79,6 +79,10 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
         s = profile.steps
         console.print(f"steps ({escape(s.get('source', ''))}): {s['count']}, GPU time/step {_us(s['gpu_us_per_step'])}, "
                       f"launches/step {s['launches_per_step']:.0f}, median kernel {_us(s.get('median_kernel_us'))}")
+    match = profile.extra.get("capture_match")
+    if match and match.get("replayed"):
+        console.print(f"graph-replayed launches matched to the reference step: {match['matched']}/{match['replayed']} "
+                      f"({match['matched'] / match['replayed']:.1%}); parts and operators of the rest are unknown")
     if profile.throughput:
         console.print("throughput: " + ", ".join(f"{k} {v:.2f}" for k, v in profile.throughput.items() if v is not None))
     parts = profile.extra.get("parts")
