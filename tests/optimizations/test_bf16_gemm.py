@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -112,18 +113,30 @@ PREMIX_SIGNATURE = {
                  {"K_PER_SPLIT": 128, "BLOCK_T": 16, "BLOCK_N": 32, "BLOCK_K": 128}, id="premix-1-token"),
 ])
 def test_kernels_compile_to_bf16_tensor_core_mma_on_sm90(name, signature, constexprs):
-    """Compiled ahead of time for an H200 (no GPU needed): bf16 MMAs with fp32 accumulators."""
-    import re
+    """Compiled ahead of time for an H200 (no GPU needed): bf16 MMAs with fp32 accumulators.
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
+    In a fresh interpreter without TRITON_INTERPRET: once the interpreter has run a kernel in this
+    process, triton.language is patched and a real compile would fail for reasons of its own.
+    """
+    import json
+    import subprocess
+    import sys
 
-    fn = JITFunction(getattr(kernel, name).fn)  # a fresh compiled-mode kernel even under the interpreter
-    sig = dict(signature, **{k: "constexpr" for k in constexprs})
-    ptx = triton.compile(ASTSource(fn, sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-    assert re.search(r"mma\S*\.f32\.bf16\.bf16", ptx), "no bf16 tensor-core MMA with fp32 accumulation"
+    script = f"""
+import re, sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from dsv4opt.optimizations.bf16_gemm import kernel
+sig = dict({signature!r}, **{{k: "constexpr" for k in {constexprs!r}}})
+fn = getattr(kernel, {name!r})
+ptx = triton.compile(ASTSource(fn, sig, constexprs={constexprs!r}), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+print(bool(re.search(r"mma\\S*\\.f32\\.bf16\\.bf16", ptx)))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=str(Path(__file__).resolve().parents[2]))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().lower()), "no bf16 tensor-core MMA with fp32 accumulation"
 
 
 def test_references_agree_with_the_workload():
