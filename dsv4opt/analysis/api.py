@@ -172,6 +172,9 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
     if captured is not None and reference.kernel_parts is not None:
         part = parts.with_replayed_parts(part, via, captured["cap_kernel"].to_numpy(), reference.kernel_parts)
     out["parts"] = parts.part_table_of(part, k["dur_us"].to_numpy(), total)
+    if part is not None:
+        for name, where in _dominant_part(k, part, top).items():
+            out["attribution"].setdefault(name, {})["part"] = where
     summary.update({
         "gpu_time_us": total,
         "launches": int(len(k)),
@@ -181,6 +184,18 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
     })
     out["summary"] = summary
     return out
+
+
+def _dominant_part(kernels: pd.DataFrame, part: np.ndarray, names: list[str]) -> dict[str, str]:
+    """For each kernel name in `names`: the model part holding most of its GPU time."""
+    frame = pd.DataFrame({"name": kernels["name"].astype(object).to_numpy(), "part": part,
+                          "dur": kernels["dur_us"].to_numpy()})
+    frame = frame[frame["name"].isin(names)]
+    if frame.empty:
+        return {}
+    g = frame.groupby(["name", "part"], sort=False)["dur"].sum().reset_index()
+    g = g.sort_values("dur", ascending=False, kind="mergesort").drop_duplicates("name")
+    return dict(zip(g["name"], g["part"]))
 
 
 def load_profile_or_trace(path: str | Path) -> Profile:

@@ -106,6 +106,15 @@ def _verdict(a: Profile, b: Profile) -> tuple[str, bool]:
     dropped = before > 0 and (before - after) / before >= MOVED_RELATIVE_DROP
     if tc_b["category"] != cat or dropped:
         return f"bottleneck moved: {_label(cat)} {_pct(before)} -> {_pct(after)}; {new_top}", True
+    # Same #1 category, but the #1 kernel can still have been the bottleneck that moved (a single
+    # hot kernel inside a category that is, summed over many small kernels, larger).
+    ka = a.top_kernel
+    if ka is not None and top_b is not None and ka["name"] != top_b["name"]:
+        ka_after = sum(k["share"] for k in b.kernels if k["name"] == ka["name"])
+        if (ka["share"] - ka_after) / ka["share"] >= MOVED_RELATIVE_DROP:
+            return (f"#1 kernel moved: {ka.get('short_name') or ka['name']} ({_label(ka['category'])}) "
+                    f"{_pct(ka['share'])} -> {_pct(ka_after)}; {new_top}; #1 category still {_label(cat)} "
+                    f"{_pct(before)} -> {_pct(after)}"), True
     return f"bottleneck did not move: {_label(cat)} {_pct(before)} -> {_pct(after)}", False
 
 

@@ -36,10 +36,15 @@ MEMORY_HEADROOM = 0.95  # of the free device memory a run may plan to use
 _err = Console(stderr=True)
 
 
+def default_config(device: str | None) -> str:
+    """The config a run on `device` (None: the one picked automatically) uses when none is named."""
+    return GPU_CONFIG if _pick_device(device).type == "cuda" else CPU_CONFIG
+
+
 def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
     """Build the workload, warm up, profile S steps, time S steps, analyse; returns the saved profile."""
     device = _pick_device(settings.device)
-    config_name = settings.config or (GPU_CONFIG if device.type == "cuda" else CPU_CONFIG)
+    config_name = settings.config or default_config(settings.device)
     cfg = ModelConfig.from_name(config_name).with_layers(settings.layers)
     stamp = dt.datetime.now()
     out = _output_path(settings, config_name, stamp)
@@ -79,7 +84,9 @@ def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
         step = eager
         if use_graph:
             progress.update(task, description="profiling one eager step (kernel -> model part map)")
-            capture_trace = _profile_steps(eager, 1, device, unique_path(trace_dir / f"{stem}-eager.trace.json"))
+            # Python stacks cost little for one step and let kernels be traced to model source lines.
+            capture_trace = _profile_steps(eager, 1, device, unique_path(trace_dir / f"{stem}-eager.trace.json"),
+                                           with_stack=True)
             progress.update(task, description="capturing the step as a CUDA graph")
             step = _graph_step(wl, tokens)
         progress.update(task, description="profiling", total=settings.steps, completed=0)
@@ -189,7 +196,7 @@ def _graph_step(wl, tokens: torch.Tensor) -> Callable[[], None]:
 
 
 def _profile_steps(step: Callable[[], None], n: int, device: torch.device, path: Path,
-                   on_step: Callable[[], None] | None = None) -> Path:
+                   on_step: Callable[[], None] | None = None, with_stack: bool = False) -> Path:
     """Profile n steps, each inside a ProfilerStep#N range, after one profiler warm-up step."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -198,7 +205,8 @@ def _profile_steps(step: Callable[[], None], n: int, device: torch.device, path:
     # A schedule is what makes prof.step() emit ProfilerStep#N ranges; its warm-up step keeps the
     # profiler's start-up cost out of the recorded steps.
     plan = schedule(wait=0, warmup=1, active=n, repeat=1)
-    with profile(activities=activities, schedule=plan, on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+    with profile(activities=activities, schedule=plan, with_stack=with_stack,
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
         for i in range(n + 1):
             step()
             _sync(device)

@@ -192,7 +192,7 @@ def sweep(
     out_dir: Annotated[Path, typer.Option(help="Where profiles, the summary and the chart go.")] = Path("profiles"),
 ) -> None:
     """Profile each concurrency, baseline and with --with, and tabulate tokens/s and shares."""
-    from dsv4opt.capture.embedded import profile_embedded
+    from dsv4opt.capture.embedded import default_config, profile_embedded
     from dsv4opt.capture.settings import EmbeddedSettings
     from dsv4opt.loop.sweep import sweep as run_sweep
     from dsv4opt.optimizations.registry import get
@@ -208,7 +208,8 @@ def sweep(
 
         from dsv4opt.capture.naming import profile_path
 
-        path = profile_path("embedded", settings.config, settings.concurrency, settings.optimizations, out_dir)
+        config = settings.config or default_config(settings.device)
+        path = profile_path("embedded", config, settings.concurrency, settings.optimizations, out_dir)
         return profile_embedded(dataclasses.replace(settings, out=path))
 
     result = run_sweep(concurrencies, variants, base, out_dir=out_dir, profile_fn=profile_into,

@@ -87,10 +87,10 @@ def _fmt(value, spec: str = "") -> str:
 def _kernel_rows(profile: Profile, top: int = 10) -> list[list[str]]:
     rows = []
     for i, k in enumerate(profile.kernels[:top], 1):
-        where = k.get("source") or ""
-        op = k.get("launcher") or k.get("cpu_op") or ""
-        if k.get("graph_replay"):
-            op = (op + " (CUDA-graph replay)").strip()
+        where = " ".join(x for x in (f"[{k['part']}]" if k.get("part") else "", k.get("source") or "") if x)
+        op = k.get("launched_by") or ""
+        if k.get("graph_replay_share"):
+            op = (op + f" (CUDA-graph replay {k['graph_replay_share']:.0%})").strip()
         rows.append([
             str(i), f"{k['share']:.1%}", f"{k['total_us']:.1f}", str(k["count"]),
             LABELS.get(k["category"], k["category"]), k.get("short_name") or k["name"],

@@ -52,7 +52,7 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
         t.add_column(col, **kw)
     notes = []
     for i, k in enumerate(profile.kernels[:top], 1):
-        who = " ".join(x for x in (k.get("launched_by"), k.get("source")) if x)
+        who = " ".join(x for x in (f"[{k['part']}]" if k.get("part") else None, k.get("launched_by"), k.get("source")) if x)
         if k.get("graph_replay_share"):
             who += f" [graph replay {_pct(k['graph_replay_share'])}]"
         row = [str(i), _pct(k["share"]), _us(k["total_us"]), str(k["count"]), _us(k.get("mean_us")),
