@@ -158,7 +158,8 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
         out["capture_match"] = {"replayed": int(via.sum()), "matched": int((via & found).sum())}
     out["attribution"] = attribute.attribute_top(k, launches, top, attributor, captured, cap_attr)
 
-    source, ranges = steps.step_ranges(trace.annotations)
+    launch_known = bool(np.isfinite(launches["launch_ts_us"].to_numpy()).mean() >= 0.95)
+    source, ranges = steps.step_ranges(trace.annotations, prefer_cpu=launch_known)
     if not ranges.empty:
         on_gpu = bool(ranges["on_gpu"].iat[0])
         lts = launches["launch_ts_us"].to_numpy()

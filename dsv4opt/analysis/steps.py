@@ -11,10 +11,13 @@ STEP_NAME = re.compile(r"^ProfilerStep#\d+$")
 STEP_LIKE = re.compile(r"step|iteration")
 
 
-def step_ranges(annotations: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+def step_ranges(annotations: pd.DataFrame, prefer_cpu: bool = False) -> tuple[str, pd.DataFrame]:
     """Where steps come from and their [steps] name, start_us, end_us, on_gpu.
 
-    ProfilerStep#N ranges when present (GPU-side copies preferred: they bound the kernels directly);
+    ProfilerStep#N ranges when present (GPU-side copies preferred: they bound the kernels directly;
+    CPU-side ones with `prefer_cpu`, for when every kernel's launch is known: a step then owns the
+    kernels it launched, which stays true under CUDA-graph replay, where Kineto's GPU-side step
+    ranges were seen cutting replays apart - 12128 and 4781 of a 26825-kernel step on an H200);
     else the outermost user annotations named like a step (SGLang's `step[DECODE bs=32]`, a
     `decode_step`, ...), GPU-side preferred. Model-part annotations (attn, moe, ...) are never steps.
     """
@@ -24,7 +27,8 @@ def step_ranges(annotations: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     names = annotations["name"].astype(object)
     is_step = names.str.match(STEP_NAME.pattern).fillna(False).to_numpy(bool)
     on_gpu = annotations["on_gpu"].to_numpy() == 1
-    for mask, source in ((is_step & on_gpu, "ProfilerStep (GPU)"), (is_step & ~on_gpu, "ProfilerStep")):
+    order = ((is_step & on_gpu, "ProfilerStep (GPU)"), (is_step & ~on_gpu, "ProfilerStep"))
+    for mask, source in (order[::-1] if prefer_cpu else order):
         if mask.any():
             return source, _ranges(annotations[mask], names[mask])
     steplike = names.str.contains(STEP_LIKE.pattern, case=False, regex=True).fillna(False).to_numpy(bool) & ~is_step
