@@ -80,17 +80,25 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
         if not cpu_tables:
             raise TraceError(f"{files[0]}: holds no GPU kernels and no CPU operators; nothing to analyse")
         merged = pd.concat(cpu_tables, ignore_index=True)
-        g = merged.groupby("name", sort=False).agg(count=("count", "sum"), total_us=("total_us", "sum")).reset_index()
+        g = (merged.groupby("name", sort=False)
+             .agg(count=("count", "sum"), total_us=("total_us", "sum"), category=("category", "first"))
+             .reset_index())
         total = float(g["total_us"].sum())
         g["mean_us"] = g["total_us"] / g["count"]
         g["share"] = g["total_us"] / total if total > 0 else 0.0
         g["short_name"] = g["name"]
-        g["category"] = "cpu_op"
         g = g.sort_values(["total_us", "name"], ascending=[False, True], kind="mergesort")
         extra["cpu_self_us"] = total
         extra["note"] = "no GPU events in the trace: ranking CPU operators by self time"
-        return Profile(meta=profile_meta, gpu_time_us=0.0, kernels=rank.records(g[rank.KERNEL_COLUMNS]),
-                       categories=[], steps=None, time_basis="cpu_self", extra=extra)
+        if part_frames:
+            p = pd.concat(part_frames, ignore_index=True).groupby("part").agg(count=("count", "sum"), total_us=("total_us", "sum")).reset_index()
+            p["share"] = p["total_us"] / total if total > 0 else 0.0
+            extra["parts"] = rank.records(p.sort_values("total_us", ascending=False, kind="mergesort"))
+        # gpu_time_us carries the ranking's total here (CPU self time, time_basis says so): every
+        # share downstream (diagnosis, recommend, compare) divides by it.
+        return Profile(meta=profile_meta, gpu_time_us=total, kernels=rank.records(g[rank.KERNEL_COLUMNS]),
+                       categories=rank.records(rank.category_table(g, total)), steps=step_info,
+                       time_basis="cpu_self", extra=extra)
 
     total = rank.total_gpu_us(kernels)
     ktable = rank.kernel_table(kernels, total)
@@ -139,9 +147,14 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
                            "has_stacks": attributor.has_stacks, "capture_match": {}}
     summary: dict[str, Any] = {"rank": trace.rank, "file": str(trace.path), "device": trace.device}
     if k.empty:
-        total_cpu, table = cpu_ops.cpu_op_table(trace.cpu_ops)
-        out["cpu_table"] = table
-        summary.update({"gpu_time_us": 0.0, "cpu_self_us": total_cpu, "kernels": []})
+        cpu = cpu_ops.analyze_cpu_ops(trace.cpu_ops, trace.annotations)
+        out.update({"cpu_table": cpu.table, "steps": cpu.steps, "parts": cpu.parts})
+        summary.update({
+            "gpu_time_us": 0.0,
+            "cpu_self_us": cpu.total_us,
+            "categories": rank.records(rank.category_table(cpu.table, cpu.total_us)),
+            "kernels": rank.records(cpu.table.head(RANK_TOP)[["name", "short_name", "category", "count", "total_us", "share"]]),
+        })
         out["summary"] = summary
         return out
     total = rank.total_gpu_us(k)

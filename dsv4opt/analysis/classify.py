@@ -93,3 +93,74 @@ def matching_rule(name: str) -> Rule | None:
         if pattern.search(text):
             return rule
     return None
+
+
+# CPU operators (aten names, matched whole: `aten::add` and its in-place `aten::add_`), used when a
+# trace holds no GPU events. Same fixed categories, same first-match-wins order. Each example is an
+# operator name from a CPU trace of the embedded workload (`dsv4opt profile --device cpu`) or from
+# the CPU side of the shared traces (tracelens_h100_qwen1.5_0.5b for the attention row).
+def _aten(*ops: str) -> str:
+    return r"^aten::(?:" + "|".join(ops) + r")_?$"
+
+
+CPU_RULES: tuple[Rule, ...] = (
+    Rule(ATTENTION, _aten(r"_?scaled_dot_product\w*", r"_?flash_attention\w*", r"_efficient_attention\w*", r"\w*_attention\w*"),
+         "aten::scaled_dot_product_attention",
+         "fused attention operators; the embedded workload's attention is spelled out in bmm/softmax instead"),
+    Rule(GEMM_FP32_SIMT, _aten("mm", "bmm", "addmm", "addbmm", "baddbmm", "_addmm_activation", "matmul", "linear", "einsum",
+                               "tensordot", "mv", "addmv", "dot", "vdot", "_scaled_mm", "_grouped_mm", r"_?mkldnn\w*", r"conv\w*"),
+         "aten::mm",
+         "matrix products on a CPU: general-purpose cores, no tensor cores, so FP32 GEMMs in the SIMT "
+         "sense (the embedded CPU run is float32); einsum/matmul/linear dispatch to mm/bmm and keep only their own overhead"),
+    Rule(TOPK_SORT, _aten("topk", "sort", "argsort", "msort", "kthvalue", "unique", r"_unique\d?"),
+         "aten::topk"),
+    Rule(COPY, _aten("copy", "_to_copy", "to", "clone", "contiguous", "_?cat", "stack", "index", "index_select", "index_put",
+                     "_index_put_impl", "gather", r"scatter\w*", r"take\w*", "masked_select", "fill", "zero", "zeros",
+                     "zeros_like", "ones", "ones_like", "full", "full_like", "scalar_tensor", r"empty\w*", r"new_\w*",
+                     "arange", "linspace", r"repeat\w*", "embedding", "flip", "roll", "tril", "triu", "resize", "narrow_copy"),
+         "aten::_to_copy",
+         "data movement and allocation: copies and dtype conversions, cat/index/gather/scatter, fills and tensor creation"),
+    Rule(REDUCTION, _aten("sum", "nansum", "mean", "amax", "amin", "max", "min", "aminmax", "argmax", "argmin", r"_?softmax",
+                          r"_?log_softmax", "logsumexp", r"\w*norm", "var", "std", "var_mean", "std_mean", "cumsum",
+                          "cumprod", "logcumsumexp", "prod", "all", "any", "count_nonzero"),
+         "aten::sum"),
+    Rule(ELEMENTWISE, _aten("add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "neg",
+                            "abs", "sign", "clamp", "clamp_min", "clamp_max", "clip", "exp", "exp2", "expm1", "log", "log2",
+                            "log10", "log1p", "pow", "square", "sqrt", "rsqrt", "reciprocal", "sigmoid", "silu", "gelu",
+                            "relu", "tanh", "softplus", "sin", "cos", "where", "masked_fill", "maximum", "minimum", "eq",
+                            "ne", "lt", "le", "gt", "ge", r"logical_\w+", r"bitwise_\w+", "__and__", "__or__", "__xor__",
+                            "__invert__", "isfinite", "isnan", "isinf", "nan_to_num", "lerp", "addcmul", "addcdiv",
+                            "erf", "floor", "ceil", "round", "trunc", "frac", "dropout"),
+         "aten::add",
+         "pointwise math, comparisons and activations (the rule table's last row: the rest is `other`)"),
+    Rule(OTHER, _aten("view", "reshape", "_reshape_alias", "_unsafe_view", "as_strided", "slice", "select", "narrow",
+                      "expand", "permute", "transpose", "t", "unsqueeze", "squeeze", "split", "split_with_sizes",
+                      "chunk", "unbind", "detach", "alias", "real", "resolve_conj", "resolve_neg", "item",
+                      "_local_scalar_dense", "result_type"),
+         "aten::as_strided",
+         "views and scalar reads: no data computed, only dispatch overhead; named here so the fall-through stays small"),
+)
+
+_CPU_COMPILED = tuple((re.compile(r.pattern), r.category) for r in CPU_RULES)
+
+
+@lru_cache(maxsize=8192)
+def classify_cpu_op(name: str) -> str:
+    """Category of one CPU operator name (`aten::mm`); `other` when no CPU rule matches."""
+    for pattern, category in _CPU_COMPILED:
+        if pattern.search(name):
+            return category
+    return OTHER
+
+
+def classify_cpu_op_names(names: pd.Series) -> pd.Series:
+    """Vectorised over distinct names: [N] operator names -> [N] categories."""
+    mapping = {n: classify_cpu_op(n) for n in pd.unique(names)}
+    return names.map(mapping)
+
+
+def matching_cpu_rule(name: str) -> Rule | None:
+    for rule, (pattern, _) in zip(CPU_RULES, _CPU_COMPILED):
+        if pattern.search(name):
+            return rule
+    return None
