@@ -87,7 +87,8 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
         frag = fragmentation(profile, [opt.target_category])
         if frag.share <= 0 and opt.name not in enabled:
             continue
-        speedup, source = measured_kernel_speedup(opt, concurrency)
+        speedup, source = measured_kernel_speedup(opt, concurrency) if profile.time_basis == "gpu" else (
+            None, "no CPU measurement on record: bound assumes the target takes no time")
         out.append(
             Candidate(
                 name=opt.name, kind="optimisation", target=opt.target_category, share=frag.share,
