@@ -99,7 +99,9 @@ def _mma_sparse_decode_kernel(
         b_m = b_m_new
 
     m_o = m_h[:, None] & m_v[None, :]
-    m_lse = m_h & (i_v == 0)  # every value slice computes the same lse; one writes it
+    # every value slice computes the same lse; one writes it (a tensor compare: a scalar one makes
+    # an int32 mask, which Triton 3.9's interpreter refuses)
+    m_lse = m_h & ((o_h * 0 + i_v) == 0)
     if NSPLIT == 1:
         b_sink = tl.load(p_sink + o_h, mask=m_h, other=0.0).to(tl.float32) * 1.4426950408889634
         b_top = tl.maximum(b_m, b_sink)  # [BH]
