@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dsv4opt.analysis.profile import Profile
+from dsv4opt.capture.naming import profile_path
 from dsv4opt.capture.settings import EmbeddedSettings
 from dsv4opt.errors import CaptureError
 from dsv4opt.fileio import unique_path
@@ -47,7 +48,7 @@ def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
     config_name = settings.config or default_config(settings.device)
     cfg = ModelConfig.from_name(config_name).with_layers(settings.layers)
     stamp = dt.datetime.now()
-    out = _output_path(settings, config_name, stamp)
+    out = _output_path(settings, config_name)
     if device.type == "cpu":
         _err.print(
             f"[yellow]no GPU in use[/]: running {config_name} on the CPU; the ranking is over CPU "
@@ -123,7 +124,7 @@ def _pick_device(name: str | None) -> torch.device:
     return torch.device(name)
 
 
-def _output_path(settings: EmbeddedSettings, config_name: str, stamp: dt.datetime) -> Path:
+def _output_path(settings: EmbeddedSettings, config_name: str) -> Path:
     if settings.out is not None:
         out = Path(settings.out)
         if out.exists():
@@ -131,9 +132,7 @@ def _output_path(settings: EmbeddedSettings, config_name: str, stamp: dt.datetim
         if out.suffix != ".json":
             raise CaptureError(f"{out}: a profile is a .json file; give --out a name ending in .json")
         return out
-    opts = "+".join(settings.optimizations) or "baseline"
-    name = f"embedded-{config_name}-c{settings.concurrency}-{opts}-{stamp:%Y%m%d-%H%M%S}.json"
-    return unique_path(Path("profiles") / name)
+    return profile_path("embedded", config_name, settings.concurrency, list(settings.optimizations))
 
 
 def _refuse_if_too_big(cfg, settings, device, dtype, max_new) -> None:

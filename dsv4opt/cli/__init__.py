@@ -40,11 +40,6 @@ app = typer.Typer(
 )
 
 
-def fail(message: str) -> None:
-    """Stop a command with a one-line error (for checks made in the CLI layer itself)."""
-    raise DsvOptError(message)
-
-
 # Each module adds its commands to `app`; imported for that side effect.
 from dsv4opt.cli import analyze as _analyze  # noqa: E402,F401
 from dsv4opt.cli import profile as _profile  # noqa: E402,F401
