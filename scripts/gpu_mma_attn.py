@@ -23,7 +23,9 @@ START = time.time()
 OUT = Path(os.environ.get("OUT", "gpu_out"))
 OUT.mkdir(parents=True, exist_ok=True)
 SWEEP_UNTIL = START + float(os.environ.get("SWEEP_BUDGET_S", "170"))
-LOG = open(OUT / "log.txt", "w")
+# the pool scan's child processes append to the scan's log; the main run writes its own
+_POOL = "--pool-scan" in sys.argv or "--pool-one" in sys.argv
+LOG = open(OUT / ("pool_scan.txt" if _POOL else "log.txt"), "a" if "--pool-one" in sys.argv else "w")
 
 
 def log(*parts) -> None:
@@ -77,20 +79,20 @@ def kernel_resources() -> list[dict]:
     return rows
 
 
+# Round 2 (docs/kernels/mma_attn.md): the indices feed the gather's address, so Triton's pipeliner
+# gives each load (num_stages - 1) // 2 stages of latency; 2 stages left one KV tile in flight,
+# issued only after the MMAs. Deeper pipelines of smaller tiles keep two or more in flight.
 FAMILIES = [
-    dict(block_k=64, num_warps=8, num_stages=2, block_v=0, reload_v=False),
-    dict(block_k=32, num_warps=8, num_stages=2, block_v=0, reload_v=False),
-    dict(block_k=32, num_warps=8, num_stages=2, block_v=0, reload_v=True),
-    dict(block_k=64, num_warps=8, num_stages=2, block_v=0, reload_v=True),
-    dict(block_k=64, num_warps=8, num_stages=3, block_v=0, reload_v=True),
-    dict(block_k=32, num_warps=4, num_stages=2, block_v=256, reload_v=True),
-    dict(block_k=32, num_warps=8, num_stages=2, block_v=256, reload_v=True),
-    dict(block_k=64, num_warps=4, num_stages=2, block_v=256, reload_v=True),
-    dict(block_k=64, num_warps=8, num_stages=3, block_v=256, reload_v=True),
-    dict(block_k=32, num_warps=4, num_stages=3, block_v=128, reload_v=True),
-    dict(block_k=64, num_warps=4, num_stages=2, block_v=128, reload_v=True),
+    dict(block_k=64, num_warps=8, num_stages=2, block_v=0, reload_v=False),  # round-1 default
+    dict(block_k=32, num_warps=8, num_stages=4, block_v=0, reload_v=False),
+    dict(block_k=32, num_warps=8, num_stages=5, block_v=0, reload_v=False),
+    dict(block_k=32, num_warps=8, num_stages=7, block_v=0, reload_v=False),
+    dict(block_k=16, num_warps=8, num_stages=9, block_v=0, reload_v=False),
+    dict(block_k=16, num_warps=8, num_stages=11, block_v=0, reload_v=False),
+    dict(block_k=32, num_warps=4, num_stages=5, block_v=128, reload_v=True),
+    dict(block_k=32, num_warps=8, num_stages=5, block_v=256, reload_v=True),
 ]
-SPLIT_FACTORS = (0.5, 1.0, 2.0)
+SPLIT_FACTORS = tuple(float(f) for f in os.environ.get("SPLIT_FACTORS", "0.5,1.0").split(","))
 
 
 def sweep(kv: torch.Tensor) -> list[dict]:
@@ -127,41 +129,53 @@ def sweep(kv: torch.Tensor) -> list[dict]:
 
 
 def best_family(rows: list[dict]):
-    """(family, split factor) with the least sum of log times over all four B; None if none complete."""
+    """(family, split factor) with the least sum of log times over all four B, among whole-width
+    families (block_v 0); None if none complete."""
     import math
 
     scores = {}
     for fam_id in range(len(FAMILIES)):
         for factor in SPLIT_FACTORS:
             ts = [r["us"] for r in rows if r["family"] == fam_id and r["split_factor"] == factor]
-            if len(ts) == 4 and all(t is not None for t in ts):
+            if len(ts) == 4 and all(t is not None for t in ts) and not FAMILIES[fam_id]["block_v"]:
                 scores[(fam_id, factor)] = sum(math.log(t) for t in ts)
     if not scores:
         return None
     return min(scores, key=scores.get)
 
 
-def pool_scan() -> None:
-    """Same kernel and B, KV pools from 0.25 to 16 GB: how much the pool's size (TLB reach) costs."""
+def pool_scan_one(kernel_name: str, pool_gb: float) -> None:
+    """One kernel on one pool size, B = 32 and 64 (a fault kills the CUDA context: one process each)."""
     import triton.testing
 
     from dsv4opt.optimizations.mma_attn.bench import DIM, bench_inputs
     from dsv4opt.optimizations.mma_attn.kernel import mma_sparse_decode
     from dsv4opt.workload.attention import sparse_decode_torch
 
-    for pool_gb in (0.25, 1.0, 4.0, 16.0):
-        kv = torch.randn(int(pool_gb * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16)
-        gen = torch.Generator(device="cuda").manual_seed(2)
-        for batch in (32, 64):
-            args = (*bench_inputs(batch, kv, gen), DIM**-0.5)
-            q, indices, lengths, sink, scale = args
-            mma = 1e3 * triton.testing.do_bench_cudagraph(
-                lambda: mma_sparse_decode(q, kv, indices, lengths, sink, scale), rep=50, return_mode="median")
-            tp = 1e3 * triton.testing.do_bench_cudagraph(
-                lambda: sparse_decode_torch(q, kv, indices, lengths, sink, scale), rep=50, return_mode="median")
-            log(f"pool {pool_gb:5.2f} GB  B={batch:<3} mma {mma:6.1f} us  torch path {tp:6.1f} us")
-        del kv
-        torch.cuda.empty_cache()
+    fn = {"mma": mma_sparse_decode, "torch": sparse_decode_torch}[kernel_name]
+    kv = torch.randn(int(pool_gb * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for batch in (32, 64):
+        q, indices, lengths, sink = bench_inputs(batch, kv, gen)
+        args = (q, kv, indices, lengths, sink, DIM**-0.5)
+        fn(*args)
+        torch.cuda.synchronize()
+        us = 1e3 * triton.testing.do_bench_cudagraph(lambda: fn(*args), rep=50, return_mode="median")
+        log(f"pool {pool_gb:5.2f} GB  B={batch:<3} {kernel_name} {us:6.1f} us")
+
+
+def pool_scan() -> None:
+    """KV pools from 0.25 to 16 GB, each kernel in its own process with blocking launches, so a
+    fault names the kernel and the pool that caused it."""
+    import subprocess
+
+    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
+    for pool_gb in ("0.25", "4", "16"):
+        for kernel_name in ("mma", "torch"):
+            proc = subprocess.run([sys.executable, __file__, "--pool-one", kernel_name, pool_gb],
+                                  env=env, capture_output=True, text=True, timeout=300)
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+            log(f"pool-scan {kernel_name} {pool_gb} GB exit {proc.returncode}: " + " | ".join(tail))
 
 
 def main() -> int:
@@ -169,6 +183,10 @@ def main() -> int:
 
     if "--pool-scan" in sys.argv:
         pool_scan()
+        return 0
+    if "--pool-one" in sys.argv:
+        at = sys.argv.index("--pool-one")
+        pool_scan_one(sys.argv[at + 1], float(sys.argv[at + 2]))
         return 0
 
     from dsv4opt.optimizations.mma_attn import kernel
