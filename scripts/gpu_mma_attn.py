@@ -79,18 +79,12 @@ def kernel_resources() -> list[dict]:
     return rows
 
 
-# Round 2 (docs/kernels/mma_attn.md): the indices feed the gather's address, so Triton's pipeliner
-# gives each load (num_stages - 1) // 2 stages of latency; 2 stages left one KV tile in flight,
-# issued only after the MMAs. Deeper pipelines of smaller tiles keep two or more in flight.
+# Round 2 (docs/kernels/mma_attn.md): deeper pipelines of smaller KV tiles (an L2 prefetch of
+# later tiles' rows was tried too, and was slower).
 FAMILIES = [
     dict(block_k=64, num_warps=8, num_stages=2, block_v=0, reload_v=False),  # round-1 default
-    dict(block_k=32, num_warps=8, num_stages=4, block_v=0, reload_v=False),
     dict(block_k=32, num_warps=8, num_stages=5, block_v=0, reload_v=False),
-    dict(block_k=32, num_warps=8, num_stages=7, block_v=0, reload_v=False),
-    dict(block_k=16, num_warps=8, num_stages=9, block_v=0, reload_v=False),
-    dict(block_k=16, num_warps=8, num_stages=11, block_v=0, reload_v=False),
-    dict(block_k=32, num_warps=4, num_stages=5, block_v=128, reload_v=True),
-    dict(block_k=32, num_warps=8, num_stages=5, block_v=256, reload_v=True),
+    dict(block_k=32, num_warps=4, num_stages=4, block_v=128, reload_v=True),
 ]
 SPLIT_FACTORS = tuple(float(f) for f in os.environ.get("SPLIT_FACTORS", "0.5,1.0").split(","))
 
@@ -100,24 +94,24 @@ def sweep(kv: torch.Tensor) -> list[dict]:
     import triton.testing
 
     from dsv4opt.optimizations.mma_attn import kernel
-    from dsv4opt.optimizations.mma_attn.bench import HEADS, TOPK, bench_inputs
+    from dsv4opt.optimizations.mma_attn.bench import HEADS, TOPK, input_sets, rotating
 
     gen = torch.Generator(device="cuda").manual_seed(1)
-    inputs = {b: bench_inputs(b, kv, gen) for b in (64, 32, 16, 1)}
+    inputs = {b: input_sets(b, kv, gen) for b in (64, 32, 16, 1)}
     saved = dict(kernel.TILE_DEFAULTS)
     results = []
     for fam_id, fam in enumerate(FAMILIES):
         for factor in SPLIT_FACTORS:
-            for batch, (q, indices, lengths, sink) in inputs.items():
+            for batch, sets in inputs.items():
                 if time.time() > SWEEP_UNTIL:
                     log("sweep: out of time budget, stopping")
                     kernel.TILE_DEFAULTS.update(saved)
                     return results
                 kernel.TILE_DEFAULTS.update(fam, split_factor=factor)
-                t = kernel.choose_tiles(batch, HEADS, TOPK, q.device)
+                t = kernel.choose_tiles(batch, HEADS, TOPK, kv.device)
                 row = {"family": fam_id, "split_factor": factor, "batch": batch, **asdict(t)}
                 try:
-                    fn = lambda: kernel.mma_sparse_decode(q, kv, indices, lengths, sink, 512**-0.5, t)  # noqa: E731
+                    fn = rotating(lambda *a: kernel.mma_sparse_decode(*a, tiles=t), kv, sets, 512**-0.5)
                     row["us"] = 1e3 * float(triton.testing.do_bench_cudagraph(fn, rep=25, return_mode="median"))
                 except Exception as exc:  # noqa: BLE001 - a tile that does not fit is a result too
                     row["us"] = None
@@ -148,7 +142,7 @@ def pool_scan_one(kernel_name: str, pool_gb: float) -> None:
     """One kernel on one pool size, B = 32 and 64 (a fault kills the CUDA context: one process each)."""
     import triton.testing
 
-    from dsv4opt.optimizations.mma_attn.bench import DIM, bench_inputs
+    from dsv4opt.optimizations.mma_attn.bench import DIM, input_sets, rotating
     from dsv4opt.optimizations.mma_attn.kernel import mma_sparse_decode
     from dsv4opt.workload.attention import sparse_decode_torch
 
@@ -156,11 +150,11 @@ def pool_scan_one(kernel_name: str, pool_gb: float) -> None:
     kv = torch.randn(int(pool_gb * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16)
     gen = torch.Generator(device="cuda").manual_seed(2)
     for batch in (32, 64):
-        q, indices, lengths, sink = bench_inputs(batch, kv, gen)
-        args = (q, kv, indices, lengths, sink, DIM**-0.5)
-        fn(*args)
+        sets = input_sets(batch, kv, gen)
+        call = rotating(fn, kv, sets, DIM**-0.5)
+        call()
         torch.cuda.synchronize()
-        us = 1e3 * triton.testing.do_bench_cudagraph(lambda: fn(*args), rep=50, return_mode="median")
+        us = 1e3 * triton.testing.do_bench_cudagraph(call, rep=50, return_mode="median")
         log(f"pool {pool_gb:5.2f} GB  B={batch:<3} {kernel_name} {us:6.1f} us")
 
 
