@@ -1,6 +1,6 @@
-"""One device call for mma-attn: a sweep of tile families through choose_tiles, then, with the
-best family as the default, the bench (`dsv4opt bench mma-attn`'s code path: full bf16 correctness
-table first, then timing), a CUDA-graph replay check, and a short table printed last.
+"""One device call for mma-attn: a sweep of tile families through choose_tiles (reported, not
+applied), then the bench with the committed tiles (`dsv4opt bench mma-attn`'s code path: the full
+bf16 correctness table first, then timing), a CUDA-graph replay check, and a short table last.
 
     PYTHONPATH=. python3 scripts/gpu_mma_attn.py              # logs and JSON under $OUT (default gpu_out/)
     PYTHONPATH=. python3 scripts/gpu_mma_attn.py --pool-scan  # time against the KV pool's size
@@ -79,13 +79,14 @@ def kernel_resources() -> list[dict]:
     return rows
 
 
-# Round 2 (docs/kernels/mma_attn.md): deeper pipelines of smaller KV tiles (an L2 prefetch of
-# later tiles' rows was tried too, and was slower).
+# Round 2 (docs/kernels/mma_attn.md): the two committed families (kernel.TILE_DEFAULTS and
+# kernel.SMALL_BATCH_TILES) across small B, for the crossover SMALL_BATCH_MAX. Deeper pipelines of
+# 32-row tiles and an L2 prefetch of later tiles' rows were tried in round 2 too, and were slower.
 FAMILIES = [
-    dict(block_k=64, num_warps=8, num_stages=2, block_v=0, reload_v=False),  # round-1 default
-    dict(block_k=32, num_warps=8, num_stages=5, block_v=0, reload_v=False),
+    dict(block_k=64, num_warps=8, num_stages=2, block_v=0, reload_v=False),
     dict(block_k=32, num_warps=4, num_stages=4, block_v=128, reload_v=True),
 ]
+SWEEP_BATCHES = tuple(int(b) for b in os.environ.get("SWEEP_B", "64,32,16,1").split(","))
 SPLIT_FACTORS = tuple(float(f) for f in os.environ.get("SPLIT_FACTORS", "0.5,1.0").split(","))
 
 
@@ -97,8 +98,10 @@ def sweep(kv: torch.Tensor) -> list[dict]:
     from dsv4opt.optimizations.mma_attn.bench import HEADS, TOPK, input_sets, rotating
 
     gen = torch.Generator(device="cuda").manual_seed(1)
-    inputs = {b: input_sets(b, kv, gen) for b in (64, 32, 16, 1)}
+    inputs = {b: input_sets(b, kv, gen) for b in SWEEP_BATCHES}
     saved = dict(kernel.TILE_DEFAULTS)
+    saved_small = kernel.SMALL_BATCH_MAX
+    kernel.SMALL_BATCH_MAX = 0  # every B through the family under test
     results = []
     for fam_id, fam in enumerate(FAMILIES):
         for factor in SPLIT_FACTORS:
@@ -106,6 +109,7 @@ def sweep(kv: torch.Tensor) -> list[dict]:
                 if time.time() > SWEEP_UNTIL:
                     log("sweep: out of time budget, stopping")
                     kernel.TILE_DEFAULTS.update(saved)
+                    kernel.SMALL_BATCH_MAX = saved_small
                     return results
                 kernel.TILE_DEFAULTS.update(fam, split_factor=factor)
                 t = kernel.choose_tiles(batch, HEADS, TOPK, kv.device)
@@ -119,6 +123,7 @@ def sweep(kv: torch.Tensor) -> list[dict]:
                 log("sweep", json.dumps(row))
                 results.append(row)
     kernel.TILE_DEFAULTS.update(saved)
+    kernel.SMALL_BATCH_MAX = saved_small
     return results
 
 
@@ -131,7 +136,7 @@ def best_family(rows: list[dict]):
     for fam_id in range(len(FAMILIES)):
         for factor in SPLIT_FACTORS:
             ts = [r["us"] for r in rows if r["family"] == fam_id and r["split_factor"] == factor]
-            if len(ts) == 4 and all(t is not None for t in ts) and not FAMILIES[fam_id]["block_v"]:
+            if len(ts) == len(SWEEP_BATCHES) and all(t is not None for t in ts) and not FAMILIES[fam_id]["block_v"]:
                 scores[(fam_id, factor)] = sum(math.log(t) for t in ts)
     if not scores:
         return None
@@ -193,8 +198,9 @@ def main() -> int:
     (OUT / "sweep.json").write_text(json.dumps(rows, indent=1))
     best = best_family(rows)
     if best is not None:
-        kernel.TILE_DEFAULTS.update(FAMILIES[best[0]], split_factor=best[1])
-    log(f"[{time.time() - START:5.0f} s] tile defaults for the bench: {kernel.TILE_DEFAULTS}")
+        log(f"sweep: best whole-width family over all B: {FAMILIES[best[0]]} x{best[1]} (not applied)")
+    log(f"[{time.time() - START:5.0f} s] the bench runs the committed tiles: {kernel.TILE_DEFAULTS}, "
+        f"B <= {kernel.SMALL_BATCH_MAX}: {kernel.SMALL_BATCH_TILES}")
 
     console = Console(width=220, record=True)
     result = None
@@ -204,7 +210,9 @@ def main() -> int:
             log(f"check {c['case']:<34} o {c['rel_err_o']:.2e} lse {c['rel_err_lse']:.2e} "
                 f"baseline {c['baseline_rel_err_o']:.2e} vs-baseline {c['rel_diff_vs_baseline']:.2e} "
                 f"nonfinite {c['nonfinite']} {'ok' if c['passed'] else 'FAIL'}")
-        (OUT / "bench.json").write_text(json.dumps({**result.as_json(), "tile_defaults": kernel.TILE_DEFAULTS}, indent=1))
+        (OUT / "bench.json").write_text(json.dumps({**result.as_json(), "tile_defaults": kernel.TILE_DEFAULTS,
+                                                    "small_batch_tiles": kernel.SMALL_BATCH_TILES,
+                                                    "small_batch_max": kernel.SMALL_BATCH_MAX}, indent=1))
     except Exception:  # noqa: BLE001 - keep going and report
         log(traceback.format_exc())
     try:

@@ -64,11 +64,21 @@ def test_choose_tiles_fills_the_gpu_then_stops_splitting():
     cpu = torch.device("cpu")  # counts 132 SMs, the H200's
     for batch in (1, 3, 16, 32, 64, 256):
         t = kernel.choose_tiles(batch, 64, 640, cpu)
+        value_slices = 512 // t.block_v if t.block_v else 1
         assert t.block_h == 64
         assert 1 <= t.nsplit <= -(-640 // t.block_k)
-        assert batch * t.nsplit <= 2 * 132 or t.nsplit == 1
+        assert batch * value_slices * t.nsplit <= 2 * 132 or t.nsplit == 1
     assert kernel.choose_tiles(256, 64, 640, cpu).nsplit == 1
     assert kernel.choose_tiles(1, 8, 640, cpu).block_h == 16
+
+
+def test_choose_tiles_splits_the_value_columns_only_at_small_batch():
+    cpu = torch.device("cpu")
+    assert kernel.choose_tiles(kernel.SMALL_BATCH_MAX, 64, 640, cpu).block_v == kernel.SMALL_BATCH_TILES["block_v"]
+    for batch in (kernel.SMALL_BATCH_MAX + 1, 16, 64):
+        assert kernel.choose_tiles(batch, 64, 640, cpu).block_v == 0
+    # a latent narrower than the value slice keeps its whole width
+    assert kernel.choose_tiles(1, 64, 640, cpu, dim=64).block_v == 0
 
 
 @on_cpu
@@ -137,3 +147,16 @@ def test_cpu_tensors_without_interpreter_are_refused(monkeypatch):
     x = make_inputs(SMALL, "cpu", torch.float16)
     with pytest.raises(DsvOptError, match="runs on a CUDA GPU"):
         kernel.mma_sparse_decode(*x.args())
+
+
+def test_bench_rotation_spans_several_l2s_of_rows():
+    from dsv4opt.optimizations.mma_attn.bench import DIM, L2_SPAN, MAX_SETS, TOPK, sets_needed
+
+    l2 = 50 * 2**20  # the H200's L2
+    for batch in (1, 16, 32, 64):
+        per_call = batch * TOPK * DIM * 2
+        n = sets_needed(per_call, l2)
+        assert n >= 2
+        assert n * per_call >= L2_SPAN * l2 or n == MAX_SETS
+    # one B = 32 call selects 21 MB: a replay of the same indices would find them all in L2
+    assert sets_needed(32 * TOPK * DIM * 2, l2) >= 8

@@ -109,12 +109,16 @@ def bench_inputs(batch: int, kv: torch.Tensor, gen: torch.Generator):
     return q, indices, lengths, sink
 
 
+def sets_needed(per_call_bytes: int, l2_bytes: int) -> int:
+    """How many input sets a rotation needs so that together they select L2_SPAN L2s of rows."""
+    return min(MAX_SETS, max(2, math.ceil(L2_SPAN * l2_bytes / per_call_bytes)))
+
+
 def input_sets(batch: int, kv: torch.Tensor, gen: torch.Generator) -> list[tuple]:
     """Independent input sets that together select L2_SPAN times the L2's size in KV rows."""
     per_call = batch * TOPK * DIM * kv.element_size()
     l2_bytes = torch.cuda.get_device_properties(kv.device).L2_cache_size
-    count = min(MAX_SETS, max(2, math.ceil(L2_SPAN * l2_bytes / per_call)))
-    sets = [bench_inputs(batch, kv, gen) for _ in range(count)]
+    sets = [bench_inputs(batch, kv, gen) for _ in range(sets_needed(per_call, l2_bytes))]
     # do_bench_cudagraph runs on a stream of its own, with no wait on this one: without this the
     # first calls can read indices that randperm has not written yet, and gather past the pool.
     torch.cuda.synchronize()

@@ -167,8 +167,12 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Tile family measured best on the H200 (docs/kernels/mma_attn.md); scripts/gpu_mma_attn.py sweeps it.
+# Tile families measured best on the H200 (docs/kernels/mma_attn.md); scripts/gpu_mma_attn.py
+# sweeps them. From B = 16 up the whole-width family wins; at small B, splitting the value columns
+# over programs gives a tiny problem four times the programs (QK is recomputed per slice).
 TILE_DEFAULTS = {"block_k": 64, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "split_factor": 1.0}
+SMALL_BATCH_TILES = {"block_k": 32, "num_warps": 4, "num_stages": 4, "block_v": 128, "reload_v": True, "split_factor": 1.0}
+SMALL_BATCH_MAX = 4
 # Two masked loads per tile (separate nope and rope) double the staging buffers: 64-row tiles
 # then need 262 KB of shared memory, past the H200's 227 KB.
 _SPLIT_KV_MAX_BLOCK_K = 32
@@ -177,7 +181,7 @@ _SPLIT_KV_MAX_BLOCK_K = 32
 def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: int = 512) -> Tiles:
     """Tiles from B, H and K: 64-head tiles (Hopper's MMA wants 64 rows), then split the selected
     slots until about `split_factor` programs per SM; at large B a single pass needs no partials."""
-    d = TILE_DEFAULTS
+    d = SMALL_BATCH_TILES if batch <= SMALL_BATCH_MAX else TILE_DEFAULTS
     block_h = min(64, max(16, triton.next_power_of_2(heads)))
     d_p = triton.next_power_of_2(dim)
     block_v = d["block_v"] if d["block_v"] and d_p % d["block_v"] == 0 else 0
