@@ -66,6 +66,58 @@ def _ablated_kernel(
 
 
 @triton.jit
+def _register_prefetch_kernel(
+    p_q, p_kv, p_idx, p_len, p_o_part, p_lse_part, stride_qb, stride_kv, stride_ib, H, qk_scale_log2,
+    K: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr, D: tl.constexpr,
+    BH: tl.constexpr, BK: tl.constexpr, EARLY: tl.constexpr,
+):
+    """The main kernel with the next tile gathered into registers by plain loads, issued before
+    (EARLY) or after this tile's QK product, instead of by the pipeliner's cp.async at the end of
+    the iteration; num_stages 1. Same partials as the production kernel."""
+    i_b = tl.program_id(0)
+    i_s = tl.program_id(2)
+    o_h = tl.arange(0, BH)
+    o_d = tl.arange(0, D)
+    b_q = tl.load(p_q + i_b * stride_qb + o_h[:, None] * D + o_d[None, :])
+    n_used = tl.load(p_len + i_b)
+    p_idx_b = p_idx + i_b * stride_ib
+    end = tl.minimum(i_s * CHUNK + CHUNK, tl.minimum(n_used, K))
+    b_m = tl.full([BH], -1.0e30, tl.float32)
+    b_l = tl.zeros([BH], tl.float32)
+    b_acc = tl.zeros([BH, D], tl.float32)
+    o_k = i_s * CHUNK + tl.arange(0, BK)
+    b_idx = tl.load(p_idx_b + o_k, mask=o_k < end, other=-1)
+    row = tl.where(b_idx >= 0, b_idx, 0).to(tl.int64)
+    b_kv = tl.load(p_kv + row[:, None] * stride_kv + o_d[None, :], mask=(b_idx >= 0)[:, None], other=0.0)
+    o_k1 = o_k + BK
+    b_idx1 = tl.load(p_idx_b + o_k1, mask=o_k1 < end, other=-1)
+    for k0 in range(0, CHUNK, BK):
+        m_row = b_idx >= 0
+        row1 = tl.where(b_idx1 >= 0, b_idx1, 0).to(tl.int64)
+        if EARLY:
+            b_kv1 = tl.load(p_kv + row1[:, None] * stride_kv + o_d[None, :], mask=(b_idx1 >= 0)[:, None], other=0.0)
+        b_s = tl.dot(b_q, tl.trans(b_kv)) * qk_scale_log2
+        if not EARLY:
+            b_kv1 = tl.load(p_kv + row1[:, None] * stride_kv + o_d[None, :], mask=(b_idx1 >= 0)[:, None], other=0.0)
+        o_k2 = i_s * CHUNK + k0 + 2 * BK + tl.arange(0, BK)
+        b_idx2 = tl.load(p_idx_b + o_k2, mask=o_k2 < end, other=-1)
+        b_s = tl.where(m_row[None, :], b_s, float("-inf"))
+        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
+        b_alpha = tl.exp2(b_m - b_m_new)
+        b_p = tl.exp2(b_s - b_m_new[:, None])
+        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+        b_acc = tl.dot(b_p.to(b_kv.dtype), b_kv, acc=b_acc * b_alpha[:, None])
+        b_m = b_m_new
+        b_kv = b_kv1
+        b_idx = b_idx1
+        b_idx1 = b_idx2
+    row_part = (i_b * NSPLIT + i_s).to(tl.int64) * H + o_h
+    m_any = b_l > 0
+    tl.store(p_o_part + row_part[:, None] * D + o_d[None, :], b_acc / tl.where(m_any, b_l, 1.0)[:, None])
+    tl.store(p_lse_part + row_part, tl.where(m_any, b_m + tl.log2(tl.where(m_any, b_l, 1.0)), float("-inf")))
+
+
+@triton.jit
 def _gather_rows_kernel(p_kv, p_idx, p_out, stride_kv, D: tl.constexpr, ROWS: tl.constexpr):
     """Read ROWS selected latent rows and write one sum per row: the gather alone, at high occupancy."""
     o_r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -142,8 +194,65 @@ def split_costs(kv: torch.Tensor, gen: torch.Generator) -> None:
         print(f"{batch:>3} {nsplit:>6} {times[0]:8.1f} {times[1]:10.1f} {times[2]:8.1f}", flush=True)
 
 
+def register_prefetch(kv: torch.Tensor, gen: torch.Generator) -> None:
+    """The register-prefetch variants against the production main kernel, both alone (no combine)."""
+    from dsv4opt.optimizations.mma_attn import kernel as k
+
+    print(f"{'B':>3} {'variant':<32} {'us':>7}")
+    for batch in (32, 64):
+        sets = input_sets(batch, kv, gen)
+        t = k.choose_tiles(batch, HEADS, TOPK, kv.device, DIM)
+        for name, block_k, early in (("production main kernel", t.block_k, None),
+                                     ("register prefetch, BK 32, early", 32, True),
+                                     ("register prefetch, BK 32, after QK", 32, False)):
+            chunk = triton.cdiv(triton.cdiv(TOPK, t.nsplit), block_k) * block_k
+            nsplit = triton.cdiv(TOPK, chunk)
+            o_part = torch.empty(batch, nsplit, HEADS, DIM, device="cuda", dtype=torch.float32)
+            lse_part = torch.empty(batch, nsplit, HEADS, device="cuda", dtype=torch.float32)
+            o = torch.empty(batch, HEADS, DIM, device="cuda", dtype=kv.dtype)
+            lse = torch.empty(batch, HEADS, device="cuda", dtype=torch.float32)
+            cycle = itertools.cycle(sets)
+
+            def launch(cycle=cycle, chunk=chunk, nsplit=nsplit, block_k=block_k, early=early,
+                       o_part=o_part, lse_part=lse_part, o=o, lse=lse):
+                q, indices, lengths, sink = next(cycle)
+                if early is None:
+                    k._mma_sparse_decode_kernel[(batch, 1, nsplit)](
+                        q, kv, kv, indices, lengths, sink, o, lse, o_part, lse_part,
+                        q.stride(0), q.stride(1), kv.stride(0), kv.stride(0), indices.stride(0), o.stride(0),
+                        o.stride(1), HEADS, 0.06, K=TOPK, CHUNK=chunk, NSPLIT=nsplit, DN=DIM, DR=0, D_P=DIM,
+                        ROPE_FOLLOWS_NOPE=True, BH=64, BK=block_k, BV=DIM, RELOAD_V=False,
+                        num_warps=t.num_warps, num_stages=t.num_stages)
+                else:
+                    _register_prefetch_kernel[(batch, 1, nsplit)](
+                        q, kv, indices, lengths, o_part, lse_part, q.stride(0), kv.stride(0), indices.stride(0),
+                        HEADS, 0.06, K=TOPK, CHUNK=chunk, NSPLIT=nsplit, D=DIM, BH=64, BK=block_k, EARLY=early,
+                        num_warps=8, num_stages=1)
+
+            launch()
+            us = 1e3 * triton.testing.do_bench_cudagraph(launch, rep=50, return_mode="median")
+            # same chunks as the production kernel (B = 64): the partials must agree
+            launch(cycle=itertools.cycle(sets[:1]))
+            torch.cuda.synchronize()
+            if early is None:
+                reference = (chunk, o_part.clone())
+                agree = ""
+            elif reference[0] == chunk:
+                err = ((o_part - reference[1]).abs().max() / reference[1].abs().max()).item()
+                agree = f"  partials vs production: max rel {err:.1e}"
+            else:
+                agree = "  (other chunks than production: partials not compared)"
+            print(f"{batch:>3} {name:<32} {us:7.1f}  (nsplit {nsplit}){agree}", flush=True)
+
+
 def main() -> None:
     import sys
+
+    if "--register-prefetch" in sys.argv:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+        register_prefetch(kv, gen)
+        return
 
     if "--split" in sys.argv:
         gen = torch.Generator(device="cuda").manual_seed(0)
