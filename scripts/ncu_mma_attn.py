@@ -1,4 +1,6 @@
 """Launch the mma-attn kernels a few times on the bench's inputs, for Nsight Compute to profile.
+Each launch takes the next of the bench's rotating input sets, so the profiled one reads rows that
+are not in L2.
 
     ncu --clock-control none -k regex:_mma_sparse_decode_kernel --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section SourceCounters ... python3 scripts/ncu_mma_attn.py 64
@@ -10,7 +12,7 @@ import sys
 
 import torch
 
-from dsv4opt.optimizations.mma_attn.bench import DIM, POOL_GB, bench_inputs
+from dsv4opt.optimizations.mma_attn.bench import DIM, POOL_GB, input_sets
 from dsv4opt.optimizations.mma_attn.kernel import mma_sparse_decode
 
 
@@ -18,8 +20,9 @@ def main() -> int:
     batch = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     gen = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-    q, indices, lengths, sink = bench_inputs(batch, kv, gen)
-    for _ in range(4):
+    sets = input_sets(batch, kv, gen)
+    for i in range(4):
+        q, indices, lengths, sink = sets[i % len(sets)]
         mma_sparse_decode(q, kv, indices, lengths, sink, DIM**-0.5)
     torch.cuda.synchronize()
     return 0
