@@ -152,7 +152,7 @@ def test_cpu_tensors_without_interpreter_are_refused(monkeypatch):
 def test_bench_rotation_spans_several_l2s_of_rows():
     from dsv4opt.optimizations.mma_attn.bench import DIM, L2_SPAN, MAX_SETS, TOPK, sets_needed
 
-    l2 = 50 * 2**20  # the H200's L2
+    l2 = 50 * 2**20  # an H100-class L2
     for batch in (1, 16, 32, 64):
         per_call = batch * TOPK * DIM * 2
         n = sets_needed(per_call, l2)

@@ -4,7 +4,7 @@ Runs the correctness gate first; when it fails, nothing is timed and no speed-up
 Times are medians of CUDA-graph replays; the KV pool is much larger than L2, each request selects
 distinct random rows, and consecutive calls cycle through enough independent input sets that what
 one call reads is out of L2 by the time the set comes round again (a replay of the same indices
-would otherwise find a B = 32 call's 21 MB of rows still in the 50 MB L2).
+would otherwise find a B = 32 call's 21 MB of rows still in L2).
 """
 
 from __future__ import annotations
