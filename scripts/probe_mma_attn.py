@@ -204,7 +204,9 @@ def register_prefetch(kv: torch.Tensor, gen: torch.Generator) -> None:
         t = k.choose_tiles(batch, HEADS, TOPK, kv.device, DIM)
         for name, block_k, early in (("production main kernel", t.block_k, None),
                                      ("register prefetch, BK 32, early", 32, True),
-                                     ("register prefetch, BK 32, after QK", 32, False)):
+                                     ("register prefetch, BK 32, after QK", 32, False),
+                                     ("register prefetch, BK 64, early", 64, True),
+                                     ("register prefetch, BK 64, after QK", 64, False)):
             chunk = triton.cdiv(triton.cdiv(TOPK, t.nsplit), block_k) * block_k
             nsplit = triton.cdiv(TOPK, chunk)
             o_part = torch.empty(batch, nsplit, HEADS, DIM, device="cuda", dtype=torch.float32)
