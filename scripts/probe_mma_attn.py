@@ -247,8 +247,75 @@ def register_prefetch(kv: torch.Tensor, gen: torch.Generator) -> None:
             print(f"{batch:>3} {name:<32} {us:7.1f}  (nsplit {nsplit}){agree}", flush=True)
 
 
+def gluon_variant(kv: torch.Tensor, gen: torch.Generator) -> None:
+    """scripts/gluon_mma_attn.py against the production kernels: same partials (checked against
+    the production main kernel's and, through the combine, against the float64 reference), then
+    times with the bench's rotating inputs."""
+    import importlib.util
+    from pathlib import Path
+
+    from dsv4opt.numerics import error_report
+    from dsv4opt.optimizations.mma_attn import kernel as k
+    from dsv4opt.workload.attention import sparse_attention_ref
+
+    spec = importlib.util.spec_from_file_location("gluon_mma_attn", Path(__file__).with_name("gluon_mma_attn.py"))
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    print(f"{'B':>3} {'main us':>8} {'gluon main us':>13} {'full us':>8} {'gluon+combine us':>16}  check")
+    for batch in (16, 32, 64):
+        sets = input_sets(batch, kv, gen)
+        t = k.choose_tiles(batch, HEADS, TOPK, kv.device, DIM)
+        chunk = triton.cdiv(triton.cdiv(TOPK, t.nsplit), t.block_k) * t.block_k
+        nsplit = triton.cdiv(TOPK, chunk)
+        shape = (batch, nsplit, HEADS)
+        bufs = {name: (torch.empty(*shape, DIM, device="cuda"), torch.empty(*shape, device="cuda")) for name in ("prod", "gluon")}
+        o = torch.empty(batch, HEADS, DIM, device="cuda", dtype=kv.dtype)
+        lse = torch.empty(batch, HEADS, device="cuda", dtype=torch.float32)
+
+        def prod_main(q, indices, lengths, sink):
+            k._mma_sparse_decode_kernel[(batch, 1, nsplit)](
+                q, kv, kv, indices, lengths, sink, o, lse, *bufs["prod"],
+                q.stride(0), q.stride(1), kv.stride(0), kv.stride(0), indices.stride(0), o.stride(0), o.stride(1),
+                HEADS, DIM**-0.5 * 1.4426950408889634, K=TOPK, CHUNK=chunk, NSPLIT=nsplit, DN=DIM, DR=0, D_P=DIM,
+                ROPE_FOLLOWS_NOPE=True, BH=64, BK=t.block_k, BV=DIM, RELOAD_V=False,
+                num_warps=t.num_warps, num_stages=t.num_stages)
+
+        def gluon_main(q, indices, lengths, sink):
+            g.launch(q, kv, indices, lengths, *bufs["gluon"], chunk=chunk, nsplit=nsplit, block_k=t.block_k)
+
+        def gluon_full(q, indices, lengths, sink):
+            gluon_main(q, indices, lengths, sink)
+            k._attn_combine_splits_kernel[(batch, HEADS)](
+                *bufs["gluon"], sink, o, lse, o.stride(0), o.stride(1), HEADS,
+                NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=DIM, D_P=DIM, num_warps=4)
+            return o, lse
+
+        q, indices, lengths, sink = sets[0]
+        prod_main(q, indices, lengths, sink)
+        gluon_main(q, indices, lengths, sink)
+        torch.cuda.synchronize()
+        part = error_report(bufs["gluon"][0], bufs["prod"][0])
+        go, glse = gluon_full(q, indices, lengths, sink)
+        ref_o, ref_lse = sparse_attention_ref(q, kv, indices, lengths, sink, DIM**-0.5)
+        full = error_report(go.float(), ref_o)
+        check = f"partials vs production {part}; o vs float64 {full}; lse vs float64 {error_report(glse, ref_lse)}"
+        times = []
+        for fn in (prod_main, gluon_main, lambda *a: k.mma_sparse_decode(a[0], kv, a[1], a[2], a[3], DIM**-0.5), gluon_full):
+            cycle = itertools.cycle(sets)
+            call = lambda fn=fn, cycle=cycle: fn(*next(cycle))  # noqa: E731
+            call()
+            times.append(1e3 * triton.testing.do_bench_cudagraph(call, rep=50, return_mode="median"))
+        print(f"{batch:>3} {times[0]:8.1f} {times[1]:13.1f} {times[2]:8.1f} {times[3]:16.1f}  {check}", flush=True)
+
+
 def main() -> None:
     import sys
+
+    if "--gluon" in sys.argv:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+        gluon_variant(kv, gen)
+        return
 
     if "--register-prefetch" in sys.argv:
         gen = torch.Generator(device="cuda").manual_seed(0)

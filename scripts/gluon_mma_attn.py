@@ -1,0 +1,104 @@
+"""Experiment: the mma-attn main loop in Gluon (Triton's lower-level dialect), with explicit cp.async
+gathers two tiles ahead into two buffers: the next tile is in flight during a whole iteration of
+compute, which Triton's pipeliner does not arrange. Writes the same fp32 partials as the production
+main kernel (same chunks); the production combine kernel merges them. GPU only (no interpreter).
+"""
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, fence_async_shared
+
+
+@gluon.jit
+def _issue_tile(kv_buf, p_kv, p_idx_b, start, end, stride_kv, t,
+                BK: gl.constexpr, D: gl.constexpr, LOAD: gl.constexpr):
+    """cp.async the rows of tile t (slots start + t*BK ...) into kv_buf; one commit group."""
+    o_k = start + t * BK + gl.arange(0, BK, layout=gl.SliceLayout(1, LOAD))
+    m_k = o_k < end
+    b_idx = gl.load(p_idx_b + o_k, mask=m_k, other=-1)
+    m_row = b_idx >= 0
+    row = gl.where(m_row, b_idx, 0).to(gl.int64)
+    o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
+    ptrs = p_kv + row[:, None] * stride_kv + o_d[None, :]
+    cp.async_copy_global_to_shared(kv_buf, ptrs, mask=m_row[:, None] & (o_d[None, :] < D))
+    cp.commit_group()
+
+
+@gluon.jit
+def gluon_sparse_decode_kernel(
+    p_q, p_kv, p_idx, p_len, p_o_part, p_lse_part,
+    stride_qb, stride_kv, stride_ib, H, qk_scale_log2,
+    K: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr, D: gl.constexpr,
+    BH: gl.constexpr, BK: gl.constexpr,
+):
+    gl.static_assert(gl.num_warps() == 8)
+    LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    P_DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
+    SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    SMEM3: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+
+    i_b = gl.program_id(0)
+    i_s = gl.program_id(2)
+    n_used = gl.load(p_len + i_b)
+    start = i_s * CHUNK
+    end = gl.minimum(start + CHUNK, gl.minimum(n_used, K))
+    p_idx_b = p_idx + i_b * stride_ib
+
+    kv_smem = gl.allocate_shared_memory(p_kv.dtype.element_ty, [2, BK, D], SMEM)
+    N_TILES: gl.constexpr = CHUNK // BK
+    _issue_tile(kv_smem.index(0), p_kv, p_idx_b, start, end, stride_kv, 0, BK, D, LOAD)
+    _issue_tile(kv_smem.index(1), p_kv, p_idx_b, start, end, stride_kv, 1, BK, D, LOAD)
+
+    o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, LOAD))
+    o_dq = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
+    b_q = gl.load(p_q + i_b * stride_qb + o_h[:, None] * D + o_dq[None, :])
+    q_smem = gl.allocate_shared_memory(p_q.dtype.element_ty, [BH, D], SMEM, b_q)
+
+    b_m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, S_MMA))
+    b_l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_MMA))
+    b_acc = gl.zeros([BH, D], gl.float32, layout=O_MMA)
+    s_zero = gl.zeros([BH, BK], gl.float32, layout=S_MMA)
+    for t in range(N_TILES):
+        slot = t % 2
+        cp.wait_group(1)  # tile t landed (tile t + 1 may still be in flight)
+        gl.thread_barrier()
+        fence_async_shared()
+        kv_t = kv_smem.index(slot)
+        b_s = warpgroup_mma(q_smem, kv_t.permute((1, 0)), s_zero, use_acc=False)
+        o_k = start + t * BK + gl.arange(0, BK, layout=gl.SliceLayout(0, S_MMA))
+        b_idx = gl.load(p_idx_b + o_k, mask=o_k < end, other=-1)
+        b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
+        b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
+        b_alpha = gl.exp2(b_m - b_m_new)
+        b_p = gl.exp2(b_s - b_m_new[:, None])
+        b_l = b_l * b_alpha + gl.sum(b_p, axis=1)
+        b_m = b_m_new
+        b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
+        p_dot = gl.convert_layout(b_p.to(p_q.dtype.element_ty), P_DOT)
+        b_acc = warpgroup_mma(p_dot, kv_t, b_acc * b_alpha_o[:, None])
+        gl.thread_barrier()  # both warpgroups are done with this buffer
+        _issue_tile(kv_t, p_kv, p_idx_b, start, end, stride_kv, t + 2, BK, D, LOAD)
+    cp.wait_group(0)
+
+    m_any = b_l > 0
+    b_lse2 = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))
+    inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
+    b_o = b_acc * inv[:, None]
+    o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
+    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
+    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
+    gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
+    o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
+    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
+
+
+def launch(q, kv, indices, lengths, o_part, lse_part, chunk: int, nsplit: int, block_k: int = 64):
+    B, H, D = q.shape
+    gluon_sparse_decode_kernel[(B, 1, nsplit)](
+        q, kv, indices, lengths, o_part, lse_part, q.stride(0), kv.stride(0), indices.stride(0), H,
+        (D**-0.5) * 1.4426950408889634, K=indices.shape[1], CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=block_k,
+        num_warps=8,
+    )
