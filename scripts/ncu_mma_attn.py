@@ -4,6 +4,7 @@ are not in L2.
 
     ncu --clock-control none -k regex:_mma_sparse_decode_kernel --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section SourceCounters ... python3 scripts/ncu_mma_attn.py 64
+    ... -k regex:gluon_sparse_decode ... python3 scripts/ncu_mma_attn.py 64 --gluon   # the Gluon experiment
 """
 
 from __future__ import annotations
@@ -18,12 +19,34 @@ from dsv4opt.optimizations.mma_attn.kernel import mma_sparse_decode
 
 def main() -> int:
     batch = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+    if "--gluon" in sys.argv:
+        import importlib.util
+        from pathlib import Path
+
+        import triton
+
+        from dsv4opt.optimizations.mma_attn.bench import HEADS, TOPK
+        from dsv4opt.optimizations.mma_attn.kernel import choose_tiles
+
+        spec = importlib.util.spec_from_file_location("gluon_mma_attn", Path(__file__).with_name("gluon_mma_attn.py"))
+        g = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(g)
+        t = choose_tiles(batch, HEADS, TOPK, torch.device("cuda"), DIM)
+        chunk = triton.cdiv(triton.cdiv(TOPK, t.nsplit), t.block_k) * t.block_k
+        nsplit = triton.cdiv(TOPK, chunk)
+        o_part = torch.empty(batch, nsplit, HEADS, DIM, device="cuda")
+        lse_part = torch.empty(batch, nsplit, HEADS, device="cuda")
+
+        def run(q, kv, indices, lengths, sink, scale):
+            g.launch(q, kv, indices, lengths, o_part, lse_part, chunk=chunk, nsplit=nsplit, block_k=t.block_k)
+    else:
+        run = mma_sparse_decode
     gen = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
     sets = input_sets(batch, kv, gen)
     for i in range(4):
         q, indices, lengths, sink = sets[i % len(sets)]
-        mma_sparse_decode(q, kv, indices, lengths, sink, DIM**-0.5)
+        run(q, kv, indices, lengths, sink, DIM**-0.5)
     torch.cuda.synchronize()
     return 0
 
