@@ -11,12 +11,9 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, fenc
 
 
 @gluon.jit
-def _issue_tile(kv_buf, p_kv, p_idx_b, start, end, stride_kv, t,
-                BK: gl.constexpr, D: gl.constexpr, LOAD: gl.constexpr):
-    """cp.async the rows of tile t (slots start + t*BK ...) into kv_buf; one commit group."""
-    o_k = start + t * BK + gl.arange(0, BK, layout=gl.SliceLayout(1, LOAD))
-    m_k = o_k < end
-    b_idx = gl.load(p_idx_b + o_k, mask=m_k, other=-1)
+def _issue_tile(kv_buf, p_kv, idx_smem, stride_kv, t, D: gl.constexpr, LOAD: gl.constexpr):
+    """cp.async the rows of tile t (indices from shared memory) into kv_buf; one commit group."""
+    b_idx = idx_smem.index(t).load(gl.SliceLayout(1, LOAD))
     m_row = b_idx >= 0
     row = gl.where(m_row, b_idx, 0).to(gl.int64)
     o_d = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
@@ -47,10 +44,20 @@ def gluon_sparse_decode_kernel(
     end = gl.minimum(start + CHUNK, gl.minimum(n_used, K))
     p_idx_b = p_idx + i_b * stride_ib
 
-    kv_smem = gl.allocate_shared_memory(p_kv.dtype.element_ty, [2, BK, D], SMEM)
+    # Every index of the chunk, once, into shared memory (-1 past the chunk's used slots): the
+    # gathers' addresses and the score masks then never wait on a global load.
     N_TILES: gl.constexpr = CHUNK // BK
-    _issue_tile(kv_smem.index(0), p_kv, p_idx_b, start, end, stride_kv, 0, BK, D, LOAD)
-    _issue_tile(kv_smem.index(1), p_kv, p_idx_b, start, end, stride_kv, 1, BK, D, LOAD)
+    IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + 2)  # two tiles of run-out past the end
+    IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
+    IDX_S: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    o_k = start + gl.arange(0, IDX_ROWS * BK, layout=IDX_L)
+    b_idx_all = gl.load(p_idx_b + o_k, mask=o_k < end, other=-1)
+    idx_flat = gl.allocate_shared_memory(gl.int32, [IDX_ROWS * BK], IDX_S, b_idx_all)
+    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_S)  # row t: tile t's indices
+    gl.thread_barrier()
+    kv_smem = gl.allocate_shared_memory(p_kv.dtype.element_ty, [2, BK, D], SMEM)
+    _issue_tile(kv_smem.index(0), p_kv, idx_smem, stride_kv, 0, D, LOAD)
+    _issue_tile(kv_smem.index(1), p_kv, idx_smem, stride_kv, 1, D, LOAD)
 
     o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, LOAD))
     o_dq = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
@@ -68,8 +75,7 @@ def gluon_sparse_decode_kernel(
         fence_async_shared()
         kv_t = kv_smem.index(slot)
         b_s = warpgroup_mma(q_smem, kv_t.permute((1, 0)), s_zero, use_acc=False)
-        o_k = start + t * BK + gl.arange(0, BK, layout=gl.SliceLayout(0, S_MMA))
-        b_idx = gl.load(p_idx_b + o_k, mask=o_k < end, other=-1)
+        b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))
         b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
         b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
         b_alpha = gl.exp2(b_m - b_m_new)
@@ -80,7 +86,7 @@ def gluon_sparse_decode_kernel(
         p_dot = gl.convert_layout(b_p.to(p_q.dtype.element_ty), P_DOT)
         b_acc = warpgroup_mma(p_dot, kv_t, b_acc * b_alpha_o[:, None])
         gl.thread_barrier()  # both warpgroups are done with this buffer
-        _issue_tile(kv_t, p_kv, p_idx_b, start, end, stride_kv, t + 2, BK, D, LOAD)
+        _issue_tile(kv_t, p_kv, idx_smem, stride_kv, t + 2, D, LOAD)
     cp.wait_group(0)
 
     m_any = b_l > 0
