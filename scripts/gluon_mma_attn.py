@@ -101,10 +101,11 @@ def gluon_sparse_decode_kernel(
     gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
 
 
-def launch(q, kv, indices, lengths, o_part, lse_part, chunk: int, nsplit: int, block_k: int = 64):
+def launch(q, kv, indices, lengths, o_part, lse_part, chunk: int, nsplit: int, block_k: int = 64, scale=None):
     B, H, D = q.shape
+    scale = D**-0.5 if scale is None else scale
     gluon_sparse_decode_kernel[(B, 1, nsplit)](
         q, kv, indices, lengths, o_part, lse_part, q.stride(0), kv.stride(0), indices.stride(0), H,
-        (D**-0.5) * 1.4426950408889634, K=indices.shape[1], CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=block_k,
+        scale * 1.4426950408889634, K=indices.shape[1], CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=block_k,
         num_warps=8,
     )

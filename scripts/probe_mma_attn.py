@@ -308,8 +308,60 @@ def gluon_variant(kv: torch.Tensor, gen: torch.Generator) -> None:
         print(f"{batch:>3} {times[0]:8.1f} {times[1]:13.1f} {times[2]:8.1f} {times[3]:16.1f}  {check}", flush=True)
 
 
+def gluon_gate() -> None:
+    """The Gluon experiment through the correctness gate's GPU table (every case with contiguous
+    latent rows; the split nope/rope layout is not implemented there): Gluon main kernel plus the
+    production combine, NaN-poisoned outputs, against the float64 reference at the gate's tolerance."""
+    import importlib.util
+    from pathlib import Path
+
+    from dsv4opt.numerics import error_report
+    from dsv4opt.optimizations.mma_attn import kernel as k
+    from dsv4opt.optimizations.mma_attn.cases import gpu_cases, make_inputs
+    from dsv4opt.optimizations.mma_attn.check import REL_TOL
+    from dsv4opt.workload.attention import sparse_attention_ref
+
+    spec = importlib.util.spec_from_file_location("gluon_mma_attn", Path(__file__).with_name("gluon_mma_attn.py"))
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    k.SMALL_BATCH_MAX = 0  # the experiment has whole-width 64-row tiles only
+    worst, failed, ran = 0.0, [], 0
+    for case in gpu_cases():
+        if case.split_kv:
+            continue
+        x = make_inputs(case, "cuda", torch.bfloat16, seed=0)
+        B, H, D = x.q.shape
+        t = k.choose_tiles(B, H, x.indices.shape[1], x.q.device, D)
+        chunk = triton.cdiv(triton.cdiv(x.indices.shape[1], t.nsplit), t.block_k) * t.block_k
+        nsplit = triton.cdiv(x.indices.shape[1], chunk)
+        nan = float("nan")
+        o_part = torch.full((B, nsplit, H, D), nan, device="cuda")
+        lse_part = torch.full((B, nsplit, H), nan, device="cuda")
+        o = torch.full_like(x.q, nan)
+        lse = torch.full((B, H), nan, device="cuda")
+        g.launch(x.q, x.kv, x.indices, x.lengths, o_part, lse_part, chunk=chunk, nsplit=nsplit, block_k=t.block_k,
+                 scale=x.scale)
+        k._attn_combine_splits_kernel[(B, H)](
+            o_part, lse_part, x.sink, o, lse, o.stride(0), o.stride(1), H,
+            NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=D, D_P=triton.next_power_of_2(D), num_warps=4)
+        ref_o, ref_lse = sparse_attention_ref(*x.args())
+        eo, el = error_report(o, ref_o), error_report(lse, ref_lse)
+        ok = eo.ok(REL_TOL) and el.ok(REL_TOL)
+        ran += 1
+        worst = max(worst, eo.rel)
+        if not ok:
+            failed.append(case.name)
+        print(f"{case.name:<28} o {eo.rel:.2e} lse {el.rel:.2e} nonfinite {eo.nonfinite + el.nonfinite} "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
+    print(f"gluon gate: {ran - len(failed)}/{ran} cases within rel {REL_TOL}; worst o rel {worst:.2e}; failed: {failed}")
+
+
 def main() -> None:
     import sys
+
+    if "--gluon-gate" in sys.argv:
+        gluon_gate()
+        return
 
     if "--gluon" in sys.argv:
         gen = torch.Generator(device="cuda").manual_seed(0)
