@@ -4,7 +4,7 @@ are not in L2.
 
     ncu --clock-control none -k regex:_mma_sparse_decode_kernel --launch-skip 2 --launch-count 1 \
         --section WarpStateStats --section SourceCounters ... python3 scripts/ncu_mma_attn.py 64
-    ... -k regex:gluon_sparse_decode ... python3 scripts/ncu_mma_attn.py 64 --gluon   # the Gluon experiment
+    ... -k regex:gluon_sparse_decode ... python3 scripts/ncu_mma_attn.py 64 --gluon   # kernel_gluon.py alone
 """
 
 from __future__ import annotations
@@ -20,17 +20,12 @@ from dsv4opt.optimizations.mma_attn.kernel import mma_sparse_decode
 def main() -> int:
     batch = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     if "--gluon" in sys.argv:
-        import importlib.util
-        from pathlib import Path
-
         import triton
 
         from dsv4opt.optimizations.mma_attn.bench import HEADS, TOPK
         from dsv4opt.optimizations.mma_attn.kernel import choose_tiles
+        from dsv4opt.optimizations.mma_attn.kernel_gluon import gluon_sparse_decode_partials
 
-        spec = importlib.util.spec_from_file_location("gluon_mma_attn", Path(__file__).with_name("gluon_mma_attn.py"))
-        g = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(g)
         t = choose_tiles(batch, HEADS, TOPK, torch.device("cuda"), DIM)
         chunk = triton.cdiv(triton.cdiv(TOPK, t.nsplit), t.block_k) * t.block_k
         nsplit = triton.cdiv(TOPK, chunk)
@@ -38,7 +33,7 @@ def main() -> int:
         lse_part = torch.empty(batch, nsplit, HEADS, device="cuda")
 
         def run(q, kv, indices, lengths, sink, scale):
-            g.launch(q, kv, indices, lengths, o_part, lse_part, chunk=chunk, nsplit=nsplit, block_k=t.block_k)
+            gluon_sparse_decode_partials(q, kv, indices, lengths, o_part, lse_part, chunk, nsplit, scale)
     else:
         run = mma_sparse_decode
     gen = torch.Generator(device="cuda").manual_seed(0)

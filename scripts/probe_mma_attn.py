@@ -248,20 +248,15 @@ def register_prefetch(kv: torch.Tensor, gen: torch.Generator) -> None:
 
 
 def gluon_variant(kv: torch.Tensor, gen: torch.Generator) -> None:
-    """scripts/gluon_mma_attn.py against the production kernels: same partials (checked against
-    the production main kernel's and, through the combine, against the float64 reference), then
-    times with the bench's rotating inputs."""
-    import importlib.util
-    from pathlib import Path
-
+    """kernel_gluon.py against the block-level kernel (kernel.py): same partials (checked against
+    the block-level main kernel's and, through the combine, against the float64 reference), then
+    times, main kernel alone and with the combine, with the bench's rotating inputs."""
     from dsv4opt.numerics import error_report
     from dsv4opt.optimizations.mma_attn import kernel as k
     from dsv4opt.workload.attention import sparse_attention_ref
 
-    spec = importlib.util.spec_from_file_location("gluon_mma_attn", Path(__file__).with_name("gluon_mma_attn.py"))
-    g = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(g)
-    print(f"{'B':>3} {'main us':>8} {'gluon main us':>13} {'full us':>8} {'gluon+combine us':>16}  check")
+    from dsv4opt.optimizations.mma_attn import kernel_gluon as g
+    print(f"{'B':>3} {'main us':>8} {'gluon main us':>13} {'main+combine us':>15} {'gluon+combine us':>16}  check")
     for batch in (16, 32, 64):
         sets = input_sets(batch, kv, gen)
         t = k.choose_tiles(batch, HEADS, TOPK, kv.device, DIM)
@@ -281,14 +276,21 @@ def gluon_variant(kv: torch.Tensor, gen: torch.Generator) -> None:
                 num_warps=t.num_warps, num_stages=t.num_stages)
 
         def gluon_main(q, indices, lengths, sink):
-            g.launch(q, kv, indices, lengths, *bufs["gluon"], chunk=chunk, nsplit=nsplit, block_k=t.block_k)
+            g.gluon_sparse_decode_partials(q, kv, indices, lengths, *bufs["gluon"], chunk, nsplit, DIM**-0.5)
+
+        def combine(name, sink):
+            k._attn_combine_splits_kernel[(batch, HEADS)](
+                *bufs[name], sink, o, lse, o.stride(0), o.stride(1), HEADS,
+                NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=DIM, D_P=DIM, num_warps=4)
+            return o, lse
+
+        def prod_full(q, indices, lengths, sink):
+            prod_main(q, indices, lengths, sink)
+            return combine("prod", sink)
 
         def gluon_full(q, indices, lengths, sink):
             gluon_main(q, indices, lengths, sink)
-            k._attn_combine_splits_kernel[(batch, HEADS)](
-                *bufs["gluon"], sink, o, lse, o.stride(0), o.stride(1), HEADS,
-                NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=DIM, D_P=DIM, num_warps=4)
-            return o, lse
+            return combine("gluon", sink)
 
         q, indices, lengths, sink = sets[0]
         prod_main(q, indices, lengths, sink)
@@ -300,31 +302,27 @@ def gluon_variant(kv: torch.Tensor, gen: torch.Generator) -> None:
         full = error_report(go.float(), ref_o)
         check = f"partials vs production {part}; o vs float64 {full}; lse vs float64 {error_report(glse, ref_lse)}"
         times = []
-        for fn in (prod_main, gluon_main, lambda *a: k.mma_sparse_decode(a[0], kv, a[1], a[2], a[3], DIM**-0.5), gluon_full):
+        for fn in (prod_main, gluon_main, prod_full, gluon_full):
             cycle = itertools.cycle(sets)
             call = lambda fn=fn, cycle=cycle: fn(*next(cycle))  # noqa: E731
             call()
             times.append(1e3 * triton.testing.do_bench_cudagraph(call, rep=50, return_mode="median"))
-        print(f"{batch:>3} {times[0]:8.1f} {times[1]:13.1f} {times[2]:8.1f} {times[3]:16.1f}  {check}", flush=True)
+        print(f"{batch:>3} {times[0]:8.1f} {times[1]:13.1f} {times[2]:15.1f} {times[3]:16.1f}  {check}", flush=True)
 
 
 def gluon_gate() -> None:
-    """The Gluon experiment through the correctness gate's GPU table (every case with contiguous
-    latent rows; the split nope/rope layout is not implemented there): Gluon main kernel plus the
-    production combine, NaN-poisoned outputs, against the float64 reference at the gate's tolerance."""
-    import importlib.util
-    from pathlib import Path
-
+    """kernel_gluon.py through the correctness gate's GPU table at every B (the product uses it only
+    above SMALL_BATCH_MAX), every case with contiguous latent rows (it has no split nope/rope
+    layout): its main kernel plus the combine, NaN-poisoned outputs, against the float64 reference
+    at the gate's tolerance."""
     from dsv4opt.numerics import error_report
     from dsv4opt.optimizations.mma_attn import kernel as k
     from dsv4opt.optimizations.mma_attn.cases import gpu_cases, make_inputs
     from dsv4opt.optimizations.mma_attn.check import REL_TOL
     from dsv4opt.workload.attention import sparse_attention_ref
 
-    spec = importlib.util.spec_from_file_location("gluon_mma_attn", Path(__file__).with_name("gluon_mma_attn.py"))
-    g = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(g)
-    k.SMALL_BATCH_MAX = 0  # the experiment has whole-width 64-row tiles only
+    from dsv4opt.optimizations.mma_attn import kernel_gluon as g
+    k.SMALL_BATCH_MAX = 0  # whole-width 64-row tiles at every B
     worst, failed, ran = 0.0, [], 0
     for case in gpu_cases():
         if case.split_kv:
@@ -339,8 +337,7 @@ def gluon_gate() -> None:
         lse_part = torch.full((B, nsplit, H), nan, device="cuda")
         o = torch.full_like(x.q, nan)
         lse = torch.full((B, H), nan, device="cuda")
-        g.launch(x.q, x.kv, x.indices, x.lengths, o_part, lse_part, chunk=chunk, nsplit=nsplit, block_k=t.block_k,
-                 scale=x.scale)
+        g.gluon_sparse_decode_partials(x.q, x.kv, x.indices, x.lengths, o_part, lse_part, chunk, nsplit, x.scale)
         k._attn_combine_splits_kernel[(B, H)](
             o_part, lse_part, x.sink, o, lse, o.stride(0), o.stride(1), H,
             NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=D, D_P=triton.next_power_of_2(D), num_warps=4)

@@ -160,3 +160,21 @@ def test_bench_rotation_spans_several_l2s_of_rows():
         assert n * per_call >= L2_SPAN * l2 or n == MAX_SETS
     # one B = 32 call selects 21 MB: a replay of the same indices would find them all in L2
     assert sets_needed(32 * TOPK * DIM * 2, l2) >= 8
+
+
+def test_gluon_main_loop_only_where_it_applies():
+    cpu = torch.device("cpu")
+    wide = kernel.choose_tiles(64, 64, 640, cpu)  # whole width, 64-row tiles
+    q_strides = (64 * 512, 512, 1)
+    assert kernel.gluon_shape_ok(64, 512, wide, True, q_strides, 1)
+    assert not kernel.gluon_shape_ok(64, 512, wide, False, q_strides, 1)  # split nope/rope layout
+    assert not kernel.gluon_shape_ok(32, 512, wide, True, q_strides, 1)  # not one warpgroup of heads
+    assert not kernel.gluon_shape_ok(64, 576, wide, True, q_strides, 1)  # latent not a power of two
+    assert not kernel.gluon_shape_ok(64, 512, wide, True, (64 * 1024, 1024, 1), 1)  # q rows strided
+    assert not kernel.gluon_shape_ok(64, 512, wide, True, q_strides, 2)  # indices strided
+    small = kernel.choose_tiles(1, 64, 640, cpu)  # value-split tiles at small B
+    assert not kernel.gluon_shape_ok(64, 512, small, True, q_strides, 1)
+    # never on the CPU or under the interpreter: the block-level kernel runs there
+    assert not kernel.gluon_available()
+    q = torch.zeros(2, 64, 512)
+    assert kernel.engine(q, None, torch.zeros(2, 640, dtype=torch.int32), wide) == "triton"

@@ -146,7 +146,7 @@ def run_bench(
     if not torch.cuda.is_available():
         raise DsvOptError("dsv4opt bench mma-attn needs a CUDA GPU (on a CPU only the correctness check runs, under Triton's interpreter)")
     from dsv4opt.optimizations.mma_attn.check import check
-    from dsv4opt.optimizations.mma_attn.kernel import choose_tiles, mma_sparse_decode
+    from dsv4opt.optimizations.mma_attn.kernel import choose_tiles, engine, mma_sparse_decode
     from dsv4opt.workload.attention import sparse_decode_simt, sparse_decode_torch
 
     on_step("correctness check")
@@ -167,6 +167,7 @@ def run_bench(
         base_ms = _median_graph_ms(rotating(sparse_decode_simt, kv, sets, scale))
         torch_ms = _median_graph_ms(rotating(sparse_decode_torch, kv, sets, scale))
         q, indices = sets[0][0], sets[0][1]
+        tiles = choose_tiles(batch, HEADS, TOPK, q.device, DIM)
         unique_rows = int(torch.unique(indices).numel())
         moved = unique_rows * DIM * kv.element_size() + 2 * q.numel() * q.element_size()
         flops = 2 * 2 * batch * HEADS * TOPK * DIM
@@ -174,7 +175,7 @@ def run_bench(
         result.rows.append(
             BenchRow(
                 batch=batch,
-                tiles=str(choose_tiles(batch, HEADS, TOPK, q.device, DIM)).removeprefix("Tiles"),
+                tiles=f"{engine(q, None, indices, tiles)} {str(tiles).removeprefix('Tiles')}",
                 mma_us=mma_ms * 1e3,
                 bytes_moved=moved,
                 floor_us=moved / (result.copy_gbps * 1e9) * 1e6,

@@ -6,6 +6,7 @@ Maths, byte/FLOP accounting and tile choice: docs/kernels/mma_attn.md.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -194,6 +195,40 @@ def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: i
     )
 
 
+def gluon_shape_ok(heads: int, dim: int, tiles: Tiles, rope_follows: bool, q_strides: tuple, idx_stride: int) -> bool:
+    """The shapes kernel_gluon.py covers: 64 heads, a power-of-two latent in one contiguous row (no
+    split nope/rope), whole-width 64-row tiles, rows of q and of the indices contiguous."""
+    return (
+        rope_follows and heads == 64 and dim >= 64 and dim == triton.next_power_of_2(dim)
+        and tiles.block_h == 64 and tiles.block_k == 64 and tiles.block_v == 0
+        and q_strides[2] == 1 and q_strides[1] == dim and idx_stride == 1
+    )
+
+
+# Triton versions kernel_gluon.py was compiled and gated on: Gluon's API is experimental, and on
+# other versions the block-level kernel runs (the module is not even imported).
+GLUON_VALIDATED_TRITON = ("3.6.",)
+
+
+@functools.lru_cache(maxsize=None)
+def gluon_available() -> bool:
+    """kernel_gluon.py can run here: a Hopper GPU, a Triton version it was validated on, not the
+    interpreter, and not switched off with DSV4OPT_MMA_ATTN_GLUON=0 (read once per process)."""
+    if _INTERPRETED or os.environ.get("DSV4OPT_MMA_ATTN_GLUON", "1") == "0" or not torch.cuda.is_available():
+        return False
+    if torch.cuda.get_device_capability()[0] != 9:
+        return False
+    return triton.__version__.startswith(GLUON_VALIDATED_TRITON)
+
+
+def engine(q: torch.Tensor, kv_rope: torch.Tensor | None, indices: torch.Tensor, tiles: Tiles) -> str:
+    """Which main loop runs: "gluon" (kernel_gluon.py) where it applies, else "triton" (this file)."""
+    B, H, D = q.shape
+    if q.is_cuda and gluon_shape_ok(H, D, tiles, kv_rope is None, q.stride(), indices.stride(1)) and gluon_available():
+        return "gluon"
+    return "triton"
+
+
 def sparse_decode_mma_split_kv(
     q: torch.Tensor,
     kv_nope: torch.Tensor,
@@ -237,6 +272,17 @@ def sparse_decode_mma_split_kv(
 
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
+    if engine(q, None if rope_follows else kv_rope, indices, t) == "gluon":
+        from dsv4opt.optimizations.mma_attn.kernel_gluon import gluon_sparse_decode_partials
+
+        o_part = torch.empty(B, nsplit, H, D, device=q.device, dtype=torch.float32)
+        lse_part = torch.empty(B, nsplit, H, device=q.device, dtype=torch.float32)
+        gluon_sparse_decode_partials(q, kv_nope, indices, lengths, o_part, lse_part, chunk, nsplit, scale)
+        _attn_combine_splits_kernel[(B, H)](
+            o_part, lse_part, sink, o, lse, o.stride(0), o.stride(1), H,
+            NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=D, D_P=d_p, num_warps=4,
+        )
+        return o, lse
     if nsplit > 1:
         o_part = torch.empty(B, nsplit, H, D, device=q.device, dtype=torch.float32)
         lse_part = torch.empty(B, nsplit, H, device=q.device, dtype=torch.float32)

@@ -1,8 +1,16 @@
-"""Experiment: the mma-attn main loop in Gluon (Triton's lower-level dialect), with explicit cp.async
-gathers two tiles ahead into two buffers: the next tile is in flight during a whole iteration of
-compute, which Triton's pipeliner does not arrange. Writes the same fp32 partials as the production
-main kernel (same chunks); the production combine kernel merges them. GPU only (no interpreter).
+"""mma-attn's main loop in Gluon (Triton's lower-level dialect) for Hopper: the schedule written out.
+
+The block-level kernel (kernel.py) leaves the schedule to Triton's pipeliner, which issues the
+gather of tile t + 1 at the end of iteration t and waits for it at once. Here the cp.async gather
+of tile t + 2 goes into tile t's buffer as soon as tile t's PV product is done, so with two 64 KB
+buffers one tile is in flight through a whole iteration, and the chunk's indices sit in shared
+memory so no address waits on a global load. Same fp32 partials as kernel.py's main kernel (same
+chunks); kernel.py's combine merges them. Measured and checked in docs/kernels/mma_attn.md.
+
+GPU only (the interpreter cannot run Gluon) and used only on the Triton versions it was validated
+with (kernel.GLUON_VALIDATED_TRITON); kernel.py falls back to the block-level kernel everywhere else.
 """
+
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -101,11 +109,17 @@ def gluon_sparse_decode_kernel(
     gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
 
 
-def launch(q, kv, indices, lengths, o_part, lse_part, chunk: int, nsplit: int, block_k: int = 64, scale=None):
+HEADS = 64  # one warpgroup's MMA rows
+BLOCK_K = 64
+
+
+def gluon_sparse_decode_partials(q, kv, indices, lengths, o_part, lse_part, chunk: int, nsplit: int,
+                                 scale: float) -> None:
+    """Fill o_part [B, nsplit, H, D] (o over each chunk, normalised) and lse_part [B, nsplit, H]
+    (base 2) for q [B, 64, D] (rows contiguous), kv [N, D] (contiguous rows)."""
     B, H, D = q.shape
-    scale = D**-0.5 if scale is None else scale
     gluon_sparse_decode_kernel[(B, 1, nsplit)](
         q, kv, indices, lengths, o_part, lse_part, q.stride(0), kv.stride(0), indices.stride(0), H,
-        scale * 1.4426950408889634, K=indices.shape[1], CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=block_k,
+        scale * 1.4426950408889634, K=indices.shape[1], CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K,
         num_warps=8,
     )
