@@ -359,32 +359,19 @@ def main() -> None:
     if "--gluon-gate" in sys.argv:
         gluon_gate()
         return
-
-    if "--gluon" in sys.argv:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-        gluon_variant(kv, gen)
-        return
-
-    if "--register-prefetch" in sys.argv:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-        register_prefetch(kv, gen)
-        return
-
-    if "--split" in sys.argv:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-        split_costs(kv, gen)
-        return
-
-    if "--ceiling" in sys.argv:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-        gather_ceiling(kv, gen)
-        return
     gen = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn(int(POOL_GB * 2**30) // (DIM * 2), DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    modes = {"--gluon": gluon_variant, "--register-prefetch": register_prefetch, "--split": split_costs,
+             "--ceiling": gather_ceiling}
+    for flag, probe in modes.items():
+        if flag in sys.argv:
+            probe(kv, gen)
+            return
+    ablation(kv, gen)
+
+
+def ablation(kv: torch.Tensor, gen: torch.Generator) -> None:
+    """The main loop with the QK product, the softmax or the PV product left out."""
     print(f"{'B':>3} {'variant':<24} {'us':>7}")
     for batch in (32, 64):
         sets = input_sets(batch, kv, gen)  # cycled through, so the rows come from HBM
