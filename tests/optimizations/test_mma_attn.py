@@ -8,6 +8,7 @@ On a machine with a GPU the same module runs the full bf16 table (`test_full_tab
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -162,19 +163,101 @@ def test_bench_rotation_spans_several_l2s_of_rows():
     assert sets_needed(32 * TOPK * DIM * 2, l2) >= 8
 
 
-def test_gluon_main_loop_only_where_it_applies():
+def test_gluon_main_loop_only_for_the_shapes_it_was_gated_on():
     cpu = torch.device("cpu")
-    wide = kernel.choose_tiles(64, 64, 640, cpu)  # whole width, 64-row tiles
+    wide = kernel.choose_tiles(64, 64, 640, cpu)  # whole width, 64-row tiles, split in two
     q_strides = (64 * 512, 512, 1)
     assert kernel.gluon_shape_ok(64, 512, wide, True, q_strides, 1)
     assert not kernel.gluon_shape_ok(64, 512, wide, False, q_strides, 1)  # split nope/rope layout
     assert not kernel.gluon_shape_ok(32, 512, wide, True, q_strides, 1)  # not one warpgroup of heads
-    assert not kernel.gluon_shape_ok(64, 576, wide, True, q_strides, 1)  # latent not a power of two
+    for dim in (64, 256, 576, 1024):  # its layouts and shared memory are sized for 512
+        assert not kernel.gluon_shape_ok(64, dim, wide, True, (64 * dim, dim, 1), 1)
     assert not kernel.gluon_shape_ok(64, 512, wide, True, (64 * 1024, 1024, 1), 1)  # q rows strided
     assert not kernel.gluon_shape_ok(64, 512, wide, True, q_strides, 2)  # indices strided
     small = kernel.choose_tiles(1, 64, 640, cpu)  # value-split tiles at small B
     assert not kernel.gluon_shape_ok(64, 512, small, True, q_strides, 1)
-    # never on the CPU or under the interpreter: the block-level kernel runs there
-    assert not kernel.gluon_available()
-    q = torch.zeros(2, 64, 512)
-    assert kernel.engine(q, None, torch.zeros(2, 640, dtype=torch.int32), wide) == "triton"
+    single_pass = kernel.choose_tiles(256, 64, 640, cpu)  # no split: no partials to merge
+    assert single_pass.nsplit == 1 and not kernel.gluon_shape_ok(64, 512, single_pass, True, q_strides, 1)
+    swept = replace(wide, num_warps=4)  # another family than the one it implements
+    assert not kernel.gluon_shape_ok(64, 512, swept, True, q_strides, 1)
+
+
+class _FakeCudaTensor:
+    """What engine() reads of a tensor, for a dispatch test without a GPU."""
+
+    is_cuda = True
+
+    def __init__(self, shape, strides, dtype=torch.bfloat16, ptr=1 << 20):
+        self.shape, self._strides, self.dtype, self._ptr = shape, strides, dtype, ptr
+
+    def stride(self, dim=None):
+        return self._strides if dim is None else self._strides[dim]
+
+    def data_ptr(self):
+        return self._ptr
+
+
+def test_engine_takes_the_gluon_loop_only_with_aligned_bf16_operands(monkeypatch):
+    wide = kernel.choose_tiles(64, 64, 640, torch.device("cpu"))
+    q = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1))
+    kv = _FakeCudaTensor((1 << 20, 512), (512, 1))
+    idx = _FakeCudaTensor((64, 640), (640, 1), dtype=torch.int32)
+    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
+    assert kernel.engine(q, kv, None, idx, wide) == "gluon"
+    assert kernel.engine(q, _FakeCudaTensor((1 << 20, 512), (520, 1)), None, idx, wide) == "triton"  # padded rows
+    assert kernel.engine(q, _FakeCudaTensor((1 << 20, 512), (512, 1), ptr=8), None, idx, wide) == "triton"
+    fp16 = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1), dtype=torch.float16)
+    assert kernel.engine(fp16, kv, None, idx, wide) == "triton"
+    assert kernel.engine(q, kv, kv, idx, wide) == "triton"  # separate rope tensor
+    monkeypatch.setattr(kernel, "gluon_available", lambda: False)
+    assert kernel.engine(q, kv, None, idx, wide) == "triton"
+    # CPU tensors never take it
+    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
+    assert kernel.engine(torch.zeros(64, 64, 512), torch.zeros(8, 512), None, torch.zeros(64, 640, dtype=torch.int32),
+                         wide) == "triton"
+
+
+def test_gluon_available_only_on_hopper_with_a_validated_triton(monkeypatch):
+    monkeypatch.setattr(kernel, "_INTERPRETED", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(kernel.triton, "__version__", "3.6.0")
+    monkeypatch.delenv("DSV4OPT_MMA_ATTN_GLUON", raising=False)
+    cases = [
+        ({}, True),
+        ({"__version__": "3.9.0"}, False),
+        ({"capability": (10, 0)}, False),
+        ({"capability": (8, 0)}, False),
+        ({"env": "0"}, False),
+        ({"interpreted": True}, False),
+        ({"cuda": False}, False),
+    ]
+    try:
+        for change, expected in cases:
+            kernel.gluon_available.cache_clear()
+            with monkeypatch.context() as m:
+                if "__version__" in change:
+                    m.setattr(kernel.triton, "__version__", change["__version__"])
+                if "capability" in change:
+                    m.setattr(torch.cuda, "get_device_capability", lambda *a, c=change["capability"]: c)
+                if "env" in change:
+                    m.setenv("DSV4OPT_MMA_ATTN_GLUON", change["env"])
+                if "interpreted" in change:
+                    m.setattr(kernel, "_INTERPRETED", True)
+                if "cuda" in change:
+                    m.setattr(torch.cuda, "is_available", lambda: False)
+                assert kernel.gluon_available() is expected, change
+    finally:
+        kernel.gluon_available.cache_clear()
+
+
+def test_bench_rotation_calls_each_set_in_turn():
+    from dsv4opt.optimizations.mma_attn.bench import rotating
+
+    seen = []
+    sets = [(f"q{i}", f"idx{i}", f"len{i}", f"sink{i}") for i in range(3)]
+    call = rotating(lambda q, kv, idx, ln, sink, scale: seen.append((q, kv, idx, scale)), "kv", sets, 0.5)
+    for _ in range(7):
+        call()
+    assert [q for q, *_ in seen] == ["q0", "q1", "q2", "q0", "q1", "q2", "q0"]
+    assert all(kv == "kv" and scale == 0.5 and idx == "idx" + q[1:] for q, kv, idx, scale in seen)

@@ -175,7 +175,7 @@ def run_bench(
         result.rows.append(
             BenchRow(
                 batch=batch,
-                tiles=f"{engine(q, None, indices, tiles)} {str(tiles).removeprefix('Tiles')}",
+                tiles=f"{engine(q, kv, None, indices, tiles)} {str(tiles).removeprefix('Tiles')}",
                 mma_us=mma_ms * 1e3,
                 bytes_moved=moved,
                 floor_us=moved / (result.copy_gbps * 1e9) * 1e6,

@@ -196,12 +196,24 @@ def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: i
 
 
 def gluon_shape_ok(heads: int, dim: int, tiles: Tiles, rope_follows: bool, q_strides: tuple, idx_stride: int) -> bool:
-    """The shapes kernel_gluon.py covers: 64 heads, a power-of-two latent in one contiguous row (no
-    split nope/rope), whole-width 64-row tiles, rows of q and of the indices contiguous."""
+    """The shapes kernel_gluon.py was written and gated for: 64 heads, the 512-wide latent in one
+    contiguous row (no split nope/rope), the whole-width family's tiles (64-row tiles, 8 warps) with
+    a split (a single pass stays on this file's kernel, which then needs no partials), rows of q and
+    of the indices contiguous."""
     return (
-        rope_follows and heads == 64 and dim >= 64 and dim == triton.next_power_of_2(dim)
-        and tiles.block_h == 64 and tiles.block_k == 64 and tiles.block_v == 0
+        rope_follows and heads == 64 and dim == 512
+        and tiles.block_h == 64 and tiles.block_k == 64 and tiles.block_v == 0 and tiles.num_warps == 8
+        and not tiles.reload_v and tiles.nsplit > 1
         and q_strides[2] == 1 and q_strides[1] == dim and idx_stride == 1
+    )
+
+
+def gluon_operands_ok(q: torch.Tensor, kv: torch.Tensor) -> bool:
+    """bf16 (the dtype it was gated in) and 16-byte aligned KV rows: its cp.async gathers move 16 B
+    at a time, and Triton specialises pointers and strides on multiples of 16."""
+    return (
+        q.dtype == torch.bfloat16 and kv.dtype == torch.bfloat16
+        and kv.stride(0) % 16 == 0 and kv.data_ptr() % 16 == 0
     )
 
 
@@ -221,10 +233,14 @@ def gluon_available() -> bool:
     return triton.__version__.startswith(GLUON_VALIDATED_TRITON)
 
 
-def engine(q: torch.Tensor, kv_rope: torch.Tensor | None, indices: torch.Tensor, tiles: Tiles) -> str:
+def engine(q: torch.Tensor, kv_nope: torch.Tensor, kv_rope: torch.Tensor | None, indices: torch.Tensor,
+           tiles: Tiles) -> str:
     """Which main loop runs: "gluon" (kernel_gluon.py) where it applies, else "triton" (this file)."""
     B, H, D = q.shape
-    if q.is_cuda and gluon_shape_ok(H, D, tiles, kv_rope is None, q.stride(), indices.stride(1)) and gluon_available():
+    if (
+        q.is_cuda and gluon_shape_ok(H, D, tiles, kv_rope is None, q.stride(), indices.stride(1))
+        and gluon_operands_ok(q, kv_nope) and gluon_available()
+    ):
         return "gluon"
     return "triton"
 
@@ -272,7 +288,7 @@ def sparse_decode_mma_split_kv(
 
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
-    if engine(q, None if rope_follows else kv_rope, indices, t) == "gluon":
+    if engine(q, kv_nope, None if rope_follows else kv_rope, indices, t) == "gluon":
         from dsv4opt.optimizations.mma_attn.kernel_gluon import gluon_sparse_decode_partials
 
         o_part = torch.empty(B, nsplit, H, D, device=q.device, dtype=torch.float32)
