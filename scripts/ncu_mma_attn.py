@@ -20,15 +20,12 @@ from dsv4opt.optimizations.mma_attn.kernel import mma_sparse_decode
 def main() -> int:
     batch = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     if "--gluon" in sys.argv:
-        import triton
-
         from dsv4opt.optimizations.mma_attn.bench import HEADS, TOPK
-        from dsv4opt.optimizations.mma_attn.kernel import choose_tiles
+        from dsv4opt.optimizations.mma_attn.kernel import choose_tiles, split_chunks
         from dsv4opt.optimizations.mma_attn.kernel_gluon import gluon_sparse_decode_partials
 
         t = choose_tiles(batch, HEADS, TOPK, torch.device("cuda"), DIM)
-        chunk = triton.cdiv(triton.cdiv(TOPK, t.nsplit), t.block_k) * t.block_k
-        nsplit = triton.cdiv(TOPK, chunk)
+        chunk, nsplit = split_chunks(TOPK, t.block_k, t.nsplit)
         o_part = torch.empty(batch, nsplit, HEADS, DIM, device="cuda")
         lse_part = torch.empty(batch, nsplit, HEADS, device="cuda")
 

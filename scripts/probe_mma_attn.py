@@ -7,15 +7,15 @@ the bench's inputs. The outputs of the ablated kernels are meaningless; only the
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
 import triton.testing
 
-import itertools
-
+from dsv4opt.optimizations.mma_attn import kernel as k
 from dsv4opt.optimizations.mma_attn.bench import DIM, HEADS, POOL_GB, TOPK, input_sets
-from dsv4opt.optimizations.mma_attn.kernel import choose_tiles
 
 
 @triton.jit
@@ -155,14 +155,12 @@ def gather_ceiling(kv: torch.Tensor, gen: torch.Generator) -> None:
 def split_costs(kv: torch.Tensor, gen: torch.Generator) -> None:
     """The production kernels timed apart: the main kernel alone (writing fp32 partials), the
     split-combine kernel alone, and the two together as mma_sparse_decode launches them."""
-    from dsv4opt.optimizations.mma_attn import kernel as k
 
     print(f"{'B':>3} {'nsplit':>6} {'main us':>8} {'combine us':>10} {'both us':>8}")
     for batch in (16, 32, 64):  # whole-width tiles (at B <= 4 the value slices multiply the programs)
         sets = input_sets(batch, kv, gen)
         t = k.choose_tiles(batch, HEADS, TOPK, kv.device, DIM)
-        chunk = triton.cdiv(triton.cdiv(TOPK, t.nsplit), t.block_k) * t.block_k
-        nsplit = triton.cdiv(TOPK, chunk)
+        chunk, nsplit = k.split_chunks(TOPK, t.block_k, t.nsplit)
         o = torch.empty(batch, HEADS, DIM, device="cuda", dtype=kv.dtype)
         lse = torch.empty(batch, HEADS, device="cuda", dtype=torch.float32)
         o_part = torch.randn(batch, nsplit, HEADS, DIM, device="cuda", dtype=torch.float32)
@@ -196,7 +194,6 @@ def split_costs(kv: torch.Tensor, gen: torch.Generator) -> None:
 
 def register_prefetch(kv: torch.Tensor, gen: torch.Generator) -> None:
     """The register-prefetch variants against the production main kernel, both alone (no combine)."""
-    from dsv4opt.optimizations.mma_attn import kernel as k
 
     print(f"{'B':>3} {'variant':<32} {'us':>7}")
     for batch in (32, 64):
@@ -207,8 +204,7 @@ def register_prefetch(kv: torch.Tensor, gen: torch.Generator) -> None:
                                      ("register prefetch, BK 32, after QK", 32, False),
                                      ("register prefetch, BK 64, early", 64, True),
                                      ("register prefetch, BK 64, after QK", 64, False)):
-            chunk = triton.cdiv(triton.cdiv(TOPK, t.nsplit), block_k) * block_k
-            nsplit = triton.cdiv(TOPK, chunk)
+            chunk, nsplit = k.split_chunks(TOPK, block_k, t.nsplit)
             o_part = torch.empty(batch, nsplit, HEADS, DIM, device="cuda", dtype=torch.float32)
             lse_part = torch.empty(batch, nsplit, HEADS, device="cuda", dtype=torch.float32)
             o = torch.empty(batch, HEADS, DIM, device="cuda", dtype=kv.dtype)
@@ -252,7 +248,6 @@ def gluon_variant(kv: torch.Tensor, gen: torch.Generator) -> None:
     the block-level main kernel's and, through the combine, against the float64 reference), then
     times, main kernel alone and with the combine, with the bench's rotating inputs."""
     from dsv4opt.numerics import error_report
-    from dsv4opt.optimizations.mma_attn import kernel as k
     from dsv4opt.workload.attention import sparse_attention_ref
 
     from dsv4opt.optimizations.mma_attn import kernel_gluon as g
@@ -260,8 +255,7 @@ def gluon_variant(kv: torch.Tensor, gen: torch.Generator) -> None:
     for batch in (16, 32, 64):
         sets = input_sets(batch, kv, gen)
         t = k.choose_tiles(batch, HEADS, TOPK, kv.device, DIM)
-        chunk = triton.cdiv(triton.cdiv(TOPK, t.nsplit), t.block_k) * t.block_k
-        nsplit = triton.cdiv(TOPK, chunk)
+        chunk, nsplit = k.split_chunks(TOPK, t.block_k, t.nsplit)
         shape = (batch, nsplit, HEADS)
         bufs = {name: (torch.empty(*shape, DIM, device="cuda"), torch.empty(*shape, device="cuda")) for name in ("prod", "gluon")}
         o = torch.empty(batch, HEADS, DIM, device="cuda", dtype=kv.dtype)
@@ -316,7 +310,6 @@ def gluon_gate() -> None:
     layout): its main kernel plus the combine, NaN-poisoned outputs, against the float64 reference
     at the gate's tolerance."""
     from dsv4opt.numerics import error_report
-    from dsv4opt.optimizations.mma_attn import kernel as k
     from dsv4opt.optimizations.mma_attn.cases import gpu_cases, make_inputs
     from dsv4opt.optimizations.mma_attn.check import REL_TOL
     from dsv4opt.workload.attention import sparse_attention_ref
@@ -330,8 +323,7 @@ def gluon_gate() -> None:
         x = make_inputs(case, "cuda", torch.bfloat16, seed=0)
         B, H, D = x.q.shape
         t = k.choose_tiles(B, H, x.indices.shape[1], x.q.device, D)
-        chunk = triton.cdiv(triton.cdiv(x.indices.shape[1], t.nsplit), t.block_k) * t.block_k
-        nsplit = triton.cdiv(x.indices.shape[1], chunk)
+        chunk, nsplit = k.split_chunks(x.indices.shape[1], t.block_k, t.nsplit)
         nan = float("nan")
         o_part = torch.full((B, nsplit, H, D), nan, device="cuda")
         lse_part = torch.full((B, nsplit, H), nan, device="cuda")
@@ -376,9 +368,8 @@ def ablation(kv: torch.Tensor, gen: torch.Generator) -> None:
     for batch in (32, 64):
         sets = input_sets(batch, kv, gen)  # cycled through, so the rows come from HBM
         q = sets[0][0]
-        t = choose_tiles(batch, HEADS, TOPK, q.device, DIM)
-        chunk = triton.cdiv(triton.cdiv(TOPK, t.nsplit), t.block_k) * t.block_k
-        nsplit = triton.cdiv(TOPK, chunk)
+        t = k.choose_tiles(batch, HEADS, TOPK, q.device, DIM)
+        chunk, nsplit = k.split_chunks(TOPK, t.block_k, t.nsplit)
         part = torch.empty(batch, nsplit, HEADS, DIM, device="cuda", dtype=torch.float32)
         for name, qk, sm, pv in (
             ("full", True, True, True), ("no softmax", True, False, True), ("no QK", False, True, True),

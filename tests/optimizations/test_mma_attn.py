@@ -261,3 +261,12 @@ def test_bench_rotation_calls_each_set_in_turn():
         call()
     assert [q for q, *_ in seen] == ["q0", "q1", "q2", "q0", "q1", "q2", "q0"]
     assert all(kv == "kv" and scale == 0.5 and idx == "idx" + q[1:] for q, kv, idx, scale in seen)
+
+
+def test_split_chunks_cover_every_slot_with_whole_tiles_and_no_empty_split():
+    for topk in (1, 63, 64, 100, 512, 640, 2048):
+        for block_k in (16, 32, 64):
+            for asked in (1, 2, 3, 4, 10, 20, 200):
+                chunk, nsplit = kernel.split_chunks(topk, block_k, asked)
+                assert chunk % block_k == 0 and 1 <= nsplit <= max(1, asked)
+                assert (nsplit - 1) * chunk < topk <= nsplit * chunk, (topk, block_k, asked, chunk, nsplit)

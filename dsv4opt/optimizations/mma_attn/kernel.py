@@ -195,6 +195,14 @@ def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: i
     )
 
 
+def split_chunks(topk: int, block_k: int, nsplit: int) -> tuple[int, int]:
+    """(slots per split, splits) for `nsplit` requested splits of `topk` slots: whole tiles per
+    split, and no split left with an empty range."""
+    nsplit = max(1, min(nsplit, triton.cdiv(topk, block_k)))
+    chunk = triton.cdiv(triton.cdiv(topk, nsplit), block_k) * block_k
+    return chunk, triton.cdiv(topk, chunk)
+
+
 def gluon_shape_ok(heads: int, dim: int, tiles: Tiles, rope_follows: bool, q_strides: tuple, idx_stride: int) -> bool:
     """The shapes kernel_gluon.py was written and gated for: 64 heads, the 512-wide latent in one
     contiguous row (no split nope/rope), the whole-width family's tiles (64-row tiles, 8 warps) with
@@ -281,42 +289,37 @@ def sparse_decode_mma_split_kv(
     t = tiles or choose_tiles(B, H, K, q.device, D)
     if not rope_follows and t.block_k > _SPLIT_KV_MAX_BLOCK_K:
         t = replace(t, block_k=_SPLIT_KV_MAX_BLOCK_K)
-    nsplit = max(1, min(t.nsplit, triton.cdiv(K, t.block_k)))
-    chunk = triton.cdiv(triton.cdiv(K, nsplit), t.block_k) * t.block_k
-    nsplit = triton.cdiv(K, chunk)  # no program left with an empty range
+    chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
     d_p = triton.next_power_of_2(D)
+    # The Gluon loop always writes partials; this file's kernel only when the slots are split.
+    gluon = engine(q, kv_nope, None if rope_follows else kv_rope, indices, t) == "gluon"
+    partials = gluon or nsplit > 1
 
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
-    if engine(q, kv_nope, None if rope_follows else kv_rope, indices, t) == "gluon":
-        from dsv4opt.optimizations.mma_attn.kernel_gluon import gluon_sparse_decode_partials
-
-        o_part = torch.empty(B, nsplit, H, D, device=q.device, dtype=torch.float32)
-        lse_part = torch.empty(B, nsplit, H, device=q.device, dtype=torch.float32)
-        gluon_sparse_decode_partials(q, kv_nope, indices, lengths, o_part, lse_part, chunk, nsplit, scale)
-        _attn_combine_splits_kernel[(B, H)](
-            o_part, lse_part, sink, o, lse, o.stride(0), o.stride(1), H,
-            NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=D, D_P=d_p, num_warps=4,
-        )
-        return o, lse
-    if nsplit > 1:
+    if partials:
         o_part = torch.empty(B, nsplit, H, D, device=q.device, dtype=torch.float32)
         lse_part = torch.empty(B, nsplit, H, device=q.device, dtype=torch.float32)
     else:
         o_part, lse_part = o, lse  # unused by the single-pass kernel
-    block_v = t.block_v or d_p
-    assert d_p % block_v == 0, (d_p, block_v)
-    grid = (B, triton.cdiv(H, t.block_h) * (d_p // block_v), nsplit)
-    _mma_sparse_decode_kernel[grid](
-        q, kv_nope, kv_rope, indices, lengths, sink, o, lse, o_part, lse_part,
-        q.stride(0), q.stride(1), kv_nope.stride(0), kv_rope.stride(0), indices.stride(0),
-        o.stride(0), o.stride(1),
-        H, scale * _LOG2E,
-        K=K, CHUNK=chunk, NSPLIT=nsplit, DN=dn, DR=dr, D_P=d_p, ROPE_FOLLOWS_NOPE=rope_follows,
-        BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v,
-        num_warps=t.num_warps, num_stages=t.num_stages,
-    )
-    if nsplit > 1:
+    if gluon:
+        from dsv4opt.optimizations.mma_attn.kernel_gluon import gluon_sparse_decode_partials
+
+        gluon_sparse_decode_partials(q, kv_nope, indices, lengths, o_part, lse_part, chunk, nsplit, scale)
+    else:
+        block_v = t.block_v or d_p
+        assert d_p % block_v == 0, (d_p, block_v)
+        grid = (B, triton.cdiv(H, t.block_h) * (d_p // block_v), nsplit)
+        _mma_sparse_decode_kernel[grid](
+            q, kv_nope, kv_rope, indices, lengths, sink, o, lse, o_part, lse_part,
+            q.stride(0), q.stride(1), kv_nope.stride(0), kv_rope.stride(0), indices.stride(0),
+            o.stride(0), o.stride(1),
+            H, scale * _LOG2E,
+            K=K, CHUNK=chunk, NSPLIT=nsplit, DN=dn, DR=dr, D_P=d_p, ROPE_FOLLOWS_NOPE=rope_follows,
+            BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v,
+            num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+    if partials:
         _attn_combine_splits_kernel[(B, H)](
             o_part, lse_part, sink, o, lse, o.stride(0), o.stride(1), H,
             NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=D, D_P=d_p,
