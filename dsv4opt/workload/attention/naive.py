@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from dsv4opt.workload.kvcache import KVCache
+
 
 def used_slots(indices: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """[B, K] bool: a slot is used when its index is >= 0 and its position is < lengths[b]."""
@@ -11,28 +13,25 @@ def used_slots(indices: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return (indices >= 0) & (positions[None, :] < lengths.to(indices.device)[:, None])
 
 
-def sparse_attention_ref(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    lengths: torch.Tensor,
-    sink: torch.Tensor,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain-torch sparse decode attention with an attention sink, computed in float64.
+def sparse_attention_ref(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices,
+                         extra_lengths, sink, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention with a sink over the used tokens of both caches, computed in float64.
 
-    q: [B, H, D], kv: [N, D] (K = V = the latent), indices: [B, K] int (-1 = unused),
-    lengths: [B] int, sink: [H], scale: float.
-    Returns o: [B, H, D] float64 and lse: [B, H] float64 (natural log, sink included).
-    A request with no used slot gets o = 0 and lse = sink; nothing is NaN.
-    Callers cast to the slot contract's dtypes (o in q's dtype, lse fp32) when they need it.
+    Rows are decoded exactly from the cache layout. Returns o: [B, H, D] float64 and lse: [B, H]
+    float64 (natural log, sink included). A request with no used slot gets o = 0 and lse = sink.
     """
-    used = used_slots(indices, lengths)  # [B, K]
-    rows = kv.double()[indices.clamp(min=0).long()]  # [B, K, D]
-    scores = scale * torch.einsum("bhd,bkd->bhk", q.double(), rows)  # [B, H, K]
-    scores = scores.masked_fill(~used[:, None, :], float("-inf"))
-    sink_logit = sink.double().to(q.device)[None, :, None].expand(q.shape[0], -1, 1)  # [B, H, 1]
+    parts = [(swa, swa_indices, swa_lengths)] + ([(extra, extra_indices, extra_lengths)] if extra is not None else [])
+    B = q.shape[0]
+    rows, used = [], []
+    for cache, idx, lengths in parts:
+        K = idx.shape[1]
+        rows.append(cache.read(idx.clamp(min=0).reshape(-1).cpu() if not cache.data.is_cuda else idx.clamp(min=0).reshape(-1),
+                               torch.float64).cpu().view(B, K, -1))
+        used.append(used_slots(idx, lengths).cpu())
+    rows_all, used_all = torch.cat(rows, dim=1), torch.cat(used, dim=1)  # [B, K, D], [B, K]
+    scores = scale * torch.einsum("bhd,bkd->bhk", q.double().cpu(), rows_all)
+    scores = scores.masked_fill(~used_all[:, None, :], float("-inf"))
+    sink_logit = sink.double().cpu()[None, :, None].expand(B, -1, 1)
     lse = torch.logsumexp(torch.cat([scores, sink_logit], dim=-1), dim=-1)  # [B, H]
-    weights = torch.exp(scores - lse[..., None])  # [B, H, K], 0 where unused
-    o = torch.einsum("bhk,bkd->bhd", weights, rows)
+    o = torch.einsum("bhk,bkd->bhd", torch.exp(scores - lse[..., None]), rows_all)
     return o, lse

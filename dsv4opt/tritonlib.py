@@ -1,0 +1,66 @@
+"""What every Triton kernel in dsv4opt shares: constants, and where Triton may run.
+
+Triton picks interpreter or compiler when a kernel is defined (at import), from TRITON_INTERPRET.
+On a CPU, Triton runs only under its interpreter; there a bf16 `tl.dot` multiplies raw bit patterns
+(triton-lang/triton#11584), so kernels are written generic over dtype and tested in float16/32.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # ln(2): log(x) = log2(x) * LN2
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def interpreted() -> bool:
+    """Triton kernels run in the interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def runs_triton(t: torch.Tensor) -> bool:
+    """A Triton kernel can take `t`: it lives on a CUDA GPU, or the interpreter is on and no bf16
+    tensor-core product would be emulated wrongly (callers with `tl.dot` on bf16 check that)."""
+    return t.is_cuda or interpreted()
+
+
+def dot_dtype_ok(dtype: torch.dtype) -> bool:
+    """`tl.dot` gives the right answer for `dtype` here (the interpreter mishandles bf16)."""
+    return not (interpreted() and dtype == torch.bfloat16)
+
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def round_to_e4m3(x, EMULATE: tl.constexpr):
+    """x (fp32) rounded to the nearest e4m3 value (ties to even), still fp32.
+
+    The interpreter's fp32 -> fp8 conversion drops the carry when rounding reaches the next power
+    of two (124.3 -> 64); kernels round here first under the interpreter so the conversion that
+    follows is exact. On a GPU (EMULATE false) the hardware conversion rounds and this returns x.
+    """
+    if EMULATE:
+        a = tl.abs(x)
+        e = tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), -6.0)  # e4m3: normals from 2^-6
+        step = tl.exp2(e - 3.0)  # 3 mantissa bits
+        y = a / step
+        r = tl.floor(y + 0.5)
+        r = tl.where((r - y == 0.5) & (r - 2.0 * tl.floor(r * 0.5) == 1.0), r - 1.0, r)
+        x = tl.where(x < 0, -r * step, r * step)
+    return x
+
+
+@triton.jit
+def round_to_bf16(x, EMULATE: tl.constexpr):
+    """x (fp32) rounded to the nearest bf16 value (ties to even), still fp32. The interpreter's
+    fp32 -> bf16 conversion truncates; on a GPU (EMULATE false) the conversion rounds."""
+    if EMULATE:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x

@@ -1,0 +1,109 @@
+"""Plain-torch definitions of the baseline kernels: what each computes, written the direct way.
+
+They serve twice: on a CPU outside Triton's interpreter they are the workload's path (SGLang's
+torch fallbacks play the same part), and called with float64 inputs they are the references the
+Triton kernels are tested against. Arithmetic is in float64 when the inputs are float64, else fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4opt.workload import quant
+
+
+def _acc(*ts: torch.Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x: [..., n] -> x / sqrt(mean(x^2) + eps) * weight, in x's dtype."""
+    dt = _acc(x)
+    xf = x.to(dt)
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.to(dt)
+    return y.to(x.dtype)
+
+
+def hc_prenorm(h2: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """h2: [T, K] -> (h2 as fp32 (float64 stays float64), rsqrt(mean(h2^2) + eps) [T])."""
+    flat = h2.to(_acc(h2))
+    return flat, torch.rsqrt(flat.square().mean(-1) + eps)
+
+
+def hc_split_sinkhorn(mix, scale, base, hc: int, iters: int, eps: float):
+    """mix: [T, 2hc + hc*hc] -> pre [T, hc], post [T, hc], comb [T, hc, hc]: sigmoid gates, then a
+    row softmax of comb and `iters` alternating column/row normalisations (columns first)."""
+    dt = _acc(mix)
+    mix, scale, base = mix.to(dt), scale.to(dt), base.to(dt)
+    pre = torch.sigmoid(mix[:, :hc] * scale[0] + base[:hc]) + eps
+    post = 2 * torch.sigmoid(mix[:, hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
+    comb = (mix[:, 2 * hc :] * scale[2] + base[2 * hc :]).view(-1, hc, hc)
+    comb = torch.softmax(comb, dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return pre, post, comb
+
+
+def hc_post(y, residual, post, comb) -> torch.Tensor:
+    """out[t, i] = post[t, i] * y[t] + sum_j comb[t, j, i] * residual[t, j], in residual's dtype."""
+    dt = _acc(y, residual, post)
+    mixed = torch.einsum("tji,tjd->tid", comb.to(dt), residual.to(dt))
+    return (post.to(dt)[:, :, None] * y.to(dt)[:, None, :] + mixed).to(residual.dtype)
+
+
+def block_fp8_matmul(a, a_scale, w, w_scale, block: int) -> torch.Tensor:
+    """Dequantised a (group scales) times dequantised w (block scales) transposed, fp32/float64."""
+    dt = torch.float64 if a_scale.dtype == torch.float64 else torch.float32
+    return quant.dequantize_groups_fp8(a, a_scale, dt) @ quant.dequantize_block_fp8(w, w_scale, block, dt).t()
+
+
+def mm_out_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    dt = _acc(x, w)
+    return x.to(dt) @ w.to(dt).t()
+
+
+def mxfp4_slot_gemv(a, rows, experts, w, w_scale) -> torch.Tensor:
+    """out[s] = a[rows[s]] @ dequant(w[experts[s]])^T, in a's dtype (float64 in, float64 out)."""
+    dt = _acc(a)
+    weights = quant.dequantize_mxfp4(w[experts.long()], w_scale[experts.long()], dt)  # [S, N, K]
+    return torch.einsum("sk,snk->sn", a[rows.long()].to(dt), weights).to(a.dtype)
+
+
+def sqrt_softplus(x: torch.Tensor) -> torch.Tensor:
+    return torch.sqrt(torch.nn.functional.softplus(x))
+
+
+def moe_gate(logits, bias, topk: int, tokens=None, table=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ids (top-k of scores + bias, or table[tokens]) and their scores renormalised."""
+    scores = sqrt_softplus(logits.to(_acc(logits)))
+    if table is not None:
+        ids = table[tokens.long()].long()
+    else:
+        ids = (scores + bias.to(scores.dtype)).topk(topk, dim=-1).indices
+    w = scores.gather(1, ids)
+    return ids.int(), (w / w.sum(-1, keepdim=True)).to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+
+
+def silu_mul_clamp(x: torch.Tensor, limit: float) -> torch.Tensor:
+    I = x.shape[-1] // 2
+    g = x[..., :I].clamp(max=limit).to(_acc(x))
+    u = x[..., I:].clamp(-limit, limit).to(_acc(x))
+    return (torch.nn.functional.silu(g) * u).to(x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Rotate the last 2 * cos.shape[1] dims of x: [B, ..., D] in interleaved pairs (x[2i], x[2i+1])
+    by the angles of position pos[b]; cos/sin: [positions, r/2]. Result in x's dtype."""
+    dt = _acc(x, cos)
+    r2 = cos.shape[1]
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (r2,)
+    c = cos[pos.long()].to(dt).reshape(shape)
+    s = sin[pos.long()].to(dt).reshape(shape) * (-1 if inverse else 1)
+    rot = x[..., -2 * r2 :].to(dt)
+    re, im = rot[..., 0::2], rot[..., 1::2]
+    out = torch.stack([re * c - im * s, re * s + im * c], dim=-1).flatten(-2)
+    return torch.cat([x[..., : -2 * r2].to(dt), out], dim=-1).to(x.dtype)

@@ -1,0 +1,133 @@
+"""The latent KV caches of one layer, in the layout SGLang stores them (or plain rows in the model dtype).
+
+FP8 layout (`flash_mla_sm120_triton.py`, `flash_mla_sm120.py:1-40` at sgl-project/sglang@37ef295c7):
+a cache is pages of `page_size` tokens. A page holds first `page_size` data records of
+`nope + 2 * rope` bytes each (the nope values in e4m3, then the rope values in bf16), then
+`page_size` scale records of `tiles + 1` bytes (one UE8M0 exponent per `tile` nope values and one
+pad byte); the page is padded to a whole number of data records. DeepSeek-V4-Flash: 448 + 128 data
+bytes and 8 scale bytes per token (584 B), 576-byte records.
+
+bf16 layout: one row of D = nope + rope values in the model dtype per token.
+
+Token `t` of a cache lives in page t // page_size at slot t % page_size: attention indices are such
+token numbers, -1 for an unused slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dsv4opt.tritonlib import FP8_MAX
+from dsv4opt.workload.quant import FP8
+
+FP8_LAYOUT, BF16_LAYOUT = "fp8", "bf16"
+AMAX_EPS = 1e-4  # the smallest amax a KV or index-key scale is computed from
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Byte geometry of one FP8 cache; for the bf16 layout only `dim` and `fp8=False` matter."""
+
+    fp8: bool
+    nope: int
+    rope: int
+    tile: int  # nope values per UE8M0 scale
+    page_size: int
+
+    @property
+    def dim(self) -> int:
+        return self.nope + self.rope
+
+    @property
+    def tiles(self) -> int:
+        return -(-self.nope // self.tile)
+
+    @property
+    def data_bytes(self) -> int:
+        return self.nope + 2 * self.rope
+
+    @property
+    def scale_bytes(self) -> int:
+        return self.tiles + 1
+
+    @property
+    def page_bytes(self) -> int:
+        per_page = self.page_size * (self.data_bytes + self.scale_bytes)
+        return -(-per_page // self.data_bytes) * self.data_bytes
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes a kernel reads per token (data and scales)."""
+        return self.data_bytes + self.scale_bytes if self.fp8 else 2 * self.dim
+
+
+@dataclass
+class KVCache:
+    """One paged latent cache. data: fp8 layout uint8 [pages, page_bytes]; bf16 layout [pages * page_size, D]."""
+
+    layout: KVLayout
+    data: torch.Tensor
+
+    @classmethod
+    def allocate(cls, layout: KVLayout, pages: int, dtype: torch.dtype, device) -> "KVCache":
+        if layout.fp8:
+            return cls(layout, torch.zeros(pages, layout.page_bytes, dtype=torch.uint8, device=device))
+        return cls(layout, torch.zeros(pages * layout.page_size, layout.dim, dtype=dtype, device=device))
+
+    @property
+    def tokens(self) -> int:
+        return self.data.shape[0] * (self.layout.page_size if self.layout.fp8 else 1)
+
+    def views(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The same bytes as (e4m3, uint8, bf16) flat tensors, for kernels that read the FP8 layout."""
+        raw = self.data.view(-1).view(torch.uint8)
+        return raw.view(FP8), raw, raw.view(torch.bfloat16)
+
+    def write(self, tokens: torch.Tensor, rows: torch.Tensor) -> None:
+        """Store rows [n, D] (any float dtype) at token numbers `tokens` [n] (torch; graph-safe)."""
+        L = self.layout
+        if not L.fp8:
+            self.data[tokens.long()] = rows.to(self.data.dtype)
+            return
+        nope8, scale_bytes, rope = quantize_rows(rows, L)
+        page, slot = tokens.long() // L.page_size, tokens.long() % L.page_size
+        data_at = page[:, None] * L.page_bytes + slot[:, None] * L.data_bytes  # [n, 1]
+        scales_at = page[:, None] * L.page_bytes + L.page_size * L.data_bytes + slot[:, None] * L.scale_bytes
+        raw = self.data.view(-1)
+        raw[data_at + torch.arange(L.nope, device=raw.device)] = nope8.view(torch.uint8)
+        raw[data_at + L.nope + torch.arange(2 * L.rope, device=raw.device)] = rope.view(torch.uint8).reshape(len(rows), -1)
+        raw[scales_at + torch.arange(L.tiles, device=raw.device)] = scale_bytes
+
+    def read(self, tokens: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+        """Rows [n, D] at token numbers `tokens` (>= 0), decoded to `dtype`."""
+        L = self.layout
+        if not L.fp8:
+            return self.data[tokens.long()].to(dtype)
+        page, slot = tokens.long() // L.page_size, tokens.long() % L.page_size
+        data_at = page[:, None] * L.page_bytes + slot[:, None] * L.data_bytes
+        scales_at = page[:, None] * L.page_bytes + L.page_size * L.data_bytes + slot[:, None] * L.scale_bytes
+        raw = self.data.view(-1)
+        nope = raw[data_at + torch.arange(L.nope, device=raw.device)].view(FP8).to(dtype)
+        rope = raw[data_at + L.nope + torch.arange(2 * L.rope, device=raw.device)].contiguous().view(torch.bfloat16).to(dtype)
+        exps = raw[scales_at + torch.arange(L.tiles, device=raw.device)].to(dtype) - 127.0
+        scale = torch.exp2(exps).repeat_interleave(L.tile, dim=1)[:, : L.nope]
+        return torch.cat([nope * scale, rope], dim=1)
+
+
+def quantize_rows(rows: torch.Tensor, L: KVLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rows [n, D] -> (nope e4m3 [n, nope], UE8M0 scale bytes [n, tiles], rope bf16 [n, rope]).
+
+    Each tile's scale is the power of two at or above max(amax, 1e-4) / 448 (UE8M0, SGLang's
+    `cast_to_ue8m0`), so the tile fits e4m3.
+    """
+    x = rows[:, : L.nope]
+    n = x.shape[0]
+    padded = torch.zeros(n, L.tiles * L.tile, dtype=x.dtype if x.dtype == torch.float64 else torch.float32, device=x.device)
+    padded[:, : L.nope] = x
+    tiles = padded.view(n, L.tiles, L.tile)
+    amax = tiles.abs().amax(-1).clamp(min=AMAX_EPS)
+    exp = torch.ceil(torch.log2(amax / FP8_MAX)).clamp(-127, 127)
+    q = (tiles / torch.exp2(exp)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(n, -1)[:, : L.nope]
+    return q, (exp + 127).to(torch.uint8), rows[:, L.nope :].to(torch.bfloat16)

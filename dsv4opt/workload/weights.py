@@ -1,0 +1,49 @@
+"""Weight holders in the formats the production model keeps (and SGLang's sm_120 path reads)."""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4opt.workload import quant
+from dsv4opt.workload.kernels.linear import block_fp8_matmul, group_quant_fp8
+
+
+class Fp8Linear:
+    """y = x @ W^T with W in block FP8 (e4m3, one fp32 scale per block x block tile).
+
+    What SGLang's `Fp8LinearMethod` runs on sm_120 (fp8_utils.py:475-477, 833-852): the activations
+    quantised per token in groups of `block` values (one kernel), then the block-FP8 Triton GEMM
+    (one kernel). The output is in x's dtype.
+    """
+
+    def __init__(self, weight: torch.Tensor, block: int):
+        self.out_features, self.in_features = weight.shape
+        self.block = block
+        self.w8, self.w_scale = quant.quantize_block_fp8(weight, block)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        q, s = group_quant_fp8(x, self.block)
+        return block_fp8_matmul(q, s, self.w8, self.w_scale, self.block, x.dtype)
+
+    def dense(self) -> torch.Tensor:
+        """The weight this layer applies, [out, in] float64 on the CPU (for references)."""
+        return quant.dequantize_block_fp8(self.w8.cpu(), self.w_scale.cpu(), self.block)
+
+    @property
+    def nbytes(self) -> int:
+        return self.w8.nbytes + self.w_scale.nbytes
+
+
+class Mxfp4Experts:
+    """Expert weight sets [R, N, K] in MXFP4: e2m1 nibbles [R, N, K/2] and fp32 group scales [R, N, K/32]."""
+
+    def __init__(self, sets: int, out_features: int, in_features: int, generator: torch.Generator, device):
+        self.packed, self.scales = quant.random_mxfp4((sets, out_features, in_features), in_features, generator, device)
+
+    def dense(self, index: int) -> torch.Tensor:
+        """Weight set `index` as [N, K] float64 on the CPU."""
+        return quant.dequantize_mxfp4(self.packed[index].cpu(), self.scales[index].cpu())
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes
