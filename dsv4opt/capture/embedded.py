@@ -28,6 +28,7 @@ from dsv4opt.capture.naming import profile_path
 from dsv4opt.capture.settings import EmbeddedSettings
 from dsv4opt.errors import CaptureError
 from dsv4opt.fileio import unique_path
+from dsv4opt.optimizations.registry import implementations
 from dsv4opt.workload.config import ModelConfig
 from dsv4opt.workload.memory import estimate_memory
 
@@ -65,8 +66,8 @@ def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
         task = progress.add_task(f"building {config_name} ({cfg.layers} layers)", total=cfg.layers)
         wl = DecodeWorkload(
             cfg, concurrency=settings.concurrency, context=settings.context, device=device,
-            experts_resident=settings.experts_resident, optimizations=settings.optimizations,
-            seed=settings.seed, dtype=dtype, weights=_weights(settings), max_new_tokens=max_new,
+            experts_resident=settings.experts_resident, impls=implementations(settings.optimizations),
+            seed=settings.seed, dtype=dtype, kv=_kv(settings), max_new_tokens=max_new,
             on_layer=lambda i: progress.advance(task),
         )
         tokens = torch.randint(cfg.vocab, (settings.concurrency,), generator=torch.Generator().manual_seed(settings.seed))
@@ -109,9 +110,9 @@ def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
     return prof, prof.save(out)
 
 
-def _weights(settings: EmbeddedSettings) -> str:
-    """auto (fp8 where the GPU has it), bf16 or fp8; settings without the field mean auto."""
-    return getattr(settings, "weights", None) or "auto"
+def _kv(settings: EmbeddedSettings) -> str:
+    """The KV layout asked for; settings without the field (older profiles) mean fp8."""
+    return getattr(settings, "kv", None) or "fp8"
 
 
 def _pick_device(name: str | None) -> torch.device:
@@ -137,13 +138,9 @@ def _output_path(settings: EmbeddedSettings, config_name: str) -> Path:
 
 def _refuse_if_too_big(cfg, settings, device, dtype, max_new) -> None:
     """Estimate weights + KV + activations and refuse before allocating anything that will not fit."""
-    from dsv4opt.workload import dense
-
-    fp8 = _weights(settings) == "fp8" or (_weights(settings) == "auto" and dense.fp8_supported(device))
     est = estimate_memory(
         cfg, settings.concurrency, settings.context, settings.experts_resident,
-        elem_bytes=dtype.itemsize, fp8=fp8, max_new_tokens=max_new,
-        fp8_experts=fp8 and dense.grouped_gemm_supported(device, dtype),
+        elem_bytes=dtype.itemsize, kv_fp8=_kv(settings) == "fp8", max_new_tokens=max_new,
     )
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else _free_host_memory()
     if free is not None and est.total > MEMORY_HEADROOM * free:
@@ -261,9 +258,8 @@ def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
         "device_kind": device.type,
         "cpu": platform.processor() or platform.machine(),
         "dtype": str(wl.dtype).removeprefix("torch."),
-        "weights": wl.weight_format if wl.dtype == torch.bfloat16 else str(wl.dtype).removeprefix("torch."),
-        "fp8_fallbacks": getattr(wl, "fp8_fallbacks", []),
-        "grouped_gemm": wl.grouped_gemm,
+        "weights": f"fp8 block-{wl.cfg.fp8_block}, MXFP4 experts",
+        "kv": wl.kv_layout,
         "cuda_graph": use_graph,
         "optimizations": list(settings.optimizations),
         "steps": settings.steps,

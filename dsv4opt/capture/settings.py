@@ -17,7 +17,7 @@ class EmbeddedSettings:
     experts_resident: int | None = None  # None: the config's per-rank default
     device: str | None = None  # None: cuda when available, else cpu
     cuda_graph: bool = True
-    weights: str = "auto"  # auto (fp8 where the GPU has it), bf16 or fp8
+    kv: str = "fp8"  # KV cache layout: fp8 (SGLang's) or bf16
     optimizations: list[str] = field(default_factory=list)
     out: Path | None = None  # None: a new file under profiles/
     trace_dir: Path | None = None  # keep the raw trace here when given

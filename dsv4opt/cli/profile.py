@@ -31,7 +31,7 @@ def profile(
     experts_resident: Annotated[Optional[int], typer.Option(min=1, help="Embedded: expert weight sets kept on the device.")] = None,
     device: Annotated[Optional[str], typer.Option(help="Embedded: cuda or cpu (default: cuda when present).")] = None,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph", help="Embedded: replay the decode step as a CUDA graph.")] = True,
-    weights: Annotated[str, typer.Option(help="Embedded: weight format: auto (fp8 where the GPU has it), bf16 or fp8.")] = "auto",
+    kv: Annotated[str, typer.Option(help="Embedded: KV cache layout: fp8 (SGLang's, 584 B a token) or bf16 (1 KB a token).")] = "fp8",
     with_: Annotated[Optional[list[str]], typer.Option("--with", help="Optimisations to switch on, comma-separated (adds to those applied).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Profile JSON to write (default: a new file under profiles/).")] = None,
     trace_dir: Annotated[Optional[Path], typer.Option(help="Keep the raw trace(s) here (sglang: where the server writes them).")] = None,
@@ -47,18 +47,18 @@ def profile(
     """Capture steady-state decode with torch.profiler, rank the GPU kernels, save a profile."""
     from dsv4opt.decision.diagnose import diagnose
     from dsv4opt.loop.apply import record_profile
-    from dsv4opt.optimizations.registry import enabled_optimizations
+    from dsv4opt.loop.enabled import enabled_optimizations
     from dsv4opt.report.decision import print_diagnosis
     from dsv4opt.report.tables import print_profile
 
-    if weights not in ("auto", "bf16", "fp8"):
-        raise DsvOptError(f"--weights must be auto, bf16 or fp8, not {weights!r}")
+    if kv not in ("fp8", "bf16"):
+        raise DsvOptError(f"--kv must be fp8 or bf16, not {kv!r}")
     if target == "embedded":
         from dsv4opt.capture.embedded import profile_embedded
 
         settings = EmbeddedSettings(
             concurrency=concurrency, context=context, steps=steps, warmup=warmup, config=config,
-            layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, weights=weights,
+            layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv,
             optimizations=enabled_optimizations(_split(with_)), out=out, trace_dir=trace_dir, seed=seed,
         )
         prof, path = profile_embedded(settings)

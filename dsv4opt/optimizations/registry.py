@@ -32,7 +32,7 @@ class Optimization:
     name: str
     target_category: str
     replaces: str  # what it replaces, in words
-    slots: tuple[str, ...]  # workload slots (dsv4opt.workload.impls.SLOTS) it provides
+    slots: tuple[str, ...]  # workload slots (dsv4opt.workload.slots.SLOTS) it provides
     env_gate: str
     risk: str  # one phrase
     changes_selection: bool  # changes numerics that decide which tokens attention sees
@@ -63,8 +63,8 @@ OPTIMIZATIONS: dict[str, Optimization] = {
         Optimization(
             name="bf16-gemm",
             target_category="gemm_fp32_simt",
-            replaces="float32 indexer score bmm and hyper-connection pre-mix linear",
-            slots=("indexer_score", "hc_premix"),
+            replaces="float32 indexer logits (torch fallback, fp32 bmm) and hyper-connection pre-mix linear",
+            slots=("indexer_logits", "hc_premix"),
             env_gate="DSV4OPT_BF16_GEMM",
             risk="bf16 indexer scores can change which top-k entries are selected",
             changes_selection=True,
@@ -84,22 +84,18 @@ def get(name: str) -> Optimization:
         ) from None
 
 
+def implementations(names: Iterable[str]) -> dict[str, Callable]:
+    """Slot implementations the named optimisations provide, applied in registry order (later wins)."""
+    wanted = {get(n).name for n in names}
+    impls: dict[str, Callable] = {}
+    for name, opt in OPTIMIZATIONS.items():
+        if name in wanted:
+            provided = opt.implementations()
+            assert set(provided) <= set(opt.slots), f"{name} provides {set(provided)}, declared {opt.slots}"
+            impls.update(provided)
+    return impls
+
+
 def env_enabled(environ: dict[str, str] | None = None) -> list[str]:
     environ = os.environ if environ is None else environ
     return [o.name for o in OPTIMIZATIONS.values() if environ.get(o.env_gate, "") == "1"]
-
-
-def enabled_optimizations(extra: Iterable[str] = (), *, use_state: bool = True) -> list[str]:
-    """Names switched on: applied in the project state, set by env gate, or asked for now.
-
-    Validated and in registry order, so the same set always reads the same.
-    """
-    names = set()
-    for name in extra:
-        names.add(get(name).name)
-    names.update(env_enabled())
-    if use_state:
-        from dsv4opt.state import load_state
-
-        names.update(load_state().enabled)
-    return [n for n in OPTIMIZATIONS if n in names]

@@ -1,48 +1,29 @@
-"""The baseline: SGLang's sm_120 fallbacks, reproduced with real kernels (see docs/workload.md).
+"""The baseline: SGLang's sm_120 path, reproduced with our own kernels (see docs/workload.md).
 
-- attention: the CUDA-core (SIMT) Triton sparse-decode kernel, one program per (request, head);
-- indexer score: dequantise the fp8 index keys to float32, float32 `torch.bmm`, ReLU, weighted
-  sum over index heads;
-- hyper-connection pre-mix: float32 `F.linear`.
+- attention: `flash_mla_sparse_decode_triton`: the CUDA-core Triton kernel over the window cache,
+  then the compressed cache, eager LSE merge and sink (dsv4opt/workload/attention/sm120.py);
+- indexer logits: `fp8_paged_mqa_logits_torch_sm120`: keys dequantised to float32, float32
+  `torch.bmm` (dsv4opt/workload/kernels/indexer.py);
+- hyper-connection pre-mix: float32 `F.linear` (deepseek_v4.py:1246-1252, inside the compiled
+  `hc_pre_torch_impl`; a cuBLAS FP32 SIMT GEMM).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
-
-def attention_simt(q, kv, indices, lengths, sink, scale):
-    """Slot `attention` (signature in dsv4opt/workload/impls.py); Triton imported on first use.
-
-    On a CPU, Triton runs only under its interpreter (TRITON_INTERPRET=1, used by the tests); other
-    CPU runs take SGLang's plain-torch path, which computes the same function.
-    """
-    if q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
-        from dsv4opt.workload.attention.simt import sparse_decode_simt
-
-        return sparse_decode_simt(q, kv, indices, lengths, sink, scale)
-    from dsv4opt.workload.attention.torch_path import sparse_decode_torch
-
-    return sparse_decode_torch(q, kv, indices, lengths, sink, scale)
-
-
-def indexer_score_fp32(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """q: [B, Hi, Di], k: [B, S, Di] fp8, k_scale: [B, S], w: [B, Hi] -> scores [B, S] fp32."""
-    keys = k.float() * k_scale.float()[:, :, None]  # [B, S, Di]
-    logits = torch.bmm(keys, q.float().transpose(1, 2))  # [B, S, Hi]
-    return torch.bmm(torch.relu(logits), w.float()[:, :, None]).squeeze(-1)
+from dsv4opt.workload.attention.sm120 import sparse_decode_sm120
+from dsv4opt.workload.kernels.indexer import index_logits_torch
 
 
 def hc_premix_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x: [T, n*hidden] fp32, weight: [24, n*hidden] -> [T, 24] fp32."""
+    """x: [T, n*hidden] fp32, weight: [24, n*hidden] fp32 -> [T, 24] fp32."""
     return F.linear(x.float(), weight.float())
 
 
 IMPLEMENTATIONS = {
-    "attention": attention_simt,
-    "indexer_score": indexer_score_fp32,
+    "attention": sparse_decode_sm120,
+    "indexer_logits": index_logits_torch,
     "hc_premix": hc_premix_fp32,
 }

@@ -38,7 +38,12 @@ class ModelConfig:
     hash_layers: int  # the first layers route by a token-id hash instead of the router
     vocab: int
     expert_parallel: int  # ranks the routed experts are spread over in the modelled deployment
+    fp8_block: int  # block-FP8 weights: one scale per fp8_block x fp8_block tile; activations in groups of it
+    kv_tile: int  # nope values per UE8M0 scale in the FP8 KV layout
+    kv_page: int  # tokens per KV page (window pages hold kv_page tokens, compressed pages kv_page / ratio)
+    index_page: int  # entries per page of the indexer's key cache
     routed_scale: float = 1.5
+    swiglu_limit: float = 10.0
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     hc_eps: float = 1e-6
@@ -64,6 +69,20 @@ class ModelConfig:
         return 2 * self.hc + self.hc * self.hc
 
     @property
+    def shared_width(self) -> int:
+        """Shared-expert width one rank computes: the shared expert is tensor-parallel over the ranks."""
+        return self.expert_width * self.shared_experts // self.expert_parallel
+
+    @property
+    def window_page(self) -> int:
+        """Tokens per page of the window cache (SGLang's SWA pages are whole KV pages)."""
+        return self.kv_page
+
+    def extra_page(self, kind: str) -> int:
+        """Entries per page of a compressed cache."""
+        return self.kv_page // self.ratio(kind)
+
+    @property
     def experts_resident_default(self) -> int:
         """Expert weight sets one rank holds in the modelled expert-parallel deployment."""
         return self.experts // self.expert_parallel
@@ -86,15 +105,18 @@ CONFIGS = {
             csa_ratio=4, hca_ratio=128, index_heads=64, index_dim=128, index_topk=512,
             hc=4, hc_sinkhorn_iters=20, experts=256, experts_per_token=6, expert_width=2048,
             shared_experts=1, hash_layers=3, vocab=129280, expert_parallel=8,
+            fp8_block=128, kv_tile=64, kv_page=256, index_page=64,
         ),
         # Small enough for CPU tests, yet every code path runs: window-only, CSA with top-k smaller
-        # than the compressed entries, HCA, hash routing, resident sets fewer than experts.
+        # than the compressed entries, HCA, hash routing, resident sets fewer than experts, several
+        # KV pages per request, a shared-expert shard one FP8 block wide.
         ModelConfig(
             name="dsv4-tiny", hidden=64, layers=6, heads=4, head_dim=32, rope_dim=8,
             q_lora=32, o_groups=2, o_lora=16, window=8, window_only_layers=2,
             csa_ratio=4, hca_ratio=16, index_heads=8, index_dim=16, index_topk=6,
-            hc=4, hc_sinkhorn_iters=20, experts=16, experts_per_token=3, expert_width=32,
+            hc=4, hc_sinkhorn_iters=20, experts=16, experts_per_token=3, expert_width=64,
             shared_experts=1, hash_layers=3, vocab=256, expert_parallel=4,
+            fp8_block=16, kv_tile=8, kv_page=16, index_page=4,
         ),
     )
 }

@@ -85,9 +85,30 @@ class KVCache:
         raw = self.data.view(-1).view(torch.uint8)
         return raw.view(FP8), raw, raw.view(torch.bfloat16)
 
+    def fill_random(self, generator: torch.Generator, pages_per_chunk: int = 256) -> None:
+        """Every token of the cache set to a random N(0, 1) row, written page by page in its layout."""
+        L = self.layout
+        if not L.fp8:
+            self.data.normal_(generator=generator)
+            return
+        pages = self.data.shape[0]
+        for p0 in range(0, pages, pages_per_chunk):
+            n = min(pages_per_chunk, pages - p0)
+            rows = torch.randn(n * L.page_size, L.dim, generator=generator, device=self.data.device)
+            nope8, exps, rope = quantize_rows(rows, L)
+            chunk = self.data[p0 : p0 + n]
+            data = chunk[:, : L.page_size * L.data_bytes].view(n, L.page_size, L.data_bytes)
+            data[..., : L.nope] = nope8.view(torch.uint8).view(n, L.page_size, L.nope)
+            data[..., L.nope :] = rope.view(torch.uint8).view(n, L.page_size, 2 * L.rope)
+            scale_end = L.page_size * (L.data_bytes + L.scale_bytes)
+            scales = chunk[:, L.page_size * L.data_bytes : scale_end].view(n, L.page_size, L.scale_bytes)
+            scales[..., : L.tiles] = exps.view(n, L.page_size, L.tiles)
+
     def write(self, tokens: torch.Tensor, rows: torch.Tensor) -> None:
         """Store rows [n, D] (any float dtype) at token numbers `tokens` [n] (torch; graph-safe)."""
         L = self.layout
+        if not len(tokens):
+            return
         if not L.fp8:
             self.data[tokens.long()] = rows.to(self.data.dtype)
             return
@@ -129,5 +150,59 @@ def quantize_rows(rows: torch.Tensor, L: KVLayout) -> tuple[torch.Tensor, torch.
     tiles = padded.view(n, L.tiles, L.tile)
     amax = tiles.abs().amax(-1).clamp(min=AMAX_EPS)
     exp = torch.ceil(torch.log2(amax / FP8_MAX)).clamp(-127, 127)
-    q = (tiles / torch.exp2(exp)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(n, -1)[:, : L.nope]
+    q = (tiles / torch.exp2(exp)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(n, L.tiles * L.tile)[:, : L.nope]
     return q, (exp + 127).to(torch.uint8), rows[:, L.nope :].to(torch.bfloat16)
+
+
+@dataclass
+class IndexKeyCache:
+    """The indexer's key cache: pages of `page_size` entries, each page `page_size * dim` e4m3
+    values then `page_size` fp32 scales (SGLang's index-K buffer, deepseek_v4_memory_pool.py:279-299;
+    64 entries x 132 B for DeepSeek-V4-Flash). data: uint8 [pages, page_size * (dim + 4)]."""
+
+    dim: int
+    page_size: int
+    data: torch.Tensor
+
+    @classmethod
+    def allocate(cls, dim: int, page_size: int, pages: int, device) -> "IndexKeyCache":
+        return cls(dim, page_size, torch.zeros(pages, page_size * (dim + 4), dtype=torch.uint8, device=device))
+
+    @property
+    def page_bytes(self) -> int:
+        return self.page_size * (self.dim + 4)
+
+    def fill_random(self, generator: torch.Generator) -> None:
+        """Every entry set to a random N(0, 1) key, quantised as the compressor would store it."""
+        pages = self.data.shape[0]
+        keys, scales = quantize_index_key(torch.randn(pages * self.page_size, self.dim, generator=generator,
+                                                      device=self.data.device))
+        self.data[:, : self.page_size * self.dim] = keys.view(torch.uint8).view(pages, -1)
+        self.data[:, self.page_size * self.dim :] = scales.view(torch.uint8).view(pages, -1)
+
+    def write(self, tokens: torch.Tensor, keys: torch.Tensor, scales: torch.Tensor) -> None:
+        """Store e4m3 keys [n, dim] with fp32 scales [n] at entry numbers `tokens` [n]."""
+        if not len(tokens):
+            return
+        page, slot = tokens.long() // self.page_size, tokens.long() % self.page_size
+        raw = self.data.view(-1)
+        at = page[:, None] * self.page_bytes + slot[:, None] * self.dim
+        raw[at + torch.arange(self.dim, device=raw.device)] = keys.view(torch.uint8)
+        at_s = page[:, None] * self.page_bytes + self.page_size * self.dim + 4 * slot[:, None]
+        raw[at_s + torch.arange(4, device=raw.device)] = scales.float().contiguous().view(torch.uint8).view(-1, 4)
+
+    def read(self, tokens: torch.Tensor, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys [n, dim], scales [n]) at entry numbers `tokens`, decoded to `dtype`."""
+        page, slot = tokens.long() // self.page_size, tokens.long() % self.page_size
+        raw = self.data.view(-1)
+        at = page[:, None] * self.page_bytes + slot[:, None] * self.dim
+        keys = raw[at + torch.arange(self.dim, device=raw.device)].view(FP8).to(dtype)
+        at_s = page[:, None] * self.page_bytes + self.page_size * self.dim + 4 * slot[:, None]
+        scales = raw[at_s + torch.arange(4, device=raw.device)].contiguous().view(torch.float32)[:, 0].to(dtype)
+        return keys, scales
+
+
+def quantize_index_key(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [n, dim] -> (e4m3 [n, dim], fp32 scale [n] = max(amax, 1e-4) / 448): one scale per key or query."""
+    scale = x.abs().amax(-1).clamp(min=AMAX_EPS) / FP8_MAX
+    return (x / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale.float()

@@ -6,8 +6,10 @@ import math
 from dataclasses import dataclass
 
 from dsv4opt.workload.config import CSA, WINDOW, ModelConfig
+from dsv4opt.workload.kvcache import KVLayout
+from dsv4opt.workload.quant import MXFP4_GROUP
 
-FP32, INT64 = 4, 8
+FP32, INT32 = 4, 4
 WORKSPACE = 1 << 30  # cuBLAS/Triton workspaces, allocator slack and fragmentation
 
 
@@ -22,61 +24,71 @@ class MemoryEstimate:
         return self.weights + self.caches + self.activations
 
 
-def estimate_memory(
-    cfg: ModelConfig,
-    concurrency: int,
-    context: int,
-    experts_resident: int | None = None,
-    elem_bytes: int = 2,
-    fp8: bool = False,
-    max_new_tokens: int = 256,
-    fp8_experts: bool | None = None,
-) -> MemoryEstimate:
+def fp8_linear_bytes(cfg: ModelConfig, out_f: int, in_f: int) -> int:
+    b = cfg.fp8_block
+    return out_f * in_f + math.ceil(out_f / b) * math.ceil(in_f / b) * FP32
+
+
+def mxfp4_bytes(sets: int, out_f: int, in_f: int) -> int:
+    return sets * out_f * (in_f // 2 + in_f // MXFP4_GROUP * FP32)
+
+
+def kv_cache_bytes(layout: KVLayout, pages: int, elem_bytes: int) -> int:
+    if layout.fp8:
+        return pages * layout.page_bytes
+    return pages * layout.page_size * layout.dim * elem_bytes
+
+
+def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_resident: int | None = None,
+                    elem_bytes: int = 2, kv_fp8: bool = True, max_new_tokens: int = 256) -> MemoryEstimate:
     """Bytes for `cfg` (already cut to its layers) at C requests of up to 1.25 x context tokens.
 
-    Mirrors what DecodeWorkload allocates; fp8 stores the projections other than the LM head and
-    the grouped o_a as 1-byte weights with one fp32 scale per output row; fp8_experts (default:
-    fp8) says whether the routed experts are fp8 too (that needs the grouped GEMMs of sm_90+).
+    Mirrors what DecodeWorkload allocates (tested on the tiny config).
     """
-    fp8_experts = fp8 if fp8_experts is None else fp8_experts
     C, d, e = concurrency, cfg.hidden, elem_bytes
     R = experts_resident or cfg.experts_resident_default
-    H, D, G, F = cfg.heads, cfg.head_dim, cfg.o_groups, cfg.expert_width
+    H, D, G, I = cfg.heads, cfg.head_dim, cfg.o_groups, cfg.expert_width
     Hi, Di = cfg.index_heads, cfg.index_dim
     max_context = max(1, round(1.25 * context)) + max_new_tokens
 
-    def dense(out_f: int, in_f: int) -> int:
-        return out_f * in_f + out_f * FP32 if fp8 else out_f * in_f * e
+    def layout(page: int) -> KVLayout:
+        return KVLayout(kv_fp8, D - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, page)
 
     weights = 2 * cfg.vocab * d * e + cfg.hc * cfg.hc * d * FP32  # embedding, LM head, hc head
+    weights += d * e  # final norm
     caches = 0
     for i in range(cfg.layers):
         kind = cfg.layer_kind(i)
-        weights += dense(cfg.q_lora, d) + dense(H * D, cfg.q_lora) + dense(D, d) + dense(d, G * cfg.o_lora)
-        weights += G * cfg.o_lora * (H // G * D) * e + H * FP32
+        weights += fp8_linear_bytes(cfg, cfg.q_lora + D, d) + fp8_linear_bytes(cfg, H * D, cfg.q_lora)
+        weights += fp8_linear_bytes(cfg, d, G * cfg.o_lora) + G * cfg.o_lora * (H // G * D) * e + H * FP32
         weights += (2 * d + cfg.q_lora + D) * e  # norms
         weights += cfg.experts * d * e + cfg.experts * FP32  # router and its bias
-        weights += (R * 3 * F * d + R * (2 * F + d) * FP32) if fp8_experts else R * 3 * F * d * e
-        weights += dense(2 * F * cfg.shared_experts, d) + dense(d, F * cfg.shared_experts)
+        weights += fp8_linear_bytes(cfg, 2 * cfg.shared_width, d) + fp8_linear_bytes(cfg, d, cfg.shared_width)
+        weights += mxfp4_bytes(R, 2 * I, d) + mxfp4_bytes(R, d, I)
         weights += 2 * (cfg.hc_mix * cfg.hc * d + 3 + cfg.hc_mix) * FP32
         if i < cfg.hash_layers:
-            weights += cfg.vocab * cfg.experts_per_token * INT64
-        slots = 0
-        if kind != WINDOW:
-            ratio = cfg.ratio(kind)
-            slots = math.ceil(max_context / ratio)
-            weights += 2 * dense(D, d) + ratio * D * FP32 + D * e
-            caches += 2 * C * ratio * D * FP32
+            weights += cfg.vocab * cfg.experts_per_token * INT32
+        caches += kv_cache_bytes(layout(cfg.window_page), C, e)
+        if kind == WINDOW:
+            continue
+        ratio = cfg.ratio(kind)
+        coff = 2 if kind == CSA else 1
+        slots = math.ceil(max_context / ratio)
+        weights += 2 * coff * D * d * e + coff * ratio * D * FP32 + D * FP32  # wkv_gate, ape, norm
+        caches += kv_cache_bytes(layout(cfg.extra_page(kind)), C * math.ceil(slots / cfg.extra_page(kind)), e)
+        caches += C * coff * ratio * 2 * coff * D * FP32  # compressor state ring
         if kind == CSA:
-            weights += dense(Hi * Di, cfg.q_lora) + dense(Hi, d) + 2 * dense(Di, d) + ratio * Di * FP32
-            caches += C * slots * (Di + FP32) + 2 * C * ratio * Di * FP32
-        caches += C * (slots + cfg.window) * D * e
+            weights += fp8_linear_bytes(cfg, Hi * Di, cfg.q_lora) + Hi * d * e
+            weights += 4 * Di * d * e + 8 * Di * FP32 + Di * FP32  # the indexer's compressor
+            caches += C * math.ceil(slots / cfg.index_page) * cfg.index_page * (Di + 4)
+            caches += C * 8 * 4 * Di * FP32
 
-    csa_slots = math.ceil(max_context / cfg.csa_ratio)
+    EP = cfg.expert_parallel
+    csa_entries = math.ceil(math.ceil(max_context / cfg.csa_ratio) / cfg.index_page) * cfg.index_page
     step = C * cfg.vocab * (e + 2 * FP32)  # logits in the model dtype, fp32, and argmax input
-    step += C * csa_slots * (Di + Hi + 2) * FP32  # the baseline indexer: fp32 keys, [B, S, Hi] logits
+    step += C * csa_entries * (2 * Di + Hi + 4) * FP32  # the torch indexer: gathered pages, fp32 keys, [B, S, Hi]
+    step += EP * C * cfg.experts_per_token * (3 * I + 2 * d) * FP32  # per-slot MoE intermediates
     step += C * H * D * 4 * FP32 + C * cfg.hc * d * 8 * FP32  # attention and hyper-connection temps
-    build = cfg.vocab * cfg.experts * (FP32 + 2 * INT64)  # hash-routing table: rand + argsort
-    if fp8_experts:  # one layer's expert sets in the model dtype before quantisation
-        build = max(build, R * 2 * F * d * e + 2 * F * d * 3 * FP32)
+    build = cfg.vocab * cfg.experts * (FP32 + 2 * 8)  # hash-routing table: rand + argsort
+    build = max(build, 2 * max(H * D * cfg.q_lora, d * G * cfg.o_lora) * FP32)  # a weight before quantisation
     return MemoryEstimate(weights=weights, caches=caches, activations=max(step, build) + WORKSPACE)

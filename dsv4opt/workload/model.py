@@ -1,59 +1,73 @@
-"""One rank's batched decode step of a DeepSeek-V4-Flash-shaped model (random weights, real shapes).
+"""One rank's batched decode step of DeepSeek-V4-Flash as SGLang runs it on sm_120 (random weights).
 
-What is modelled and what is not is written down in docs/workload.md. Every part of the step runs
-inside a `torch.profiler.record_function` range named after it (PARTS) so the analysis can attribute
-GPU time to model parts, and the whole step is free of host syncs so it can be captured as a CUDA
-graph: no .item(), no nonzero, no Python branch on a tensor's value.
+The step launches what SGLang's sm_120 path launches at sgl-project/sglang@37ef295c7, part by part
+(docs/workload.md has the table, ../shared/docs/sglang-dsv4-sm120.md the source lines), with our
+own kernels standing in for SGLang's TileLang/JIT/sgl-kernel ones (dsv4opt/workload/kernels/).
+Every part runs inside a `torch.profiler.record_function` range named after it (PARTS), and the
+step is free of host syncs so it can be captured as a CUDA graph.
+
+One rank of a deployment with data-parallel attention and expert parallelism over
+`cfg.expert_parallel` ranks: attention for the rank's own C requests; the MoE over the tokens of
+all ranks (SGLang gathers them when no all-to-all backend is set), the rank's share of the
+tensor-parallel shared expert, and per-slot GEMVs over every (token, expert) slot, where slots of
+experts on other ranks run on local expert 0 and are zeroed. The other ranks' tokens are copies of
+this rank's (the all-gather and the reduce-scatter themselves are not modelled), and this rank's
+own tokens are routed to resident expert set e mod R so the step computes their whole MoE.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
 from dsv4opt.errors import DsvOptError
-from dsv4opt.workload import ops
+from dsv4opt.workload.baseline import IMPLEMENTATIONS
 from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
-from dsv4opt.workload.dense import (
-    BF16, FP8_FORMAT, Dense, GroupedDense, fp8_supported, grouped_gemm_supported, quantize_rows,
-)
-from dsv4opt.workload.impls import resolve
+from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_rope_store
+from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, select_topk
+from dsv4opt.workload.kernels.linear import mm_out_fp32
+from dsv4opt.workload.kernels.mhc import hc_post, hc_prenorm, hc_split_sinkhorn
+from dsv4opt.workload.kernels.moe import moe_gate, mxfp4_slot_gemv, silu_mul_clamp
+from dsv4opt.workload.kernels.norm import rms_norm
+from dsv4opt.workload.kernels.rope import kv_norm_rope_store, q_norm_rope, rope_inplace
+from dsv4opt.workload.kvcache import BF16_LAYOUT, FP8_LAYOUT, IndexKeyCache, KVCache, KVLayout
+from dsv4opt.workload.slots import with_overrides
+from dsv4opt.workload.weights import Fp8Linear, Mxfp4Experts
 
 PARTS = (
-    "embed", "mhc_pre", "attn_norm", "q_proj", "kv_proj", "compress", "indexer", "attn", "o_proj", "mhc_post",
-    "moe", "mhc_head", "lm_head",
+    "embed", "mhc_pre", "attn_norm", "qkv", "indexer", "compress", "attn", "o_proj", "mhc_post",
+    "ffn_norm", "moe", "mhc_head", "lm_head",
 )
-GROUP_ALIGN = 16  # rows per expert group in the grouped GEMMs are padded to this (fp8 TMA alignment)
+INDEX_ALIGN = 64  # index widths are padded to a multiple of this (SGLang's PAGE_INDEX_ALIGNED_SIZE)
 
 
 @dataclass
 class Layer:
-    """Weights and caches of one layer. Caches hold C requests; M compressed slots, W window slots.
-
-    pool:      [C, M + W, D] latent KV: compressed entries first, then the raw-token window ring
-    comp_kv, comp_gate: [C, ratio, D] fp32 tokens of the compression group in progress
-    idx_k:     [C, M, Di] fp8 e4m3 index keys (CSA), idx_scale: [C, M] fp32
-    idx_kv, idx_gate: [C, ratio, Di] fp32 index-key group in progress (CSA)
-    """
+    """Weights and caches of one layer; `slots` = compressed entries a request can hold (0: window only)."""
 
     index: int
     kind: str
-    slots: int  # M: compressed entries a request can hold (0 on window-only layers)
-    w: dict[str, torch.Tensor | Dense | GroupedDense] = field(default_factory=dict)
-    cache: dict[str, torch.Tensor] = field(default_factory=dict)
+    slots: int
+    w: dict = field(default_factory=dict)
+    swa: KVCache | None = None  # the window cache: one page of cfg.window_page tokens per request
+    extra: KVCache | None = None  # compressed entries: `pages` pages per request
+    pages: int = 0
+    state: torch.Tensor | None = None  # compressor state ring [C, ring, W] fp32
+    index_keys: IndexKeyCache | None = None  # CSA only
+    index_pages: int = 0
+    index_state: torch.Tensor | None = None
 
 
 class DecodeWorkload:
     """C requests decoding one token per `step`, with their caches filled at construction.
 
     Two workloads built with the same arguments on the same device hold identical weights, caches
-    and contexts whatever `optimizations` says: optimisations only change which implementation each
-    slot (dsv4opt.workload.impls) uses.
+    and contexts whatever `impls` says: an optimisation only replaces slot implementations.
     """
 
     def __init__(
@@ -64,52 +78,60 @@ class DecodeWorkload:
         device: str | torch.device = "cpu",
         layers: int | None = None,
         experts_resident: int | None = None,
-        optimizations: Iterable[str] = (),
+        impls: dict[str, Callable] | None = None,
         seed: int = 0,
         dtype: torch.dtype = torch.bfloat16,
-        weights: str = "auto",
+        kv: str = FP8_LAYOUT,
         max_new_tokens: int = 256,
         on_layer: Callable[[int], None] | None = None,
     ):
         if concurrency < 1 or context < 1:
             raise DsvOptError("concurrency and context must be at least 1")
-        self.cfg = cfg.with_layers(layers)
-        cfg = self.cfg
+        if kv not in (FP8_LAYOUT, BF16_LAYOUT):
+            raise DsvOptError(f"unknown KV layout {kv!r}; use fp8 or bf16")
+        self.cfg = cfg = cfg.with_layers(layers)
         self.concurrency = C = concurrency
         self.context = context
         self.device = torch.device(device)
         self.dtype = dtype
+        self.kv_layout = kv
         self.experts_resident = experts_resident or cfg.experts_resident_default
         if not 1 <= self.experts_resident <= cfg.experts:
             raise DsvOptError(f"--experts-resident must be within 1..{cfg.experts}")
-        self.optimizations = tuple(optimizations)
-        self.impls = resolve(self.optimizations)
-        self.weight_format = _pick_format(weights, self.device)
-        self.grouped_gemm = grouped_gemm_supported(self.device, dtype)
+        self.impls = with_overrides(IMPLEMENTATIONS, impls or {})
 
         host = torch.Generator().manual_seed(seed)
         lo, hi = max(1, round(0.75 * context)), max(1, round(1.25 * context))
         self.contexts = torch.randint(lo, hi + 1, (C,), generator=host)  # tokens already seen
         self.max_context = int(self.contexts.max()) + max_new_tokens
         self.pos = self.contexts.to(self.device, copy=True)  # position of the token each request decodes next
-        self._rows = torch.arange(C, device=self.device)
+        self.rows = torch.arange(C, device=self.device)
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self._rope_tables()
 
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        self._gen = gen
         self.embed = self._randn(cfg.vocab, cfg.hidden, scale=1.0)
         self.layers = []
         for i in range(cfg.layers):
             self.layers.append(self._build_layer(i))
             if on_layer:
                 on_layer(i)
-        self.hc_head_fn = self._randn(cfg.hc, cfg.hc * cfg.hidden, dtype=torch.float32, scale=(cfg.hc * cfg.hidden) ** -0.5)
+        self.hc_head_fn = self._randn(cfg.hc, cfg.hc * cfg.hidden, dtype=torch.float32)
         self.hc_head_scale = torch.ones(1, device=self.device)
         self.hc_head_base = torch.zeros(cfg.hc, device=self.device)
-        self.final_norm = torch.ones(cfg.hidden, device=self.device, dtype=dtype)
-        # The LM head stays in the model dtype in production as well (not quantised).
-        self.lm_head = Dense(self._randn(cfg.vocab, cfg.hidden), BF16)
+        self.final_norm = self._norm_weight(cfg.hidden)
+        self.lm_head = self._randn(cfg.vocab, cfg.hidden)  # bf16 in production as well
+        # This rank's own rows route to resident set e mod R; rows standing for other ranks' tokens
+        # belong to experts elsewhere: -1, which the slot kernels run on local expert 0 and zero.
+        E, R, EP = cfg.experts, self.experts_resident, cfg.expert_parallel
+        owner = torch.full((EP, E), -1, dtype=torch.int32, device=self.device)
+        owner[0] = torch.arange(E, device=self.device, dtype=torch.int32) % R
+        self.local_expert = owner
+        self.row_rank = torch.arange(EP * C, device=self.device) // C
         self.last_hidden: torch.Tensor | None = None
-        self._probe_fp8()
+        # Set by correctness gates: each block also runs with these slot implementations, on the
+        # same input, and the pair of outputs is passed to `on_block` (see _run_block).
+        self.compare_impls: dict[str, Callable] | None = None
+        self.on_block: Callable[[str, int, torch.Tensor, torch.Tensor], None] | None = None
 
     # ---- construction -------------------------------------------------------------------------
 
@@ -118,100 +140,88 @@ class DecodeWorkload:
         t = torch.randn(*shape, generator=self._gen, device=self.device, dtype=dtype or self.dtype)
         return t.mul_(shape[-1] ** -0.5 if scale is None else scale)
 
-    def _dense(self, out_features: int, in_features: int) -> Dense:
-        return Dense(self._randn(out_features, in_features), self.weight_format)
+    def _norm_weight(self, n: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return 1.0 + self._randn(n, dtype=dtype or self.dtype, scale=0.1)
 
-    def _grouped(self, out_features: int, in_features: int) -> GroupedDense:
-        """Resident expert weight sets; fp8 only where the grouped GEMMs run (else a dense fallback)."""
-        fmt = self.weight_format if self.grouped_gemm else BF16
-        return GroupedDense(self._randn(self.experts_resident, out_features, in_features), fmt)
+    def _fp8(self, out_features: int, in_features: int) -> Fp8Linear:
+        return Fp8Linear(self._randn(out_features, in_features), self.cfg.fp8_block)
+
+    def _rope_tables(self) -> None:
+        """cos/sin [positions, rope/2] fp32 for every position the run can reach (SGLang's freqs_cis)."""
+        cfg = self.cfg
+        i = torch.arange(0, cfg.rope_dim, 2, dtype=torch.float64)
+        t = torch.arange(self.max_context + 1, dtype=torch.float64)
+        angles = (t[:, None] * cfg.rope_theta ** (-i / cfg.rope_dim)[None, :]).float()
+        self.cos = angles.cos().to(self.device)
+        self.sin = angles.sin().to(self.device)
+
+    def kv_cache_layout(self, page_size: int) -> KVLayout:
+        cfg = self.cfg
+        return KVLayout(self.kv_layout == FP8_LAYOUT, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, page_size)
 
     def _build_layer(self, i: int) -> Layer:
         cfg, C, dev = self.cfg, self.concurrency, self.device
         kind = cfg.layer_kind(i)
-        H, D, G = cfg.heads, cfg.head_dim, cfg.o_groups
-        ratio = cfg.ratio(kind) if kind != WINDOW else 1
-        slots = 0 if kind == WINDOW else math.ceil(self.max_context / ratio)
+        H, D, G, d = cfg.heads, cfg.head_dim, cfg.o_groups, cfg.hidden
         w: dict = {
-            "attn_norm": torch.ones(cfg.hidden, device=dev, dtype=self.dtype),
-            "q_a": self._dense(cfg.q_lora, cfg.hidden),
-            "q_norm": torch.ones(cfg.q_lora, device=dev, dtype=self.dtype),
-            "q_b": self._dense(H * D, cfg.q_lora),
-            "kv": self._dense(D, cfg.hidden),
-            "kv_norm": torch.ones(D, device=dev, dtype=self.dtype),
+            "attn_norm": self._norm_weight(d),
+            "wqkv_a": self._fp8(cfg.q_lora + D, d),  # wq_a and wkv fused (SGLANG_OPT_FUSE_WQA_WKV)
+            "q_norm": self._norm_weight(cfg.q_lora),
+            "wq_b": self._fp8(H * D, cfg.q_lora),
+            "kv_norm": self._norm_weight(D),
             "sink": self._randn(H, dtype=torch.float32, scale=1.0),
-            "o_a": self._randn(G, cfg.o_lora, H // G * D),
-            "o_b": self._dense(cfg.hidden, G * cfg.o_lora),
-            "ffn_norm": torch.ones(cfg.hidden, device=dev, dtype=self.dtype),
-            "router": self._randn(cfg.experts, cfg.hidden),
-            "router_bias": self._randn(cfg.experts, dtype=torch.float32, scale=0.01),
-            "w13": self._grouped(2 * cfg.expert_width, cfg.hidden),
-            "w2": self._grouped(cfg.hidden, cfg.expert_width),
-            "shared_w13": self._dense(2 * cfg.expert_width * cfg.shared_experts, cfg.hidden),
-            "shared_w2": self._dense(cfg.hidden, cfg.expert_width * cfg.shared_experts),
+            "wo_a": self._randn(G, cfg.o_lora, H // G * D),  # bf16 (FP8_WO_A_GEMM is off on sm_120)
+            "wo_b": self._fp8(d, G * cfg.o_lora),
+            "ffn_norm": self._norm_weight(d),
+            "router": self._randn(cfg.experts, d),
+            "router_bias": self._randn(cfg.experts, dtype=torch.float32, scale=0.1),
+            "shared_w13": self._fp8(2 * cfg.shared_width, d),
+            "shared_w2": self._fp8(d, cfg.shared_width),
+            "w13": Mxfp4Experts(self.experts_resident, 2 * cfg.expert_width, d, self._gen, dev),
+            "w2": Mxfp4Experts(self.experts_resident, d, cfg.expert_width, self._gen, dev),
         }
         for sub in ("attn", "ffn"):
-            # Pre-mix weights stay fp32: the baseline's F.linear runs in fp32 (sm_120 fallback).
-            w[f"hc_{sub}_fn"] = self._randn(cfg.hc_mix, cfg.hc * cfg.hidden, dtype=torch.float32)
-            w[f"hc_{sub}_scale"] = torch.ones(3, device=dev)
+            w[f"hc_{sub}_fn"] = self._randn(cfg.hc_mix, cfg.hc * d, dtype=torch.float32)
+            w[f"hc_{sub}_scale"] = 1.0 + self._randn(3, dtype=torch.float32, scale=0.1)
             w[f"hc_{sub}_base"] = self._randn(cfg.hc_mix, dtype=torch.float32, scale=0.1)
         if i < cfg.hash_layers:
             w["hash_experts"] = torch.rand(cfg.vocab, cfg.experts, generator=self._gen, device=dev).argsort(-1)[
                 :, : cfg.experts_per_token
-            ].contiguous()
-        cache = {"pool": self._randn(C, slots + cfg.window, D, scale=1.0)}
+            ].to(torch.int32).contiguous()
+        layer = Layer(index=i, kind=kind, slots=0, w=w)
+        layer.swa = KVCache.allocate(self.kv_cache_layout(cfg.window_page), C, self.dtype, dev)
+        layer.swa.fill_random(self._gen)
         if kind != WINDOW:
-            w["comp_kv"] = self._dense(D, cfg.hidden)
-            w["comp_gate"] = self._dense(D, cfg.hidden)
-            w["comp_ape"] = self._randn(ratio, D, dtype=torch.float32, scale=0.1)
-            w["comp_norm"] = torch.ones(D, device=dev, dtype=self.dtype)
-            cache["comp_kv"] = self._randn(C, ratio, D, dtype=torch.float32, scale=1.0)
-            cache["comp_gate"] = self._randn(C, ratio, D, dtype=torch.float32, scale=1.0)
+            ratio = cfg.ratio(kind)
+            overlap = kind == CSA
+            layer.slots = math.ceil(self.max_context / ratio)
+            page = cfg.extra_page(kind)
+            layer.pages = math.ceil(layer.slots / page)
+            layer.extra = KVCache.allocate(self.kv_cache_layout(page), C * layer.pages, self.dtype, dev)
+            layer.extra.fill_random(self._gen)
+            self._add_compressor(layer, "comp", D, ratio, overlap)
         if kind == CSA:
             Hi, Di = cfg.index_heads, cfg.index_dim
-            w["idx_q"] = self._dense(Hi * Di, cfg.q_lora)
-            w["idx_w"] = self._dense(Hi, cfg.hidden)
-            w["idx_kv"] = self._dense(Di, cfg.hidden)
-            w["idx_gate"] = self._dense(Di, cfg.hidden)
-            w["idx_ape"] = self._randn(ratio, Di, dtype=torch.float32, scale=0.1)
-            keys, scale = quantize_rows(self._randn(C * slots, Di, dtype=torch.float32, scale=1.0))
-            cache["idx_k"] = keys.view(C, slots, Di)
-            cache["idx_scale"] = scale.view(C, slots)
-            cache["idx_kv"] = self._randn(C, ratio, Di, dtype=torch.float32, scale=1.0)
-            cache["idx_gate"] = self._randn(C, ratio, Di, dtype=torch.float32, scale=1.0)
-        return Layer(index=i, kind=kind, slots=slots, w=w, cache=cache)
+            w["idx_wq_b"] = self._fp8(Hi * Di, cfg.q_lora)
+            w["idx_weights_proj"] = self._randn(Hi, d)  # bf16, unquantised
+            self._add_compressor(layer, "idx", Di, cfg.csa_ratio, True)
+            layer.index_pages = math.ceil(layer.slots / cfg.index_page)
+            layer.index_keys = IndexKeyCache.allocate(Di, cfg.index_page, C * layer.index_pages, dev)
+            layer.index_keys.fill_random(self._gen)
+        return layer
 
-    def _probe_fp8(self) -> None:
-        """Run every fp8 projection once; a shape this torch/GPU cannot run falls back to bf16."""
-        self.fp8_fallbacks: list[str] = []
-        if self.weight_format != FP8_FORMAT:
-            return
-        tried: dict[tuple, bool] = {}
-        for layer in self.layers:
-            for name, v in layer.w.items():
-                if not isinstance(v, (Dense, GroupedDense)) or v.format != FP8_FORMAT:
-                    continue
-                key = (type(v).__name__, v.out_features, v.in_features)
-                if key not in tried:
-                    try:
-                        self._try_once(v)
-                        tried[key] = True
-                    except (RuntimeError, NotImplementedError, AttributeError, TypeError) as exc:
-                        tried[key] = False
-                        self.fp8_fallbacks.append(f"{name} {v.out_features}x{v.in_features}: {str(exc).splitlines()[0][:120]}")
-                if tried[key]:
-                    continue
-                if isinstance(v, Dense):
-                    v.fall_back(self.dtype)
-                else:
-                    v.fall_back()
-
-    def _try_once(self, v) -> None:
-        if isinstance(v, Dense):
-            v(torch.zeros(self.concurrency, v.in_features, device=self.device, dtype=self.dtype))
-            return
-        offs = torch.arange(1, v.groups + 1, device=self.device, dtype=torch.int32) * GROUP_ALIGN
-        v.grouped(torch.zeros(v.groups * GROUP_ALIGN, v.in_features, device=self.device, dtype=self.dtype), offs)
+    def _add_compressor(self, layer: Layer, prefix: str, hd: int, ratio: int, overlap: bool) -> None:
+        """Weights and state ring of a compressor: kv|score projections (doubled with overlap)."""
+        coff = 2 if overlap else 1
+        win = coff * ratio
+        layer.w[f"{prefix}_wkv_gate"] = self._randn(2 * coff * hd, self.cfg.hidden)  # bf16, fp32 output
+        layer.w[f"{prefix}_ape"] = self._randn(win, hd, dtype=torch.float32, scale=0.1)
+        layer.w[f"{prefix}_norm"] = self._norm_weight(hd, torch.float32)
+        state = self._randn(self.concurrency, win, 2 * coff * hd, dtype=torch.float32, scale=1.0)
+        if prefix == "idx":
+            layer.index_state = state
+        else:
+            layer.state = state
 
     # ---- the decode step ----------------------------------------------------------------------
 
@@ -219,189 +229,197 @@ class DecodeWorkload:
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [C] int64 -> logits [C, vocab] fp32; every request advances by one token."""
         cfg, C = self.cfg, self.concurrency
-        pos = self.pos
         with record_function("embed"):
             x = self.embed[tokens]
             h = x[:, None, :].expand(C, cfg.hc, cfg.hidden).contiguous()
-            cos, sin = ops.rope_cos_sin(pos, cfg.rope_dim, cfg.rope_theta)
+            meta = self._metadata(tokens)
         for layer in self.layers:
-            h = self._attention_block(layer, h, pos, cos, sin)
-            h = self._ffn_block(layer, h, tokens)
+            h = self._run_block(self._attention_block, layer, h, meta)
+            h = self._run_block(self._ffn_block, layer, h, meta)
         with record_function("mhc_head"):
-            normed = self._hc_normed(h)
-            mix = F.linear(normed, self.hc_head_fn)
+            flat, rsqrt = hc_prenorm(h, cfg.norm_eps)
+            mix = F.linear(flat, self.hc_head_fn) * rsqrt[:, None]
             pre = torch.sigmoid(mix * self.hc_head_scale + self.hc_head_base) + cfg.hc_eps
-            x = (pre[:, :, None] * h.float()).sum(1).to(self.dtype)
+            x = (pre[:, :, None] * flat.view(C, cfg.hc, cfg.hidden)).sum(1).to(self.dtype)
         with record_function("lm_head"):
-            logits = self.lm_head(ops.rms_norm(x, self.final_norm, cfg.norm_eps)).float()
+            logits = F.linear(rms_norm(x, self.final_norm, cfg.norm_eps), self.lm_head).float()
         self.pos.add_(1)
         self.last_hidden = x
         return logits
 
-    def _hc_normed(self, h: torch.Tensor) -> torch.Tensor:
-        """h: [C, hc, d] -> the RMS-normalised flattened copies [C, hc*d] fp32."""
-        flat = h.reshape(h.shape[0], -1).float()
-        return flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + self.cfg.norm_eps)
+    def _run_block(self, block, layer: Layer, h: torch.Tensor, meta: dict) -> torch.Tensor:
+        """One block; with `compare_impls` set, first run it with those on the same input (no chaos:
+        both see identical state), then as configured, so the configured run's cache writes stand."""
+        other = None
+        if self.compare_impls is not None:
+            configured, self.impls = self.impls, with_overrides(self.impls, self.compare_impls)
+            try:
+                other = block(layer, h, meta)
+            finally:
+                self.impls = configured
+        out = block(layer, h, meta)
+        if other is not None and self.on_block is not None:
+            self.on_block(block.__name__.strip("_"), layer.index, out, other)
+        return out
+
+    def _metadata(self, tokens: torch.Tensor) -> dict:
+        """Per-step indices every layer shares (SGLang builds them once per forward, before the layers)."""
+        cfg, C, pos, rows = self.cfg, self.concurrency, self.pos, self.rows
+        W, page = cfg.window, cfg.window_page
+        back = pos[:, None] - torch.arange(W, device=self.device)[None, :]  # newest first
+        meta = {
+            "swa_loc": rows * page + pos % page,
+            "swa_indices": torch.where(back >= 0, rows[:, None] * page + back % page, -1).int(),
+            "swa_lengths": torch.clamp(pos + 1, max=W).int(),
+            "gathered_tokens": tokens.repeat(cfg.expert_parallel),
+        }
+        for layer in self.layers:  # one compressed geometry per kind
+            if layer.kind == WINDOW or layer.kind in meta:
+                continue
+            ratio, span = cfg.ratio(layer.kind), layer.pages * cfg.extra_page(layer.kind)
+            done = (pos + 1) // ratio  # complete entries, this step's included
+            geo = {"base": rows * span, "done": done.int(), "loc": rows * span + (done - 1).clamp(min=0)}
+            if layer.kind == CSA:
+                geo["lengths"] = done.clamp(min=1, max=cfg.index_topk).int()
+                ispan = layer.index_pages * cfg.index_page
+                geo["index_loc"] = rows * ispan + (done - 1).clamp(min=0)
+                geo["page_table"] = (rows[:, None] * layer.index_pages
+                                     + torch.arange(layer.index_pages, device=self.device)[None, :]).int()
+            else:
+                width = -(-layer.slots // INDEX_ALIGN) * INDEX_ALIGN
+                j = torch.arange(width, device=self.device)[None, :]
+                geo["indices"] = torch.where(j < done[:, None], geo["base"][:, None] + j, -1).int()
+                geo["lengths"] = done.clamp(min=1).int()
+            meta[layer.kind] = geo
+        return meta
 
     def _hc_pre(self, layer: Layer, sub: str, h: torch.Tensor):
-        cfg = self.cfg
+        """The hyper-connection pre-mix (SGLang's hc_pre with TILELANG_MHC_PRE off, deepseek_v4.py:1234-1332)."""
+        cfg, w, C = self.cfg, layer.w, h.shape[0]
         with record_function("mhc_pre"):
-            mix = self.impls["hc_premix"](self._hc_normed(h), layer.w[f"hc_{sub}_fn"])
-            pre, post, comb = ops.hc_split(
-                mix.float(), layer.w[f"hc_{sub}_scale"], layer.w[f"hc_{sub}_base"], cfg.hc, cfg.hc_sinkhorn_iters, cfg.hc_eps
-            )
-            x = (pre[:, :, None] * h.float()).sum(1).to(self.dtype)
+            flat, rsqrt = hc_prenorm(h, cfg.norm_eps)
+            mix = self.impls["hc_premix"](flat, w[f"hc_{sub}_fn"]) * rsqrt[:, None]
+            pre, post, comb = hc_split_sinkhorn(mix, w[f"hc_{sub}_scale"], w[f"hc_{sub}_base"], cfg.hc,
+                                                cfg.hc_sinkhorn_iters, cfg.hc_eps)
+            x = (pre[:, :, None] * flat.view(C, cfg.hc, cfg.hidden)).sum(1).to(self.dtype)
         return x, post, comb
 
-    def _attention_block(self, layer: Layer, h, pos, cos, sin) -> torch.Tensor:
-        cfg, w, cache, C = self.cfg, layer.w, layer.cache, self.concurrency
-        H, D, M, W = cfg.heads, cfg.head_dim, layer.slots, cfg.window
+    def _attention_block(self, layer: Layer, h: torch.Tensor, meta: dict) -> torch.Tensor:
+        cfg, w, C, pos = self.cfg, layer.w, self.concurrency, self.pos
+        H, D, R = cfg.heads, cfg.head_dim, cfg.rope_dim
         x_in, post, comb = self._hc_pre(layer, "attn", h)
         with record_function("attn_norm"):
-            x = ops.rms_norm(x_in, w["attn_norm"], cfg.norm_eps)
-        with record_function("q_proj"):
-            qa = ops.rms_norm(w["q_a"](x), w["q_norm"], cfg.norm_eps)
-            q = ops.apply_rope(w["q_b"](qa).view(C, H, D), cos, sin)
-        with record_function("kv_proj"):
-            kv = ops.apply_rope(ops.rms_norm(w["kv"](x), w["kv_norm"], cfg.norm_eps), cos, sin)
-            cache["pool"][self._rows, M + pos % W] = kv
-        if layer.kind != WINDOW:
-            with record_function("compress"):
-                self._compress(layer, x, pos)
-        with record_function("indexer" if layer.kind == CSA else "attn"):
-            indices = self._select(layer, x, qa, pos)
-        with record_function("attn"):
-            lengths = torch.full((C,), indices.shape[1], dtype=torch.int32, device=self.device)
-            o, _ = self.impls["attention"](
-                q, cache["pool"].view(-1, D), indices, lengths, w["sink"], D**-0.5
-            )
-            o = ops.apply_rope(o, cos, sin, inverse=True)
-        with record_function("o_proj"):
-            g = cfg.o_groups
-            low = torch.einsum("cgk,glk->cgl", o.reshape(C, g, -1), w["o_a"])
-            y = w["o_b"](low.reshape(C, -1))
-        with record_function("mhc_post"):
-            return ops.hc_post(y, h, post, comb)
-
-    def _compress(self, layer: Layer, x: torch.Tensor, pos: torch.Tensor) -> None:
-        """Add the new token to its compression group; the group's last token emits the entry."""
-        cfg, w, cache, rows = self.cfg, layer.w, layer.cache, self._rows
-        ratio, M = cfg.ratio(layer.kind), layer.slots
-        in_group = pos % ratio
-        emit = ((pos + 1) % ratio == 0)[:, None]
-        slot = (pos // ratio) % M  # wraps only past max_new_tokens; never out of bounds
-        cache["comp_kv"][rows, in_group] = w["comp_kv"](x).float()
-        cache["comp_gate"][rows, in_group] = w["comp_gate"](x).float()
-        entry = ops.pool_group(cache["comp_kv"], cache["comp_gate"], w["comp_ape"])
-        entry = ops.rms_norm(entry.to(self.dtype), w["comp_norm"], cfg.norm_eps)
-        g_cos, g_sin = ops.rope_cos_sin((pos + 1 - ratio).clamp(min=0), cfg.rope_dim, cfg.rope_theta)
-        entry = ops.apply_rope(entry, g_cos, g_sin)
-        pool = cache["pool"]
-        pool[rows, slot] = torch.where(emit, entry, pool[rows, slot])
+            x = rms_norm(x_in, w["attn_norm"], cfg.norm_eps)
+        with record_function("qkv"):
+            qkv_a = w["wqkv_a"](x)
+            q_lora = rms_norm(qkv_a[:, : cfg.q_lora], w["q_norm"], cfg.norm_eps)
+            q = q_norm_rope(w["wq_b"](q_lora).view(C, H, D), cfg.norm_eps, self.cos, self.sin, pos, R, cfg.kv_tile)
+            kv_norm_rope_store(qkv_a[:, cfg.q_lora :], w["kv_norm"], cfg.norm_eps, self.cos, self.sin, pos,
+                               layer.swa, meta["swa_loc"])
+        extra, extra_indices, extra_lengths = None, None, None
         if layer.kind == CSA:
-            cache["idx_kv"][rows, in_group] = w["idx_kv"](x).float()
-            cache["idx_gate"][rows, in_group] = w["idx_gate"](x).float()
-            key, key_scale = quantize_rows(ops.pool_group(cache["idx_kv"], cache["idx_gate"], w["idx_ape"]))
-            keys = cache["idx_k"].view(torch.uint8)  # where/index_put on the raw bytes of the fp8 keys
-            keys[rows, slot] = torch.where(emit, key.view(torch.uint8), keys[rows, slot])
-            scales = cache["idx_scale"]
-            scales[rows, slot] = torch.where(emit[:, 0], key_scale, scales[rows, slot])
+            geo = meta[CSA]
+            with record_function("indexer"):
+                Hi, Di = cfg.index_heads, cfg.index_dim
+                weights = F.linear(x, w["idx_weights_proj"])
+                q8, head_w = index_q_rope_hadamard_quant(w["idx_wq_b"](q_lora), weights, Di**-0.5 * Hi**-0.5,
+                                                         self.cos, self.sin, pos, Hi, R)
+                self._compress(layer, x, "idx", geo["index_loc"])
+                logits = self.impls["indexer_logits"](q8, head_w, layer.index_keys, geo["done"], geo["page_table"],
+                                                      layer.index_pages * cfg.index_page)
+                extra_indices = select_topk(logits, geo["done"], geo["base"], cfg.index_topk)
+                extra_lengths = geo["lengths"]
+        elif layer.kind == HCA:
+            extra_indices, extra_lengths = meta[HCA]["indices"], meta[HCA]["lengths"]
+        if layer.kind != WINDOW:
+            extra = layer.extra
+            self._compress(layer, x, "comp", meta[layer.kind]["loc"])
+        with record_function("attn"):
+            o, _ = self.impls["attention"](q, layer.swa, meta["swa_indices"], meta["swa_lengths"], extra,
+                                           extra_indices, extra_lengths, w["sink"], D**-0.5)
+            rope_inplace(o, self.cos, self.sin, pos, R, inverse=True)
+        with record_function("o_proj"):
+            low = torch.einsum("tgd,grd->tgr", o.view(C, cfg.o_groups, -1), w["wo_a"])
+            y = w["wo_b"](low.flatten(1))
+        with record_function("mhc_post"):
+            return hc_post(y, h, post, comb)
 
-    def _select(self, layer: Layer, x, qa, pos) -> torch.Tensor:
-        """Rows of the layer's pool each request attends to: [C, K] int32, -1 for unused slots."""
-        cfg, w, cache, C = self.cfg, layer.w, layer.cache, self.concurrency
-        M, W = layer.slots, cfg.window
-        base = (self._rows * (M + W))[:, None]
-        j = torch.arange(W, device=self.device)[None, :]
-        window = torch.where(j < (pos + 1)[:, None], base + M + j, -1)
-        if layer.kind == WINDOW:
-            return window.int()
-        ratio = cfg.ratio(layer.kind)
-        filled = ((pos + 1) // ratio)[:, None]  # compressed entries complete, this step's included
-        s = torch.arange(M, device=self.device)[None, :]
-        if layer.kind == HCA:
-            comp = torch.where(s < filled, base + s, -1)
-        else:
-            Hi, Di = cfg.index_heads, cfg.index_dim
-            q_idx = w["idx_q"](qa).view(C, Hi, Di)
-            head_w = w["idx_w"](x).float() * (Hi**-0.5 * Di**-0.5)
-            scores = self.impls["indexer_score"](q_idx, cache["idx_k"], cache["idx_scale"], head_w)
-            scores = scores.masked_fill(s >= filled, float("-inf"))
-            top = scores.topk(min(cfg.index_topk, M), dim=-1)
-            comp = torch.where(torch.isfinite(top.values), base + top.indices, -1)
-        return torch.cat([comp, window], dim=1).int()
+    def _compress(self, layer: Layer, x: torch.Tensor, prefix: str, loc: torch.Tensor) -> None:
+        """One compressor: kv/score projection (fp32 out), state update and pooling, norm+rope+store."""
+        cfg, w = self.cfg, layer.w
+        index = prefix == "idx"
+        ratio = cfg.csa_ratio if index else cfg.ratio(layer.kind)
+        with record_function("compress"):
+            kv_score = mm_out_fp32(x, w[f"{prefix}_wkv_gate"])
+            state = layer.index_state if index else layer.state
+            entry = compress_forward(state, kv_score, w[f"{prefix}_ape"], self.pos, ratio, overlap=index or layer.kind == CSA)
+            compress_norm_rope_store(entry, w[f"{prefix}_norm"], cfg.norm_eps, self.cos, self.sin, self.pos, loc, ratio,
+                                     cfg.rope_dim, self.dtype, layer.index_keys if index else layer.extra)
 
-    def _ffn_block(self, layer: Layer, h, tokens) -> torch.Tensor:
+    def _ffn_block(self, layer: Layer, h: torch.Tensor, meta: dict) -> torch.Tensor:
         cfg, w = self.cfg, layer.w
         x_in, post, comb = self._hc_pre(layer, "ffn", h)
+        with record_function("ffn_norm"):
+            x = rms_norm(x_in, w["ffn_norm"], cfg.norm_eps)
         with record_function("moe"):
-            x = ops.rms_norm(x_in, w["ffn_norm"], cfg.norm_eps)
-            scores = torch.sigmoid(F.linear(x, w["router"]).float())  # [C, E]
-            if "hash_experts" in w:
-                ids = w["hash_experts"][tokens]
-            else:
-                ids = (scores + w["router_bias"]).topk(cfg.experts_per_token, dim=-1).indices
-            gates = scores.gather(1, ids)
-            gates = gates / gates.sum(-1, keepdim=True) * cfg.routed_scale
-            routed = self._routed_experts(layer, x, ids, gates)
-            shared = w["shared_w2"](ops.swiglu(w["shared_w13"](x)))
-            y = routed + shared.float()
+            y = self._moe(layer, x, meta["gathered_tokens"])
         with record_function("mhc_post"):
-            return ops.hc_post(y, h, post, comb)
+            return hc_post(y, h, post, comb)
 
-    def _routed_experts(self, layer: Layer, x, ids, gates) -> torch.Tensor:
-        """x: [C, d], ids/gates: [C, k] -> [C, d] fp32; expert e runs on resident weight set e mod R.
-
-        Routed rows are sorted by weight set into groups padded to GROUP_ALIGN rows and multiplied
-        with one grouped GEMM per projection; group offsets stay on the device (graph-safe).
-        """
-        w, R = layer.w, self.experts_resident
-        C, k = ids.shape
-        sets = (ids % R).reshape(-1)
-        if not self.grouped_gemm:
-            return _routed_dense(x, sets.view(C, k), gates, w["w13"].stacked(), w["w2"].stacked(), R)
-        A, n = GROUP_ALIGN, C * k
-        counts = torch.zeros(R, dtype=torch.int64, device=x.device).scatter_add_(0, sets, torch.ones_like(sets))
-        padded = (counts + A - 1) // A * A
-        group_end = padded.cumsum(0)
-        order = sets.argsort(stable=True)
-        sorted_sets = sets[order]
-        rank = torch.arange(n, device=x.device) - (counts.cumsum(0) - counts)[sorted_sets]
-        dest = (group_end - padded)[sorted_sets] + rank
-        rows = torch.zeros(n + R * (A - 1), x.shape[1], dtype=x.dtype, device=x.device)
-        rows[dest] = x[order // k]
-        offs = group_end.to(torch.int32)
-        act = ops.swiglu(w["w13"].grouped(rows, offs))
-        out = w["w2"].grouped(act, offs)
-        contrib = torch.zeros(n, x.shape[1], dtype=torch.float32, device=x.device)
-        contrib[order] = out[dest].float() * gates.reshape(-1)[order, None]
-        return contrib.view(C, k, -1).sum(1)
+    def _moe(self, layer: Layer, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """SGLang's DeepseekV2MoE on sm_120 with DP attention and EP (deepseek_v2.py:875-958)."""
+        cfg, w, C = self.cfg, layer.w, self.concurrency
+        xg = x.repeat(cfg.expert_parallel, 1)  # stands for the all-gather of every rank's tokens
+        shared = w["shared_w2"](silu_mul_clamp(w["shared_w13"](xg), cfg.swiglu_limit))
+        logits = mm_out_fp32(xg, w["router"])
+        table = w.get("hash_experts")
+        ids, gates = moe_gate(logits, w["router_bias"], cfg.experts_per_token, tokens if table is not None else None, table)
+        local = self.local_expert[self.row_rank[:, None], ids]
+        routed = routed_experts_sm120(xg, local, gates, w["w13"], w["w2"], cfg.swiglu_limit, cfg.routed_scale)
+        shared.add_(routed, alpha=cfg.routed_scale)
+        return shared[:C]  # the reduce-scatter would sum the ranks' partials of these rows
 
     # ---- accounting ---------------------------------------------------------------------------
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes held on the device: weights and caches (what the memory estimate predicts)."""
-        weights = self.embed.nbytes + self.lm_head.nbytes + self.hc_head_fn.nbytes
-        weights += sum(v.nbytes for layer in self.layers for v in layer.w.values())
-        caches = sum(t.nbytes for layer in self.layers for t in layer.cache.values())
+        def size(v) -> int:
+            return v.nbytes if isinstance(v, (torch.Tensor, Fp8Linear, Mxfp4Experts)) else 0
+
+        weights = self.embed.nbytes + self.lm_head.nbytes + self.hc_head_fn.nbytes + self.final_norm.nbytes
+        weights += sum(size(v) for layer in self.layers for v in layer.w.values())
+        caches = 0
+        for layer in self.layers:
+            for t in (layer.swa, layer.extra, layer.index_keys):
+                caches += t.data.nbytes if t is not None else 0
+            for t in (layer.state, layer.index_state):
+                caches += t.nbytes if t is not None else 0
         return {"weights": weights, "caches": caches}
 
 
-def _routed_dense(x, sets, gates, w13, w2, R) -> torch.Tensor:
-    """Fallback without grouped GEMM: every token through every weight set, weighted by its gates."""
-    combined = torch.zeros(x.shape[0], R, dtype=torch.float32, device=x.device).scatter_add_(1, sets, gates)
-    act = ops.swiglu(torch.einsum("cd,rfd->rcf", x, w13))
-    out = torch.einsum("rcf,rdf->rcd", act, w2)
-    return torch.einsum("cr,rcd->cd", combined, out.float())
+def routed_experts_sm120(x, local_ids, gates, w13: Mxfp4Experts, w2: Mxfp4Experts, limit: float, scale: float):
+    """SGLang's `mxfp4_moe_forward_triton` (mxfp4_moe_sm120_triton.py:327-454): per-slot GEMVs and eager glue.
 
-
-def _pick_format(weights: str, device: torch.device) -> str:
-    if weights not in ("auto", BF16, FP8_FORMAT):
-        raise DsvOptError(f"unknown weight format {weights!r}; use auto, bf16 or fp8")
-    if weights == "auto":
-        return FP8_FORMAT if fp8_supported(device) else BF16
-    if weights == FP8_FORMAT and not hasattr(torch, "_scaled_mm"):
-        raise DsvOptError("fp8 weights need torch._scaled_mm (torch 2.5 or newer); use bf16 weights")
-    # Asked for explicitly, fp8 runs wherever _scaled_mm does (CPUs included, for tests); shapes
-    # the device cannot run fall back one by one (_probe_fp8).
-    return weights
+    x: [M, d]; local_ids: [M, k] int32 local expert per slot (-1: not on this rank); gates: [M, k] fp32.
+    Returns [M, d] in x's dtype, already multiplied by `scale` (SGLang's sm_120 path then adds it to
+    the shared expert with alpha = scale once more).
+    """
+    M, d = x.shape
+    k = local_ids.shape[1]
+    I = w13.packed.shape[1] // 2
+    flat = local_ids.reshape(-1)
+    invalid = flat < 0
+    experts = flat.clamp(min=0)
+    rows = torch.arange(M, device=x.device, dtype=torch.int32).unsqueeze(1).expand(M, k).reshape(-1).contiguous()
+    inter = mxfp4_slot_gemv(x, rows, experts, w13.packed, w13.scales)
+    gate = inter[:, :I].float()
+    up = inter[:, I:].float()
+    gate = torch.clamp(gate, max=limit)
+    up = torch.clamp(up, min=-limit, max=limit)
+    act = (F.silu(gate) * up).to(x.dtype)
+    slots = torch.arange(M * k, device=x.device, dtype=torch.int32)
+    down = mxfp4_slot_gemv(act, slots, experts, w2.packed, w2.scales)
+    down = down * (~invalid).unsqueeze(1).to(x.dtype)
+    out = (down * gates.reshape(-1).unsqueeze(1).to(x.dtype)).view(M, k, d).sum(dim=1)
+    out.mul_(scale)
+    return out

@@ -1,12 +1,14 @@
-"""bf16 tensor-core versions of the indexer score and the hyper-connection pre-mix.
+"""bf16 tensor-core versions of the indexer logits and the hyper-connection pre-mix.
 
 Both keep fp32 accumulation and never round an intermediate to bf16: the indexer kernel applies
-scale, ReLU and the head-weighted sum to the fp32 dot products in registers (a bf16 `torch.bmm`
-would round every head's logit to 8 bits before the ReLU, which is where top-k swaps come from),
-and the pre-mix kernel rounds only its inputs. Maths and byte counts: docs/optimizations/bf16_gemm.md.
+ReLU, the head weights, the head sum and the key scale to the fp32 dot products in registers (a
+bf16 `torch.bmm` would round every head's logit to 8 bits before the ReLU, which is where top-k
+swaps come from), and the pre-mix kernel rounds only its inputs. Maths and byte counts:
+docs/optimizations/bf16_gemm.md.
 
-On CUDA the Triton kernels run; on the CPU (no tensor cores, and the Triton interpreter cannot
-multiply bf16) a torch emulation computes the same thing: bf16 operands, fp32 products and sums.
+On CUDA the Triton kernels run; on a CPU under the interpreter they run with fp16 operands (exact
+for the e4m3 indexer operands; the interpreter cannot multiply bf16), elsewhere on a CPU a torch
+emulation computes the same thing.
 """
 
 from __future__ import annotations
@@ -25,33 +27,72 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _indexer_score_mm_kernel(
-    p_q, p_k, p_scale, p_w, p_out,
-    S,
-    s_qb, s_qh, s_kb, s_ks, s_sb, s_wb, s_ob,
-    H: tl.constexpr, D: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+def _indexer_logits_kernel(
+    p_q, p_w, p_keys, p_scales, p_len, p_pages, p_out,
+    stride_qb, stride_qh, stride_wb, stride_pb, stride_ob, page_size, page_bytes, max_len,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, DOT: tl.constexpr,
 ):
     i_b = tl.program_id(0).to(tl.int64)
     i_s = tl.program_id(1)
     o_s = i_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    o_d = tl.arange(0, BLOCK_D)
-    m_s = o_s < S
-    m_d = o_d < D
-    p_kt = p_k + i_b * s_kb + o_s[:, None].to(tl.int64) * s_ks + o_d[None, :]
-    # fp8 e4m3 -> q's dtype is exact (3 mantissa bits into 7 or 10); the scale stays fp32.
-    b_k = tl.load(p_kt, mask=m_s[:, None] & m_d[None, :], other=0.0).to(p_q.dtype.element_ty)  # [BS, BD]
-    b_scale = tl.load(p_scale + i_b * s_sb + o_s, mask=m_s, other=0.0)  # [BS]
+    o_d = tl.arange(0, D)
+    n = tl.load(p_len + i_b)
+    m_s = o_s < max_len
+    page = tl.load(p_pages + i_b * stride_pb + o_s // page_size, mask=m_s, other=0).to(tl.int64)
+    slot = (o_s % page_size).to(tl.int64)
+    at = page * page_bytes + slot * D  # [BS] first byte of each entry's key
+    # e4m3 -> bf16 (fp16 under the interpreter) is exact: 3 mantissa bits into 7 (10)
+    b_k = tl.load(p_keys + at[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0).to(DOT)  # [BS, D]
+    b_scale = tl.load(p_scales + (page * page_bytes + page_size * D) // 4 + slot, mask=m_s, other=0.0)  # [BS]
     b_acc = tl.zeros([BLOCK_S], dtype=tl.float32)  # [BS]
     for h0 in range(0, H, BLOCK_H):
         o_h = h0 + tl.arange(0, BLOCK_H)
         m_h = o_h < H
-        b_q = tl.load(p_q + i_b * s_qb + o_h[:, None] * s_qh + o_d[None, :],
-                      mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, BD]
-        b_w = tl.load(p_w + i_b * s_wb + o_h, mask=m_h, other=0.0)  # [BH]
-        b_logit = tl.dot(b_q, tl.trans(b_k)) * b_scale[None, :]  # [BH, BS] fp32
-        b_acc += tl.sum(tl.maximum(b_logit, 0.0) * b_w[:, None], axis=0)
-    tl.store(p_out + i_b * s_ob + o_s, b_acc, mask=m_s)
+        b_q = tl.load(p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :],
+                      mask=m_h[:, None], other=0.0).to(DOT)  # [BH, D]
+        b_w = tl.load(p_w + i_b * stride_wb + o_h, mask=m_h, other=0.0)  # [BH]
+        b_dot = tl.dot(b_q, tl.trans(b_k))  # [BH, BS] fp32: products of e4m3 values are exact
+        b_acc += tl.sum(tl.maximum(b_dot, 0.0) * b_w[:, None], axis=0)
+    b_out = tl.where(o_s < n, b_acc * b_scale, float("-inf"))
+    tl.store(p_out + i_b * stride_ob + o_s, b_out, mask=m_s)
+
+
+def indexer_logits(q8: torch.Tensor, weights: torch.Tensor, cache, seq_lens: torch.Tensor,
+                   page_table: torch.Tensor, max_len: int) -> torch.Tensor:
+    """The `indexer_logits` slot (dsv4opt/workload/slots.py) in one kernel on bf16 tensor cores.
+
+    Reads the paged e4m3 keys where they lie (no gather, no fp32 copy), multiplies them with the
+    e4m3 queries on tensor cores (exact products, fp32 accumulation) and applies ReLU, head weights,
+    the head sum and the key scale in registers. Same contract as the baseline's torch path.
+    """
+    B, H, D = q8.shape
+    if not (q8.is_cuda or _INTERPRETED):
+        return _indexer_logits_emulated(q8, weights, cache, seq_lens, page_table, max_len)
+    assert q8.stride(2) == 1 and D % 16 == 0
+    out = torch.empty(B, max_len, device=q8.device, dtype=torch.float32)
+    raw = cache.data.view(-1)
+    BLOCK_S = 64
+    if B:
+        _indexer_logits_kernel[(B, triton.cdiv(max_len, BLOCK_S))](
+            p_q=q8, p_w=weights, p_keys=raw.view(torch.float8_e4m3fn), p_scales=raw.view(torch.float32),
+            p_len=seq_lens, p_pages=page_table, p_out=out, stride_qb=q8.stride(0), stride_qh=q8.stride(1),
+            stride_wb=weights.stride(0), stride_pb=page_table.stride(0), stride_ob=out.stride(0),
+            page_size=cache.page_size, page_bytes=cache.page_bytes, max_len=max_len,
+            H=H, D=D, BLOCK_S=BLOCK_S, BLOCK_H=min(64, _pow2(H)), DOT=tl.float16 if _INTERPRETED else tl.bfloat16,
+            num_warps=4,
+        )
+    return out
+
+
+def _indexer_logits_emulated(q8, weights, cache, seq_lens, page_table, max_len) -> torch.Tensor:
+    """What the kernel computes, in torch (CPU without the interpreter): exact e4m3 products, fp32 sums."""
+    B, H, D = q8.shape
+    s = torch.arange(max_len, device=q8.device)
+    entries = (page_table.long()[:, s // cache.page_size] * cache.page_size + s % cache.page_size).reshape(-1)
+    keys, scales = cache.read(entries, torch.float32)
+    dots = torch.bmm(q8.float(), keys.view(B, max_len, D).transpose(1, 2)).clamp(min=0)  # [B, H, S]
+    logits = (dots * weights.float()[:, :, None]).sum(1) * scales.view(B, max_len)
+    return logits.masked_fill(s[None, :] >= seq_lens[:, None], float("-inf"))
 
 
 @triton.jit
@@ -91,42 +132,6 @@ def _use_triton(device: torch.device, dtype: torch.dtype) -> bool:
 
 def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(n))
-
-
-def indexer_score_lowp(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Indexer scores on tensor cores in q's dtype with fp32 accumulation.
-
-    q: [B, Hi, Di] bf16 (fp16 in interpreter tests); k: [B, S, Di] float8_e4m3fn;
-    k_scale: [B, S] fp32; w: [B, Hi] fp32 -> scores [B, S] fp32.
-    """
-    B, H, D = q.shape
-    S = k.shape[1]
-    assert k.shape == (B, S, D) and k_scale.shape == (B, S) and w.shape == (B, H), "shape mismatch"
-    if not _use_triton(q.device, q.dtype):
-        return _indexer_score_emulated(q, k, k_scale, w)
-    k = k if k.stride(-1) == 1 else k.contiguous()
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    k_scale = k_scale.float().contiguous()
-    w = w.float().contiguous()
-    out = torch.empty((B, S), device=q.device, dtype=torch.float32)
-    if B == 0 or S == 0:
-        return out.zero_()
-    BLOCK_S = 64
-    grid = (B, triton.cdiv(S, BLOCK_S))
-    _indexer_score_mm_kernel[grid](
-        q, k, k_scale, w, out, S,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_scale.stride(0), w.stride(0), out.stride(0),
-        H=H, D=D,
-        BLOCK_S=BLOCK_S, BLOCK_H=min(64, _pow2(H)), BLOCK_D=_pow2(D),
-    )
-    return out
-
-
-def _indexer_score_emulated(q, k, k_scale, w) -> torch.Tensor:
-    """What the kernel computes, in torch: q and k exactly as the tensor cores see them, fp32 sums."""
-    keys = k.to(q.dtype).float()  # [B, S, Di], exact
-    logits = torch.bmm(q.float(), keys.transpose(1, 2)) * k_scale.float().unsqueeze(1)  # [B, Hi, S]
-    return (torch.relu(logits) * w.float().unsqueeze(-1)).sum(dim=1)
 
 
 def hc_premix_lowp(x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -182,11 +187,6 @@ def cached_cast(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     _CAST_CACHE[key] = (weakref.ref(weight, lambda _ref, key=key: _CAST_CACHE.pop(key, None)),
                         weight._version, converted)
     return converted
-
-
-def indexer_score(q, k, k_scale, w):
-    """The `indexer_score` slot (dsv4opt.workload.impls): bf16 tensor cores, fp32 accumulation."""
-    return indexer_score_lowp(q.to(torch.bfloat16), k, k_scale, w)
 
 
 def hc_premix(x, weight):

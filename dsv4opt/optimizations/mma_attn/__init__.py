@@ -6,16 +6,16 @@ defined, and the CPU check must get to choose first.
 
 from dsv4opt.optimizations.mma_attn.check import check
 
-__all__ = ["IMPLEMENTATIONS", "check", "mma_sparse_decode"]
+__all__ = ["IMPLEMENTATIONS", "check", "mma_attention"]
 
 
 def __getattr__(name: str):
-    if name == "mma_sparse_decode":
-        from dsv4opt.optimizations.mma_attn.kernel import mma_sparse_decode
+    if name == "mma_attention":
+        from dsv4opt.optimizations.mma_attn.kernel import mma_attention
 
-        return mma_sparse_decode
+        return mma_attention
     if name == "IMPLEMENTATIONS":
-        from dsv4opt.optimizations.mma_attn.kernel import mma_sparse_decode
+        from dsv4opt.optimizations.mma_attn.kernel import mma_attention
 
-        return {"attention": mma_sparse_decode}
+        return {"attention": mma_attention}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,8 @@ from dsv4opt.optimizations.mma_attn.cases import AttnCase, gpu_cases, interprete
 from dsv4opt.optimizations.registry import CheckResult
 
 REL_TOL = 1e-2
-_KERNEL_MODULES = ("dsv4opt.optimizations.mma_attn.kernel", "dsv4opt.workload.attention.simt")
+_KERNEL_MODULES = ("dsv4opt.optimizations.mma_attn.kernel", "dsv4opt.workload.attention.simt",
+                   "dsv4opt.workload.kernels.rope")
 
 
 @contextlib.contextmanager
@@ -54,19 +55,14 @@ def _use_interpreter() -> None:
 
 def run_case(case: AttnCase, device: torch.device, dtype: torch.dtype, seed: int = 0) -> dict:
     """Errors of mma-attn and the baseline on one case, as plain figures."""
-    from dsv4opt.optimizations.mma_attn.kernel import sparse_decode_mma_split_kv
-    from dsv4opt.workload.attention import sparse_attention_ref, sparse_decode_simt
+    from dsv4opt.optimizations.mma_attn.kernel import mma_attention
+    from dsv4opt.workload.attention import sparse_attention_ref, sparse_decode_sm120
 
     x = make_inputs(case, device, dtype, seed)
     ref_o, ref_lse = sparse_attention_ref(*x.args())
     with nan_poisoned_allocations():
-        if case.split_kv:
-            dn = case.dim - case.rope_dim
-            nope, rope = x.kv[:, :dn].contiguous(), x.kv[:, dn:].contiguous()
-            o, lse = sparse_decode_mma_split_kv(x.q, nope, rope, x.indices, x.lengths, x.sink, x.scale)
-        else:
-            o, lse = sparse_decode_mma_split_kv(x.q, x.kv, None, x.indices, x.lengths, x.sink, x.scale)
-        base_o, base_lse = sparse_decode_simt(*x.args())
+        o, lse = mma_attention(*x.args())
+        base_o, base_lse = sparse_decode_sm120(*x.args())
     err_o, err_lse = error_report(o, ref_o), error_report(lse, ref_lse)
     base_err_o = error_report(base_o, ref_o)
     return {

@@ -14,47 +14,56 @@ import triton
 import triton.language as tl
 
 from dsv4opt.errors import DsvOptError
+from dsv4opt.tritonlib import LN2, LOG2E
 from dsv4opt.workload.attention.simt import check_attention_inputs
+from dsv4opt.workload.kvcache import KVCache
 
-_LOG2E = 1.4426950408889634
 # Running max before any used slot: finite, so exp2(m_old - m_new) never evaluates inf - inf.
 _NO_SCORE = tl.constexpr(-1.0e30)
+LOG2E_ = tl.constexpr(LOG2E)
+LN2_ = tl.constexpr(LN2)
 
 
 @triton.jit
-def _load_latent_cols(p_nope, p_rope, row, m_row, o_c, stride_nope, stride_rope,
-                      DN: tl.constexpr, D: tl.constexpr, ROPE_FOLLOWS_NOPE: tl.constexpr):
-    """Columns o_c of the latent rows `row` (masked rows read nothing and give 0)."""
-    if ROPE_FOLLOWS_NOPE:
-        # One latent row, nope then rope, contiguous: a single wide load per row.
-        p_rows = p_nope + row[:, None] * stride_nope + o_c[None, :]
-        b_x = tl.load(p_rows, mask=m_row[:, None] & (o_c[None, :] < D), other=0.0)
+def _load_latent_cols(p_kv, p_kv8, p_kvu8, p_kv16, tok, m_row, o_c, stride_kv, page_size, page_bytes,
+                      DN: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, TILE: tl.constexpr,
+                      DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
+    """Columns o_c of the latent rows of tokens `tok` (masked rows read nothing and give 0), in q's
+    dtype. FP8 layout: e4m3 nope times its UE8M0 tile scale, bf16 rope, dequantised in registers."""
+    if FP8:
+        page = tok // page_size
+        slot = tok % page_size
+        at = page * page_bytes + slot * DATA_BYTES  # [BK] first byte of each token's record
+        at_s = page * page_bytes + page_size * DATA_BYTES + slot * SCALE_BYTES
+        m_n = m_row[:, None] & (o_c[None, :] < DN)
+        b_nope = tl.load(p_kv8 + at[:, None] + o_c[None, :], mask=m_n, other=0.0).to(tl.float32)
+        b_e = tl.load(p_kvu8 + at_s[:, None] + (o_c // TILE)[None, :], mask=m_n, other=127).to(tl.float32)
+        m_r = m_row[:, None] & (o_c[None, :] >= DN) & (o_c[None, :] < D)
+        b_rope = tl.load(p_kv16 + ((at + DN) // 2)[:, None] + (o_c - DN)[None, :], mask=m_r, other=0.0).to(tl.float32)
+        b_x = tl.where(m_n, b_nope * tl.exp2(b_e - 127.0), b_rope).to(p_kv.dtype.element_ty)
     else:
-        # Separate nope and rope stores (the FP8 cache keeps rope apart, in bf16).
-        p_n = p_nope + row[:, None] * stride_nope + o_c[None, :]
-        p_r = p_rope + row[:, None] * stride_rope + (o_c[None, :] - DN)
-        b_x = tl.load(p_n, mask=m_row[:, None] & (o_c[None, :] < DN), other=0.0) + tl.load(
-            p_r, mask=m_row[:, None] & (o_c[None, :] >= DN) & (o_c[None, :] < D), other=0.0
-        )
+        b_x = tl.load(p_kv + tok[:, None] * stride_kv + o_c[None, :], mask=m_row[:, None] & (o_c[None, :] < D), other=0.0)
     return b_x
 
 
 @triton.jit
 def _mma_sparse_decode_kernel(
-    p_q, p_nope, p_rope, p_idx, p_len, p_sink, p_o, p_lse, p_o_part, p_lse_part,
-    stride_qb, stride_qh, stride_nope, stride_rope, stride_ib, stride_ob, stride_oh,
-    H, qk_scale_log2,
-    K: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
-    DN: tl.constexpr, DR: tl.constexpr, D_P: tl.constexpr, ROPE_FOLLOWS_NOPE: tl.constexpr,
+    p_q, p_kv, p_kv8, p_kvu8, p_kv16, p_idx, p_len, p_sink, p_o, p_lse, p_o_part, p_lse_part,
+    stride_qb, stride_qh, stride_kv, stride_ib, stride_ob, stride_oh,
+    H, qk_scale_log2, page_size, page_bytes,
+    K: tl.constexpr, CHUNK: tl.constexpr, SPLIT_BASE: tl.constexpr, NS_TOTAL: tl.constexpr,
+    DN: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
+    FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
     BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr,
 ):
     """One program: request i_b, heads [i_h*BH, +BH), value columns [i_v*BV, +BV), selected
-    slots [i_s*CHUNK, +CHUNK).
+    slots [i_s*CHUNK, +CHUNK) of one cache.
 
     Scores always use the whole latent row; with BV < D_P the value columns are split over
     programs (smaller accumulator, more programs per SM; the rows they share come from L2).
-    NSPLIT == 1 writes o and lse directly; otherwise fp32 partials (o normalised by its own
-    denominator, base-2 lse) for _attn_combine_splits_kernel.
+    NS_TOTAL == 1 (one cache, one split) writes o and lse directly, sink included; otherwise fp32
+    partials (o normalised by its own denominator, base-2 lse) into split SPLIT_BASE + i_s of
+    NS_TOTAL, which _attn_combine_splits_kernel merges with the sink.
     """
     NV: tl.constexpr = D_P // BV
     i_b = tl.program_id(0)
@@ -64,9 +73,9 @@ def _mma_sparse_decode_kernel(
     o_h = i_h * BH + tl.arange(0, BH)
     m_h = o_h < H
     o_d = tl.arange(0, D_P)
-    m_d = o_d < DN + DR
+    m_d = o_d < D
     o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < DN + DR
+    m_v = o_v < D
     p_q_tile = p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q_tile, mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]
     n_used = tl.load(p_len + i_b)
@@ -81,13 +90,13 @@ def _mma_sparse_decode_kernel(
         m_k = (o_k < K) & (o_k < n_used)
         b_idx = tl.load(p_idx + i_b * stride_ib + o_k, mask=m_k, other=-1)  # [BK]
         m_row = b_idx >= 0
-        row = tl.where(m_row, b_idx, 0).to(tl.int64)  # pools can exceed 2^31 elements
-        b_k = _load_latent_cols(p_nope, p_rope, row, m_row, o_d, stride_nope, stride_rope,
-                                DN, DN + DR, ROPE_FOLLOWS_NOPE)  # [BK, D_P]
+        tok = tl.where(m_row, b_idx, 0).to(tl.int64)  # caches can exceed 2^31 bytes
+        b_k = _load_latent_cols(p_kv, p_kv8, p_kvu8, p_kv16, tok, m_row, o_d, stride_kv, page_size, page_bytes,
+                                DN, D, FP8, TILE, DATA_BYTES, SCALE_BYTES)  # [BK, D_P]
         if RELOAD_V or NV > 1:
             # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
-            b_v = _load_latent_cols(p_nope, p_rope, row, m_row, o_v, stride_nope, stride_rope,
-                                    DN, DN + DR, ROPE_FOLLOWS_NOPE)  # [BK, BV]
+            b_v = _load_latent_cols(p_kv, p_kv8, p_kvu8, p_kv16, tok, m_row, o_v, stride_kv, page_size, page_bytes,
+                                    DN, D, FP8, TILE, DATA_BYTES, SCALE_BYTES)  # [BK, BV]
         else:
             b_v = b_k
         b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
@@ -103,21 +112,21 @@ def _mma_sparse_decode_kernel(
     # every value slice computes the same lse; one writes it (a tensor compare: a scalar one makes
     # an int32 mask, which Triton 3.9's interpreter refuses)
     m_lse = m_h & ((o_h * 0 + i_v) == 0)
-    if NSPLIT == 1:
-        b_sink = tl.load(p_sink + o_h, mask=m_h, other=0.0).to(tl.float32) * 1.4426950408889634
+    if NS_TOTAL == 1:
+        b_sink = tl.load(p_sink + o_h, mask=m_h, other=0.0).to(tl.float32) * LOG2E_
         b_top = tl.maximum(b_m, b_sink)  # [BH]
         b_w = tl.exp2(b_m - b_top)
         b_den = b_l * b_w + tl.exp2(b_sink - b_top)
         b_o = b_acc * (b_w / b_den)[:, None]
         p_o_tile = p_o + i_b * stride_ob + o_h[:, None] * stride_oh + o_v[None, :]
         tl.store(p_o_tile, b_o.to(p_o.dtype.element_ty), mask=m_o)
-        tl.store(p_lse + i_b * H + o_h, (b_top + tl.log2(b_den)) * 0.6931471805599453, mask=m_lse)
+        tl.store(p_lse + i_b * H + o_h, (b_top + tl.log2(b_den)) * LN2_, mask=m_lse)
     else:
         m_any = b_l > 0
         b_o = b_acc / tl.where(m_any, b_l, 1.0)[:, None]
         b_lse2 = tl.where(m_any, b_m + tl.log2(tl.where(m_any, b_l, 1.0)), float("-inf"))
-        row_part = (i_b * NSPLIT + i_s).to(tl.int64) * H + o_h  # [BH] rows of [B*NSPLIT*H]
-        tl.store(p_o_part + row_part[:, None] * (DN + DR) + o_v[None, :], b_o, mask=m_o)
+        row_part = (i_b * NS_TOTAL + SPLIT_BASE + i_s).to(tl.int64) * H + o_h  # [BH] rows of [B*NS_TOTAL*H]
+        tl.store(p_o_part + row_part[:, None] * D + o_v[None, :], b_o, mask=m_o)
         tl.store(p_lse_part + row_part, b_lse2, mask=m_lse)
 
 
@@ -136,14 +145,14 @@ def _attn_combine_splits_kernel(
     m_d = o_d < D
     row_part = (i_b * NSPLIT + o_s).to(tl.int64) * H + i_h  # [NS_P]
     b_lse2 = tl.load(p_lse_part + row_part, mask=m_s, other=float("-inf"))  # [NS_P]
-    b_sink = tl.load(p_sink + i_h).to(tl.float32) * 1.4426950408889634
+    b_sink = tl.load(p_sink + i_h).to(tl.float32) * LOG2E_
     b_top = tl.maximum(tl.max(b_lse2, axis=0), b_sink)
     b_w = tl.exp2(b_lse2 - b_top)  # [NS_P], 0 for empty splits
     b_den = tl.sum(b_w, axis=0) + tl.exp2(b_sink - b_top)
     b_part = tl.load(p_o_part + row_part[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0)
     b_o = tl.sum(b_part * b_w[:, None], axis=0) / b_den  # [D_P]
     tl.store(p_o + i_b * stride_ob + i_h * stride_oh + o_d, b_o.to(p_o.dtype.element_ty), mask=m_d)
-    tl.store(p_lse + i_b * H + i_h, (b_top + tl.log2(b_den)) * 0.6931471805599453)
+    tl.store(p_lse + i_b * H + i_h, (b_top + tl.log2(b_den)) * LN2_)
 
 
 # Triton chose interpreter or compiler when the kernels above were defined.
@@ -241,106 +250,119 @@ def gluon_available() -> bool:
     return triton.__version__.startswith(GLUON_VALIDATED_TRITON)
 
 
-def engine(q: torch.Tensor, kv_nope: torch.Tensor, kv_rope: torch.Tensor | None, indices: torch.Tensor,
-           tiles: Tiles) -> str:
-    """Which main loop runs: "gluon" (kernel_gluon.py) where it applies, else "triton" (this file)."""
+def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles) -> str:
+    """Which main loop runs for one cache: "gluon" (kernel_gluon.py) where it applies, else "triton"."""
     B, H, D = q.shape
     if (
-        q.is_cuda and gluon_shape_ok(H, D, tiles, kv_rope is None, q.stride(), indices.stride(1))
-        and gluon_operands_ok(q, kv_nope) and gluon_available()
+        q.is_cuda and not cache.layout.fp8
+        and gluon_shape_ok(H, D, tiles, True, q.stride(), indices.stride(1))
+        and gluon_operands_ok(q, cache.data) and gluon_available()
     ):
         return "gluon"
     return "triton"
 
 
-def sparse_decode_mma_split_kv(
-    q: torch.Tensor,
-    kv_nope: torch.Tensor,
-    kv_rope: torch.Tensor | None,
-    indices: torch.Tensor,
-    lengths: torch.Tensor,
-    sink: torch.Tensor,
-    scale: float,
-    tiles: Tiles | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sparse decode over a KV cache whose rows may keep nope and rope in separate tensors.
+# Three masked loads per FP8 tile (nope, scales, rope) or two (split rows) double the staging
+# buffers: 64-row tiles then need more shared memory than the H200's 227 KB.
+_FP8_MAX_BLOCK_K = 32
 
-    q: [B, H, DN + DR], kv_nope: [N, DN], kv_rope: [N, DR] or None when kv_nope already holds the
-    whole latent row [N, D]. Same dtype as q (bf16; fp16 under the interpreter). indices: [B, K]
-    int32, lengths: [B] int32, sink: [H] fp32. Returns o: [B, H, D] in q's dtype, lse: [B, H] fp32.
+
+@dataclass(frozen=True)
+class _Source:
+    """One cache's share of the work: its tiles and where its splits go among all partials."""
+
+    cache: KVCache
+    indices: torch.Tensor
+    lengths: torch.Tensor
+    tiles: Tiles
+    chunk: int
+    nsplit: int
+    engine: str
+
+
+def _plan(q, cache: KVCache, indices, lengths, tiles: Tiles | None) -> _Source:
+    B, H, D = q.shape
+    K = indices.shape[1]
+    t = tiles or choose_tiles(B, H, K, q.device, D)
+    if cache.layout.fp8 and t.block_k > _FP8_MAX_BLOCK_K:
+        t = replace(t, block_k=_FP8_MAX_BLOCK_K)
+    chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
+    return _Source(cache, indices, lengths, t, chunk, nsplit, engine(q, cache, indices, t))
+
+
+def _launch(q, src: _Source, sink, scale, o, lse, o_part, lse_part, split_base: int, ns_total: int) -> None:
+    """The main loop over one cache, writing o/lse (ns_total == 1) or its splits of the partials."""
+    B, H, D = q.shape
+    L, t = src.cache.layout, src.tiles
+    if src.engine == "gluon":
+        from dsv4opt.optimizations.mma_attn.kernel_gluon import gluon_sparse_decode_partials
+
+        gluon_sparse_decode_partials(q, src.cache.data, src.indices, src.lengths, o_part, lse_part, src.chunk,
+                                     src.nsplit, scale, split_base=split_base, ns_total=ns_total)
+        return
+    d_p = triton.next_power_of_2(D)
+    block_v = t.block_v or d_p
+    assert d_p % block_v == 0, (d_p, block_v)
+    if L.fp8:
+        kv8, kvu8, kv16 = src.cache.views()
+        kv, stride_kv = q, 0  # p_kv only gives the kernel q's dtype to convert to
+    else:
+        kv = kv8 = kvu8 = kv16 = src.cache.data
+        stride_kv = src.cache.data.stride(0)
+    grid = (B, triton.cdiv(H, t.block_h) * (d_p // block_v), src.nsplit)
+    _mma_sparse_decode_kernel[grid](
+        p_q=q, p_kv=kv, p_kv8=kv8, p_kvu8=kvu8, p_kv16=kv16, p_idx=src.indices, p_len=src.lengths, p_sink=sink,
+        p_o=o, p_lse=lse, p_o_part=o_part, p_lse_part=lse_part,
+        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_ib=src.indices.stride(0),
+        stride_ob=o.stride(0), stride_oh=o.stride(1),
+        H=H, qk_scale_log2=scale * LOG2E, page_size=L.page_size, page_bytes=L.page_bytes if L.fp8 else 0,
+        K=src.indices.shape[1], CHUNK=src.chunk, SPLIT_BASE=split_base, NS_TOTAL=ns_total,
+        DN=L.nope, D=D, D_P=d_p, FP8=L.fp8, TILE=L.tile, DATA_BYTES=L.data_bytes, SCALE_BYTES=L.scale_bytes,
+        BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v,
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+
+
+def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices,
+                  extra_lengths, sink, scale, tiles: Tiles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `attention` slot (dsv4opt/workload/slots.py) on tensor cores.
+
+    Each cache gets its own split-K main loop (a tile of 64 heads shares every KV tile read; FP8
+    rows are dequantised in registers); every split writes fp32 partials and one combine kernel
+    merges them with the sink. A single cache that needs no split writes o and lse directly.
+    CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
     """
     if q.device.type != "cuda" and not _INTERPRETED:
         raise DsvOptError(
             "mma-attn runs on a CUDA GPU; on a CPU leave it off, or set TRITON_INTERPRET=1 (slow) to run it"
         )
     B, H, D = q.shape
-    K = indices.shape[1]
-    rope_follows = kv_rope is None
-    if rope_follows:
-        check_attention_inputs(q, kv_nope, indices, lengths, sink)
-        kv_rope, dn, dr = kv_nope, D, 0
-    else:
-        dn, dr = kv_nope.shape[1], kv_rope.shape[1]
-        assert dn + dr == D and kv_rope.shape[0] == kv_nope.shape[0], (kv_nope.shape, kv_rope.shape, D)
-        assert kv_rope.stride(1) == 1 and kv_rope.dtype == kv_nope.dtype
-        check_attention_inputs(q, torch.empty(0, D, device=q.device), indices, lengths, sink)
-        assert kv_nope.stride(1) == 1
-    assert kv_nope.dtype == q.dtype, "KV cache in q's dtype (FP8 nope needs a scale pointer: not yet)"
-    t = tiles or choose_tiles(B, H, K, q.device, D)
-    if not rope_follows and t.block_k > _SPLIT_KV_MAX_BLOCK_K:
-        t = replace(t, block_k=_SPLIT_KV_MAX_BLOCK_K)
-    chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
-    d_p = triton.next_power_of_2(D)
-    # The Gluon loop always writes partials; this file's kernel only when the slots are split.
-    gluon = engine(q, kv_nope, None if rope_follows else kv_rope, indices, t) == "gluon"
-    partials = gluon or nsplit > 1
-
+    parts = [(swa, swa_indices, swa_lengths)] + ([(extra, extra_indices, extra_lengths)] if extra is not None else [])
+    sources = []
+    for cache, indices, lengths in parts:
+        check_attention_inputs(q, indices, lengths)
+        assert cache.layout.dim == D and (cache.layout.fp8 or cache.data.dtype == q.dtype), (cache.layout, q.dtype)
+        sources.append(_plan(q, cache, indices, lengths, tiles))
+    assert sink.shape == (H,)
+    ns_total = sum(src.nsplit for src in sources)
+    if any(src.engine == "gluon" for src in sources):
+        ns_total = max(ns_total, 2)  # the Gluon loop always writes partials
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
-    if partials:
-        o_part = torch.empty(B, nsplit, H, D, device=q.device, dtype=torch.float32)
-        lse_part = torch.empty(B, nsplit, H, device=q.device, dtype=torch.float32)
+    if ns_total > 1:
+        o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.float32)
+        lse_part = torch.full((B, ns_total, H), float("-inf"), device=q.device, dtype=torch.float32)
     else:
         o_part, lse_part = o, lse  # unused by the single-pass kernel
-    if gluon:
-        from dsv4opt.optimizations.mma_attn.kernel_gluon import gluon_sparse_decode_partials
-
-        gluon_sparse_decode_partials(q, kv_nope, indices, lengths, o_part, lse_part, chunk, nsplit, scale)
-    else:
-        block_v = t.block_v or d_p
-        assert d_p % block_v == 0, (d_p, block_v)
-        grid = (B, triton.cdiv(H, t.block_h) * (d_p // block_v), nsplit)
-        _mma_sparse_decode_kernel[grid](
-            q, kv_nope, kv_rope, indices, lengths, sink, o, lse, o_part, lse_part,
-            q.stride(0), q.stride(1), kv_nope.stride(0), kv_rope.stride(0), indices.stride(0),
-            o.stride(0), o.stride(1),
-            H, scale * _LOG2E,
-            K=K, CHUNK=chunk, NSPLIT=nsplit, DN=dn, DR=dr, D_P=d_p, ROPE_FOLLOWS_NOPE=rope_follows,
-            BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v,
-            num_warps=t.num_warps, num_stages=t.num_stages,
-        )
-    if partials:
+    base = 0
+    for src in sources:
+        _launch(q, src, sink, scale, o, lse, o_part, lse_part, base, ns_total)
+        base += src.nsplit
+    if ns_total > 1:
+        d_p = triton.next_power_of_2(D)
         _attn_combine_splits_kernel[(B, H)](
-            o_part, lse_part, sink, o, lse, o.stride(0), o.stride(1), H,
-            NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=D, D_P=d_p,
-            num_warps=4,
+            p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse,
+            stride_ob=o.stride(0), stride_oh=o.stride(1), H=H,
+            NSPLIT=ns_total, NS_P=triton.next_power_of_2(ns_total), D=D, D_P=d_p, num_warps=4,
         )
     return o, lse
-
-
-def mma_sparse_decode(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    lengths: torch.Tensor,
-    sink: torch.Tensor,
-    scale: float,
-    tiles: Tiles | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The `attention` slot (dsv4opt/workload/impls.py) on tensor cores.
-
-    q: [B, H, D] bf16, kv: [N, D] bf16 latent rows, indices: [B, K] int32 (-1 unused),
-    lengths: [B] int32, sink: [H] fp32. Returns o: [B, H, D] in q's dtype and lse: [B, H] fp32.
-    CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
-    """
-    return sparse_decode_mma_split_kv(q, kv, None, indices, lengths, sink, scale, tiles)

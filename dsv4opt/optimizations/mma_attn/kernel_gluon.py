@@ -17,6 +17,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, fence_async_shared
 
+from dsv4opt.tritonlib import LOG2E
+
 
 @gluon.jit
 def _issue_tile(kv_buf, p_kv, idx_smem, stride_kv, t, D: gl.constexpr, LOAD: gl.constexpr):
@@ -34,7 +36,7 @@ def _issue_tile(kv_buf, p_kv, idx_smem, stride_kv, t, D: gl.constexpr, LOAD: gl.
 def gluon_sparse_decode_kernel(
     p_q, p_kv, p_idx, p_len, p_o_part, p_lse_part,
     stride_qb, stride_kv, stride_ib, H, qk_scale_log2,
-    K: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr, D: gl.constexpr,
+    K: gl.constexpr, CHUNK: gl.constexpr, SPLIT_BASE: gl.constexpr, NS_TOTAL: gl.constexpr, D: gl.constexpr,
     BH: gl.constexpr, BK: gl.constexpr,
 ):
     gl.static_assert(gl.num_warps() == 8)
@@ -103,10 +105,10 @@ def gluon_sparse_decode_kernel(
     b_o = b_acc * inv[:, None]
     o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
     o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
-    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
+    row_part = (i_b * NS_TOTAL + SPLIT_BASE + i_s).to(gl.int64) * H + o_ho
     gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
     o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
-    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
+    gl.store(p_lse_part + (i_b * NS_TOTAL + SPLIT_BASE + i_s).to(gl.int64) * H + o_hs, b_lse2)
 
 
 HEADS = 64  # one warpgroup's MMA rows
@@ -114,12 +116,14 @@ BLOCK_K = 64
 
 
 def gluon_sparse_decode_partials(q, kv, indices, lengths, o_part, lse_part, chunk: int, nsplit: int,
-                                 scale: float) -> None:
-    """Fill o_part [B, nsplit, H, D] (o over each chunk, normalised) and lse_part [B, nsplit, H]
-    (base 2) for q [B, 64, D] (rows contiguous), kv [N, D] (contiguous rows)."""
+                                 scale: float, split_base: int = 0, ns_total: int | None = None) -> None:
+    """Fill splits [split_base, split_base + nsplit) of o_part [B, ns_total, H, D] (o over each chunk,
+    normalised) and lse_part [B, ns_total, H] (base 2) for q [B, 64, D] (rows contiguous) over
+    kv [N, D] (contiguous rows)."""
     B, H, D = q.shape
     gluon_sparse_decode_kernel[(B, 1, nsplit)](
-        q, kv, indices, lengths, o_part, lse_part, q.stride(0), kv.stride(0), indices.stride(0), H,
-        scale * 1.4426950408889634, K=indices.shape[1], CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K,
-        num_warps=8,
+        p_q=q, p_kv=kv, p_idx=indices, p_len=lengths, p_o_part=o_part, p_lse_part=lse_part,
+        stride_qb=q.stride(0), stride_kv=kv.stride(0), stride_ib=indices.stride(0), H=H,
+        qk_scale_log2=scale * LOG2E, K=indices.shape[1], CHUNK=chunk, SPLIT_BASE=split_base,
+        NS_TOTAL=ns_total or nsplit, D=D, BH=H, BK=BLOCK_K, num_warps=8,
     )

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4opt.tritonlib import runs_triton
+from dsv4opt.tritonlib import interpreted, runs_triton
 from dsv4opt.workload.kernels import naive
 from dsv4opt.workload.quant import MXFP4_GROUP
 
@@ -72,6 +72,8 @@ def mxfp4_slot_gemv(a: torch.Tensor, rows: torch.Tensor, experts: torch.Tensor,
     assert a.shape[1] == K and a.stride(1) == 1 and w.stride(2) == 1 and w_scale.stride(2) == 1
     out = torch.empty(S, N, device=a.device, dtype=a.dtype)
     block_n, block_k = 64, min(128, triton.next_power_of_2(K))
+    if interpreted():  # fewer, larger programs: the interpreter pays per program, the GPU per register
+        block_n = min(256, triton.next_power_of_2(N))
     if S:
         _mxfp4_slot_gemv_kernel[(S, triton.cdiv(N, block_n))](
             p_a=a, p_w=w, p_s=w_scale, p_c=out, p_rows=rows, p_experts=experts,

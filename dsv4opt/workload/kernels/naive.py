@@ -107,3 +107,51 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tenso
     re, im = rot[..., 0::2], rot[..., 1::2]
     out = torch.stack([re * c - im * s, re * s + im * c], dim=-1).flatten(-2)
     return torch.cat([x[..., : -2 * r2].to(dt), out], dim=-1).to(x.dtype)
+
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    """x [..., n] (n a power of two) times the Sylvester Hadamard matrix / sqrt(n)."""
+    n = x.shape[-1]
+    h = torch.ones(1, 1, dtype=x.dtype, device=x.device)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return x @ h.t() / n**0.5
+
+
+def compress(state, kv_score, ape, pos, ratio: int, overlap: bool) -> torch.Tensor:
+    """The compressed entry a group's last token emits ([C, hd]; rows of other tokens are zero).
+
+    state: [C, ring, W] the projections of earlier tokens by position mod ring (W = 4hd with
+    overlap: kv_ov | kv | score_ov | score; else kv | score); kv_score: [C, W] this token's.
+    Entry = per-channel softmax over the window of score + ape, weighting kv; with overlap the
+    window is the previous group's overlap halves then this group's main halves.
+    """
+    dt = _acc(state, kv_score)
+    C, ring, W = state.shape
+    hd = ape.shape[1]
+    win = 2 * ratio if overlap else ratio
+    j = torch.arange(win, device=state.device)
+    q = pos.long()[:, None] - (win - 1) + j[None, :]  # [C, win] positions of the window
+    rows = state[torch.arange(C, device=state.device)[:, None], q % ring].to(dt)  # [C, win, W]
+    rows[:, -1] = kv_score.to(dt)  # this token's projection is not in the state yet
+    first = (j < ratio) & overlap  # overlap halves of the previous group
+    kv_at = torch.where(first, 0, hd if overlap else 0)
+    sc_at = torch.where(first, 2 * hd, 3 * hd if overlap else hd)
+    cols = torch.arange(hd, device=state.device)
+    kv = rows.gather(2, (kv_at[:, None] + cols[None, :]).expand(C, win, hd))
+    score = rows.gather(2, (sc_at[:, None] + cols[None, :]).expand(C, win, hd)) + ape.to(dt)[None]
+    valid = (q >= 0)[..., None]
+    score = score.masked_fill(~valid, float("-inf"))
+    pooled = (torch.softmax(score, dim=1) * kv.masked_fill(~valid, 0.0)).sum(1)
+    emit = ((pos.long() + 1) % ratio == 0)[:, None]
+    return torch.where(emit, pooled, torch.zeros_like(pooled))
+
+
+def index_logits(q8, weights, keys, key_scales, seq_lens) -> torch.Tensor:
+    """logits[b, s] = key_scales[b, s] * sum_h weights[b, h] * relu(q8[b, h] . keys[b, s]); -inf at
+    s >= seq_lens[b]. q8: [B, H, dim]; keys: [B, S, dim]; key_scales: [B, S] (decoded, any float)."""
+    dt = torch.float64
+    dots = torch.einsum("bhd,bsd->bhs", q8.to(dt), keys.to(dt)).clamp(min=0)
+    logits = (weights.to(dt)[:, :, None] * dots).sum(1) * key_scales.to(dt)
+    s = torch.arange(keys.shape[1], device=keys.device)
+    return logits.masked_fill(s[None, :] >= seq_lens[:, None], float("-inf"))

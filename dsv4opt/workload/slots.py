@@ -1,0 +1,45 @@
+"""The slots where optimisations plug into the decode step: names, contracts and references.
+
+The model never names a kernel: it is built with one callable per slot (`DecodeWorkload(impls=)`),
+the baseline's (`dsv4opt.workload.baseline.IMPLEMENTATIONS`) unless an optimisation replaces one.
+Every implementation of a slot computes the function its float64 reference defines.
+
+attention(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale) -> (o, lse)
+    The contract of SGLang's sm_120 entry point `flash_mla_sparse_decode_triton` (window cache,
+    then compressed cache, sink).
+    q:             [B, H, D] model dtype; D = nope + rope (448 + 64)
+    swa, extra:    KVCache (dsv4opt/workload/kvcache.py): the layer's window cache and its compressed
+                   cache (None on window-only layers), FP8 or bf16 layout
+    *_indices:     [B, K] int32 token numbers of the cache (-1: unused slot)
+    *_lengths:     [B] int32; slots at positions >= lengths[b] are unused as well
+    sink:          [H] fp32 per-head attention-sink logit (adds exp(sink) to the denominator)
+    o:             [B, H, D] in q's dtype: softmax-weighted sum of the used rows (0 when none)
+    lse:           [B, H] fp32 = log(exp(sink) + sum exp(scale * q . row)) (natural log)
+    reference:     dsv4opt.workload.attention.naive.sparse_attention_ref
+
+indexer_logits(q8, weights, cache, seq_lens, page_table, max_len) -> logits
+    The contract of SGLang's `fp8_paged_mqa_logits` (the lightning indexer's scores).
+    q8:            [B, Hi, Di] e4m3 index queries (Hadamard-rotated, one scale per head folded into weights)
+    weights:       [B, Hi] fp32 head weights
+    cache:         IndexKeyCache, pages of e4m3 keys with one fp32 scale each
+    seq_lens:      [B] int32 entries each request has; page_table: [B, P] int32 pages of each request
+    logits:        [B, max_len] fp32 = scale_s * sum_h weights_h * relu(q8_h . key_s); -inf at s >= seq_lens[b]
+    reference:     dsv4opt.workload.kernels.naive.index_logits
+
+hc_premix(x, weight) -> mix
+    x:             [T, n * hidden] fp32, the flattened residual copies (not yet normalised)
+    weight:        [2n + n*n, n * hidden] fp32 pre-mix projection
+    mix:           [T, 2n + n*n] fp32 = x @ weight^T (the caller multiplies by the RMS factor)
+    reference:     dsv4opt.workload.kernels.naive.mm_out_fp32 (float64 inputs)
+"""
+
+from __future__ import annotations
+
+SLOTS = ("attention", "indexer_logits", "hc_premix")
+
+
+def with_overrides(base: dict, overrides: dict) -> dict:
+    """The baseline's implementations with `overrides` in place of theirs; unknown slots are a bug."""
+    unknown = set(overrides) - set(SLOTS)
+    assert not unknown, f"unknown slots {unknown}"
+    return {**base, **overrides}
