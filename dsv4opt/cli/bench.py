@@ -32,6 +32,7 @@ def bench(
     name: Annotated[str, typer.Argument(help=f"Benchmark to run: {', '.join(BENCHES)}.")],
     batch: Annotated[Optional[str], typer.Option(help="Comma-separated batch sizes (default: the benchmark's).")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as JSON here.")] = None,
+    kv: Annotated[str, typer.Option(help="KV cache layout the benchmark reads: fp8 (SGLang's) or bf16.")] = "fp8",
 ) -> None:
     """Run an optimisation's correctness check, then time it against its floor and the baseline."""
     if name not in BENCHES:
@@ -41,6 +42,7 @@ def bench(
     module = importlib.import_module(BENCHES[name])
     batches = _batches(batch)
     kwargs = {"batches": batches} if batches else {}
+    kwargs["kv"] = kv
     with console.status(f"bench {name}") as status:
         result = module.run_bench(on_step=lambda msg: status.update(f"bench {name}: {msg}"), **kwargs)
     console.print(module.render(result))

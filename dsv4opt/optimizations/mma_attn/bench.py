@@ -1,4 +1,4 @@
-"""`dsv4opt bench mma-attn`: mma-attn against the floor, the baseline kernel and a torch path.
+"""`dsv4opt bench mma-attn`: mma-attn against the floor, SGLang's sm_120 path and a torch path.
 
 Runs the correctness gate first; when it fails, nothing is timed and no speed-up is printed.
 Times are medians of CUDA-graph replays; the KV pool is much larger than L2, each request selects
@@ -20,10 +20,15 @@ from dsv4opt.errors import DsvOptError
 from dsv4opt.optimizations.registry import CheckResult
 
 # dsv4-flash attention (docs/kernels/mma_attn.md): 64 heads, latent 512 (448 nope + 64 rope),
-# top-512 compressed entries plus the 128-token window.
+# top-512 compressed entries plus the 128-token window, each in its own cache.
 HEADS = 64
 DIM = 512
-TOPK = 512 + 128
+ROPE = 64
+TILE = 64
+TOPK = 512
+WINDOW = 128
+WINDOW_PAGE = 256
+EXTRA_PAGE = 64
 BATCHES = (1, 16, 32, 64)
 POOL_GB = 4.0
 # Bytes the input sets of one rotation select together, in multiples of the L2's size.
@@ -41,7 +46,7 @@ class BenchRow:
     flop_floor_us: float  # QK and PV FLOPs over the bf16 matmul rate measured in this run
     achieved_gbps: float
     frac_copy_bw: float
-    baseline_us: float
+    baseline_us: float  # SGLang's sm_120 path: two CUDA-core kernel calls, eager merge and sink
     torch_us: float
     speedup_vs_baseline: float
     speedup_vs_torch: float
@@ -55,6 +60,7 @@ class BenchResult:
     copy_gbps: float = 0.0
     matmul_tflops: float = 0.0
     rows: list[BenchRow] = field(default_factory=list)
+    kv: str = "fp8"
 
     def as_json(self) -> dict:
         check = asdict(self.check)
@@ -62,7 +68,7 @@ class BenchResult:
         return {
             "bench": "mma-attn",
             "device": self.device,
-            "shape": {"heads": HEADS, "dim": DIM, "topk": TOPK, "kv_dtype": "bfloat16"},
+            "shape": {"heads": HEADS, "dim": DIM, "topk": TOPK, "window": WINDOW, "kv": self.kv},
             "copy_gbps": self.copy_gbps,
             "matmul_tflops": self.matmul_tflops,
             "check": check,
@@ -98,15 +104,22 @@ def matmul_tflops(n: int = 8192) -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def bench_inputs(batch: int, kv: torch.Tensor, gen: torch.Generator):
-    """Inputs for one batch size: distinct random rows per request, every slot used."""
-    n = kv.shape[0]
-    q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=kv.dtype, generator=gen)
-    indices = torch.stack([torch.randperm(n, device="cuda", generator=gen)[:TOPK] for _ in range(batch)])
-    indices = indices.to(torch.int32)
-    lengths = torch.full((batch,), TOPK, device="cuda", dtype=torch.int32)
+def _layout(kv: str, page: int):
+    from dsv4opt.workload.kvcache import KVLayout
+
+    return KVLayout(kv == "fp8", DIM - ROPE, ROPE, TILE, page)
+
+
+def bench_inputs(batch: int, swa, extra, gen: torch.Generator):
+    """Inputs for one batch size: distinct random tokens of each cache per request, every slot used."""
+    def pick(cache, width):
+        n = cache.tokens
+        idx = torch.stack([torch.randperm(n, device="cuda", generator=gen)[:width] for _ in range(batch)])
+        return idx.to(torch.int32), torch.full((batch,), width, device="cuda", dtype=torch.int32)
+
+    q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
     sink = torch.randn(HEADS, device="cuda", generator=gen)
-    return q, indices, lengths, sink
+    return (q, *pick(swa, WINDOW), *pick(extra, TOPK), sink)
 
 
 def sets_needed(per_call_bytes: int, l2_bytes: int) -> int:
@@ -114,68 +127,86 @@ def sets_needed(per_call_bytes: int, l2_bytes: int) -> int:
     return min(MAX_SETS, max(2, math.ceil(L2_SPAN * l2_bytes / per_call_bytes)))
 
 
-def input_sets(batch: int, kv: torch.Tensor, gen: torch.Generator) -> list[tuple]:
+def input_sets(batch: int, swa, extra, gen: torch.Generator) -> list[tuple]:
     """Independent input sets that together select L2_SPAN times the L2's size in KV rows."""
-    per_call = batch * TOPK * DIM * kv.element_size()
-    l2_bytes = torch.cuda.get_device_properties(kv.device).L2_cache_size
-    sets = [bench_inputs(batch, kv, gen) for _ in range(sets_needed(per_call, l2_bytes))]
+    per_call = batch * (TOPK + WINDOW) * extra.layout.token_bytes
+    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    sets = [bench_inputs(batch, swa, extra, gen) for _ in range(sets_needed(per_call, l2_bytes))]
     # do_bench_cudagraph runs on a stream of its own, with no wait on this one: without this the
     # first calls can read indices that randperm has not written yet, and gather past the pool.
     torch.cuda.synchronize()
     return sets
 
 
-def rotating(fn: Callable, kv: torch.Tensor, sets: list[tuple], scale: float) -> Callable[[], object]:
+def rotating(fn: Callable, swa, extra, sets: list[tuple], scale: float) -> Callable[[], object]:
     """A call of fn on the next input set each time; a graph captured over many calls keeps the
     order, so its replays cycle through the sets too."""
     cycle = itertools.cycle(sets)
 
     def call():
-        q, indices, lengths, sink = next(cycle)
-        return fn(q, kv, indices, lengths, sink, scale)
+        q, swa_idx, swa_len, idx, lengths, sink = next(cycle)
+        return fn(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale)
 
     return call
+
+
+def torch_path(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale):
+    """The plain-torch path over both caches, merged and sunk the way the baseline does it."""
+    from dsv4opt.workload.attention.sm120 import apply_sink, merge_partials
+    from dsv4opt.workload.attention.torch_path import sparse_decode_torch
+
+    o1, l1 = sparse_decode_torch(q, swa, swa_idx, swa_len, scale)
+    o2, l2 = sparse_decode_torch(q, extra, idx, lengths, scale)
+    return apply_sink(*merge_partials(o1, l1, o2, l2), sink)
 
 
 def run_bench(
     batches: Sequence[int] = BATCHES,
     pool_gb: float = POOL_GB,
+    kv: str = "fp8",
     on_step: Callable[[str], None] = lambda _msg: None,
 ) -> BenchResult:
-    """Check, then time mma-attn, the baseline kernel and the torch path for each batch size."""
+    """Check, then time mma-attn, the baseline and the torch path for each batch size."""
     if not torch.cuda.is_available():
         raise DsvOptError("dsv4opt bench mma-attn needs a CUDA GPU (on a CPU only the correctness check runs, under Triton's interpreter)")
+    if kv not in ("fp8", "bf16"):
+        raise DsvOptError(f"--kv must be fp8 or bf16, not {kv!r}")
     from dsv4opt.optimizations.mma_attn.check import check
-    from dsv4opt.optimizations.mma_attn.kernel import choose_tiles, engine, mma_sparse_decode
-    from dsv4opt.workload.attention import sparse_decode_simt, sparse_decode_torch
+    from dsv4opt.optimizations.mma_attn.kernel import _plan, mma_attention
+    from dsv4opt.workload.attention import sparse_decode_sm120
+    from dsv4opt.workload.kvcache import KVCache
 
     on_step("correctness check")
-    result = BenchResult(check=check("cuda"), device=torch.cuda.get_device_name())
+    result = BenchResult(check=check("cuda"), device=torch.cuda.get_device_name(), kv=kv)
     if not result.check.passed:
         return result
     on_step("copy bandwidth and matmul rate")
     result.copy_gbps = copy_bandwidth_gbps()
     result.matmul_tflops = matmul_tflops()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    rows = int(pool_gb * 2**30) // (DIM * 2)
-    kv = torch.randn(rows, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    extra_layout = _layout(kv, EXTRA_PAGE)
+    pages = int(pool_gb * 2**30) // (extra_layout.token_bytes * EXTRA_PAGE)
+    extra = KVCache.allocate(extra_layout, pages, torch.bfloat16, "cuda")
+    extra.fill_random(gen)
     scale = DIM**-0.5
     for batch in batches:
         on_step(f"B = {batch}")
-        sets = input_sets(batch, kv, gen)
-        mma_ms = _median_graph_ms(rotating(mma_sparse_decode, kv, sets, scale))
-        base_ms = _median_graph_ms(rotating(sparse_decode_simt, kv, sets, scale))
-        torch_ms = _median_graph_ms(rotating(sparse_decode_torch, kv, sets, scale))
-        q, indices = sets[0][0], sets[0][1]
-        tiles = choose_tiles(batch, HEADS, TOPK, q.device, DIM)
-        unique_rows = int(torch.unique(indices).numel())
-        moved = unique_rows * DIM * kv.element_size() + 2 * q.numel() * q.element_size()
-        flops = 2 * 2 * batch * HEADS * TOPK * DIM
+        swa = KVCache.allocate(_layout(kv, WINDOW_PAGE), batch, torch.bfloat16, "cuda")
+        swa.fill_random(gen)
+        sets = input_sets(batch, swa, extra, gen)
+        mma_ms = _median_graph_ms(rotating(mma_attention, swa, extra, sets, scale))
+        base_ms = _median_graph_ms(rotating(sparse_decode_sm120, swa, extra, sets, scale))
+        torch_ms = _median_graph_ms(rotating(torch_path, swa, extra, sets, scale))
+        q, swa_idx, _, idx = sets[0][:4]
+        plans = [_plan(q, swa, swa_idx, sets[0][2], None), _plan(q, extra, idx, sets[0][4], None)]
+        unique = int(torch.unique(swa_idx).numel()) + int(torch.unique(idx).numel())
+        moved = unique * extra_layout.token_bytes + 2 * q.numel() * q.element_size()
+        flops = 2 * 2 * batch * HEADS * (TOPK + WINDOW) * DIM
         gbps = moved / (mma_ms * 1e-3) / 1e9
         result.rows.append(
             BenchRow(
                 batch=batch,
-                tiles=f"{engine(q, kv, None, indices, tiles)} {str(tiles).removeprefix('Tiles')}",
+                tiles="; ".join(f"{p.engine} {str(p.tiles).removeprefix('Tiles')} x{p.nsplit}" for p in plans),
                 mma_us=mma_ms * 1e3,
                 bytes_moved=moved,
                 floor_us=moved / (result.copy_gbps * 1e9) * 1e6,
@@ -207,7 +238,7 @@ def render(result: BenchResult):
         return table
     table = Table(
         title=(
-            f"mma-attn on {result.device}: H {HEADS}, D {DIM}, K {TOPK}, bf16 KV; "
+            f"mma-attn on {result.device}: H {HEADS}, D {DIM}, K {TOPK} + window {WINDOW}, {result.kv} KV; "
             f"copy {result.copy_gbps:.0f} GB/s, matmul {result.matmul_tflops:.0f} TFLOP/s; "
             f"check: {result.check.summary}"
         )

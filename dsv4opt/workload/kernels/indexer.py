@@ -95,7 +95,8 @@ def select_topk(logits: torch.Tensor, seq_lens: torch.Tensor, base: torch.Tensor
     and a few elementwise launches do the same job.
     """
     k = min(topk, logits.shape[1])
-    top = logits.topk(k, dim=1, sorted=False)
+    # sorted, so the entries that exist come first: attention reads only the first `lengths` slots
+    top = logits.topk(k, dim=1, sorted=True)
     idx = torch.where(torch.isfinite(top.values), base[:, None] + top.indices, -1)
     if k < topk:
         idx = F.pad(idx, (0, topk - k), value=-1)
