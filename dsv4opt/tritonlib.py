@@ -35,6 +35,13 @@ def dot_dtype_ok(dtype: torch.dtype) -> bool:
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+try:
+    # The interpreter imports Gluon lazily while it runs a kernel, when triton.language is patched
+    # and the import fails (seen on Triton 3.9 after other kernels ran): import it up front.
+    import triton.experimental.gluon  # noqa: E402, F401
+except ImportError:
+    pass
+
 
 @triton.jit
 def round_to_e4m3(x, EMULATE: tl.constexpr):

@@ -1,9 +1,18 @@
-"""Shared test setup: seeded RNG, NaN-poisoned torch.empty, isolated project state."""
+"""Shared test setup: Triton's interpreter on a CPU, seeded RNG, NaN-poisoned torch.empty,
+isolated project state."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Triton decides interpreter or compiler when a kernel is defined, i.e. when a module is first
+# imported: set it before any test module imports dsv4opt, so every kernel in this process is
+# interpreted on a machine without a GPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _empty = torch.empty
 _empty_like = torch.empty_like
@@ -30,6 +39,15 @@ def poison_empty(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", _poisoned_empty_like)
 
 
+@pytest.fixture
+def torch_path(monkeypatch):
+    """The workload's plain-torch kernels (what a CPU runs outside the interpreter): for tests of
+    whole-model runs, which the interpreter would take minutes over. The kernels themselves are
+    tested under the interpreter in tests/workload/test_kernels.py."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
 @pytest.fixture(autouse=True)
 def seeded():
     torch.manual_seed(0)
@@ -39,6 +57,8 @@ def seeded():
 def isolated_state(tmp_path, monkeypatch):
     """No test reads or writes the developer's .dsv4opt/state.json."""
     monkeypatch.setenv("DSV4OPT_STATE", str(tmp_path / "state" / "state.json"))
-    for gate in ("DSV4OPT_MMA_ATTN", "DSV4OPT_BF16_GEMM"):
+    from dsv4opt.optimizations.registry import OPTIMIZATIONS
+
+    for gate in (o.env_gate for o in OPTIMIZATIONS.values()):
         monkeypatch.delenv(gate, raising=False)
 

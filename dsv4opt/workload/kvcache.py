@@ -198,7 +198,7 @@ class IndexKeyCache:
         at = page[:, None] * self.page_bytes + slot[:, None] * self.dim
         keys = raw[at + torch.arange(self.dim, device=raw.device)].view(FP8).to(dtype)
         at_s = page[:, None] * self.page_bytes + self.page_size * self.dim + 4 * slot[:, None]
-        scales = raw[at_s + torch.arange(4, device=raw.device)].contiguous().view(torch.float32)[:, 0].to(dtype)
+        scales = raw[at_s + torch.arange(4, device=raw.device)].contiguous().view(torch.float32).view(-1).to(dtype)
         return keys, scales
 
 

@@ -28,8 +28,6 @@ def test_layers_out_of_range(tmp_path):
 def test_too_big_is_refused_before_allocating(monkeypatch):
     """The flash config on a pretend 24 GiB GPU: refused with the estimate and what to lower."""
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (24 << 30, 24 << 30))
-    monkeypatch.setattr("dsv4opt.workload.dense.fp8_supported", lambda device: True)
-    monkeypatch.setattr("dsv4opt.workload.dense.grouped_gemm_supported", lambda device, dtype: True)
     from dsv4opt.workload.config import ModelConfig
 
     settings = EmbeddedSettings(concurrency=32, context=8192)

@@ -36,7 +36,7 @@ def test_profile_tiny_on_cpu_writes_a_labelled_profile(tmp_path, monkeypatch):
     kept = list(traces.glob("*.trace.json"))
     assert len(kept) == 1
     names = {e.get("name") for e in json.loads(kept[0].read_text())["traceEvents"]}
-    assert {"attn", "indexer", "mhc_pre", "mhc_post", "moe", "q_proj", "o_proj", "lm_head"} <= names
+    assert {"attn", "indexer", "compress", "mhc_pre", "mhc_post", "moe", "qkv", "o_proj", "lm_head"} <= names
     assert any(str(n).startswith("ProfilerStep#") for n in names)
 
 

@@ -29,7 +29,7 @@ from tests.helpers import needs_gpu  # noqa: E402
 check_module = importlib.import_module("dsv4opt.optimizations.mma_attn.check")
 INTERPRETED = type(kernel._mma_sparse_decode_kernel).__name__ == "InterpretedFunction"
 on_cpu = pytest.mark.skipif(not INTERPRETED, reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
-SMALL = AttnCase(3, 100, "half_unused", heads=8, dim=64, rope_dim=16)
+SMALL = AttnCase(3, 100, "half_unused", heads=8, dim=64, rope_dim=16, tile=16, window=16)
 
 
 @on_cpu
@@ -55,7 +55,7 @@ def test_kernel_and_baseline_match_reference(case):
 )
 def test_tile_variants_match_reference(tiles):
     x = make_inputs(SMALL, "cpu", torch.float16, seed=5)
-    o, lse = kernel.mma_sparse_decode(*x.args(), tiles=tiles)
+    o, lse = kernel.mma_attention(*x.args(), tiles=tiles)
     ref_o, ref_lse = sparse_attention_ref(*x.args())
     assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
     assert error_report(lse, ref_lse).ok(1e-5), error_report(lse, ref_lse)
@@ -84,13 +84,13 @@ def test_choose_tiles_splits_the_value_columns_only_at_small_batch():
 
 @on_cpu
 def test_gate_fails_on_wrong_output(monkeypatch):
-    real = kernel.sparse_decode_mma_split_kv
+    real = kernel.mma_attention
 
     def off_by_two_percent(*args, **kwargs):
         o, lse = real(*args, **kwargs)
         return o * 1.02, lse
 
-    monkeypatch.setattr(kernel, "sparse_decode_mma_split_kv", off_by_two_percent)
+    monkeypatch.setattr(kernel, "mma_attention", off_by_two_percent)
     result = check_module.check("cpu", [SMALL])
     assert not result.passed
     assert result.figures["rel_err_o"] > result.bounds["rel_err_o"]
@@ -99,7 +99,7 @@ def test_gate_fails_on_wrong_output(monkeypatch):
 
 @on_cpu
 def test_gate_fails_on_unwritten_output(monkeypatch):
-    monkeypatch.setattr(kernel, "sparse_decode_mma_split_kv", lambda q, *a, **k: (torch.empty_like(q), torch.empty(q.shape[:2])))
+    monkeypatch.setattr(kernel, "mma_attention", lambda q, *a, **k: (torch.empty_like(q), torch.empty(q.shape[:2])))
     result = check_module.check("cpu", [SMALL])
     assert not result.passed
     assert result.figures["nonfinite"] > 0
@@ -115,7 +115,7 @@ def test_gate_passes_and_reports_figures():
 
 def test_registry_provides_the_attention_slot():
     impls = get("mma-attn").implementations()
-    assert impls == {"attention": kernel.mma_sparse_decode}
+    assert impls == {"attention": kernel.mma_attention}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
@@ -147,20 +147,20 @@ def test_cpu_tensors_without_interpreter_are_refused(monkeypatch):
     monkeypatch.setattr(kernel, "_INTERPRETED", False)
     x = make_inputs(SMALL, "cpu", torch.float16)
     with pytest.raises(DsvOptError, match="runs on a CUDA GPU"):
-        kernel.mma_sparse_decode(*x.args())
+        kernel.mma_attention(*x.args())
 
 
 def test_bench_rotation_spans_several_l2s_of_rows():
-    from dsv4opt.optimizations.mma_attn.bench import DIM, L2_SPAN, MAX_SETS, TOPK, sets_needed
+    from dsv4opt.optimizations.mma_attn.bench import L2_SPAN, MAX_SETS, TOPK, WINDOW, sets_needed
 
     l2 = 50 * 2**20  # an H100-class L2
     for batch in (1, 16, 32, 64):
-        per_call = batch * TOPK * DIM * 2
+        per_call = batch * (TOPK + WINDOW) * 584
         n = sets_needed(per_call, l2)
         assert n >= 2
         assert n * per_call >= L2_SPAN * l2 or n == MAX_SETS
-    # one B = 32 call selects 21 MB: a replay of the same indices would find them all in L2
-    assert sets_needed(32 * TOPK * DIM * 2, l2) >= 8
+    # one B = 32 call selects 12 MB of FP8 rows: a replay of the same indices would find them in L2
+    assert sets_needed(32 * (TOPK + WINDOW) * 584, l2) >= 12
 
 
 def test_gluon_main_loop_only_for_the_shapes_it_was_gated_on():
@@ -197,24 +197,24 @@ class _FakeCudaTensor:
         return self._ptr
 
 
-def test_engine_takes_the_gluon_loop_only_with_aligned_bf16_operands(monkeypatch):
+def test_engine_takes_the_gluon_loop_only_with_aligned_bf16_rows(monkeypatch):
+    from dsv4opt.workload.kvcache import KVCache, KVLayout
+
     wide = kernel.choose_tiles(64, 64, 640, torch.device("cpu"))
     q = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1))
-    kv = _FakeCudaTensor((1 << 20, 512), (512, 1))
+    bf16 = KVLayout(False, 448, 64, 64, 256)
+    rows = KVCache(bf16, _FakeCudaTensor((1 << 20, 512), (512, 1)))
     idx = _FakeCudaTensor((64, 640), (640, 1), dtype=torch.int32)
     monkeypatch.setattr(kernel, "gluon_available", lambda: True)
-    assert kernel.engine(q, kv, None, idx, wide) == "gluon"
-    assert kernel.engine(q, _FakeCudaTensor((1 << 20, 512), (520, 1)), None, idx, wide) == "triton"  # padded rows
-    assert kernel.engine(q, _FakeCudaTensor((1 << 20, 512), (512, 1), ptr=8), None, idx, wide) == "triton"
+    assert kernel.engine(q, rows, idx, wide) == "gluon"
+    assert kernel.engine(q, KVCache(bf16, _FakeCudaTensor((1 << 20, 512), (520, 1))), idx, wide) == "triton"  # padded rows
+    assert kernel.engine(q, KVCache(bf16, _FakeCudaTensor((1 << 20, 512), (512, 1), ptr=8)), idx, wide) == "triton"
     fp16 = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1), dtype=torch.float16)
-    assert kernel.engine(fp16, kv, None, idx, wide) == "triton"
-    assert kernel.engine(q, kv, kv, idx, wide) == "triton"  # separate rope tensor
+    assert kernel.engine(fp16, rows, idx, wide) == "triton"
+    fp8 = KVCache(KVLayout(True, 448, 64, 64, 256), _FakeCudaTensor((4, 149760), (149760, 1), dtype=torch.uint8))
+    assert kernel.engine(q, fp8, idx, wide) == "triton"  # the FP8 layout is dequantised by the block-level kernel
     monkeypatch.setattr(kernel, "gluon_available", lambda: False)
-    assert kernel.engine(q, kv, None, idx, wide) == "triton"
-    # CPU tensors never take it
-    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
-    assert kernel.engine(torch.zeros(64, 64, 512), torch.zeros(8, 512), None, torch.zeros(64, 640, dtype=torch.int32),
-                         wide) == "triton"
+    assert kernel.engine(q, rows, idx, wide) == "triton"
 
 
 def test_gluon_available_only_on_hopper_with_a_validated_triton(monkeypatch):
@@ -255,12 +255,14 @@ def test_bench_rotation_calls_each_set_in_turn():
     from dsv4opt.optimizations.mma_attn.bench import rotating
 
     seen = []
-    sets = [(f"q{i}", f"idx{i}", f"len{i}", f"sink{i}") for i in range(3)]
-    call = rotating(lambda q, kv, idx, ln, sink, scale: seen.append((q, kv, idx, scale)), "kv", sets, 0.5)
+    sets = [(f"q{i}", f"w{i}", f"wl{i}", f"idx{i}", f"len{i}", f"sink{i}") for i in range(3)]
+    record = lambda q, swa, w, wl, extra, idx, ln, sink, scale: seen.append((q, swa, extra, idx, scale))  # noqa: E731
+    call = rotating(record, "swa", "extra", sets, 0.5)
     for _ in range(7):
         call()
     assert [q for q, *_ in seen] == ["q0", "q1", "q2", "q0", "q1", "q2", "q0"]
-    assert all(kv == "kv" and scale == 0.5 and idx == "idx" + q[1:] for q, kv, idx, scale in seen)
+    assert all(swa == "swa" and extra == "extra" and scale == 0.5 and idx == "idx" + q[1:]
+               for q, swa, extra, idx, scale in seen)
 
 
 def test_split_chunks_cover_every_slot_with_whole_tiles_and_no_empty_split():

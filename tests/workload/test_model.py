@@ -26,12 +26,6 @@ TINY = ModelConfig.from_name("dsv4-tiny")
 REL_TOL = 3e-2
 
 
-@pytest.fixture
-def torch_path(monkeypatch):
-    """Plain-torch kernels (what a CPU runs outside the interpreter): fast enough for many steps."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-
-
 # id: (concurrency, context, experts_resident, steps, kv). Contexts are drawn in [0.75N, 1.25N]:
 STEP_CASES = {
     # 1-2 tokens seen: window not full, no compressed entry yet, top-k far above the entries.

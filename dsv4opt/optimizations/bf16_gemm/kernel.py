@@ -30,26 +30,30 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 def _indexer_logits_kernel(
     p_q, p_w, p_keys, p_scales, p_len, p_pages, p_out,
     stride_qb, stride_qh, stride_wb, stride_pb, stride_ob, page_size, page_bytes, max_len,
-    H: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, DOT: tl.constexpr,
+    H: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    DOT_FP16: tl.constexpr,
 ):
     i_b = tl.program_id(0).to(tl.int64)
     i_s = tl.program_id(1)
     o_s = i_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    o_d = tl.arange(0, D)
+    o_d = tl.arange(0, D_P)
+    m_d = o_d < D
     n = tl.load(p_len + i_b)
     m_s = o_s < max_len
     page = tl.load(p_pages + i_b * stride_pb + o_s // page_size, mask=m_s, other=0).to(tl.int64)
     slot = (o_s % page_size).to(tl.int64)
     at = page * page_bytes + slot * D  # [BS] first byte of each entry's key
     # e4m3 -> bf16 (fp16 under the interpreter) is exact: 3 mantissa bits into 7 (10)
-    b_k = tl.load(p_keys + at[:, None] + o_d[None, :], mask=m_s[:, None], other=0.0).to(DOT)  # [BS, D]
+    b_k = tl.load(p_keys + at[:, None] + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0)  # [BS, D_P]
+    b_k = b_k.to(tl.float16) if DOT_FP16 else b_k.to(tl.bfloat16)
     b_scale = tl.load(p_scales + (page * page_bytes + page_size * D) // 4 + slot, mask=m_s, other=0.0)  # [BS]
     b_acc = tl.zeros([BLOCK_S], dtype=tl.float32)  # [BS]
     for h0 in range(0, H, BLOCK_H):
         o_h = h0 + tl.arange(0, BLOCK_H)
         m_h = o_h < H
         b_q = tl.load(p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :],
-                      mask=m_h[:, None], other=0.0).to(DOT)  # [BH, D]
+                      mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]
+        b_q = b_q.to(tl.float16) if DOT_FP16 else b_q.to(tl.bfloat16)
         b_w = tl.load(p_w + i_b * stride_wb + o_h, mask=m_h, other=0.0)  # [BH]
         b_dot = tl.dot(b_q, tl.trans(b_k))  # [BH, BS] fp32: products of e4m3 values are exact
         b_acc += tl.sum(tl.maximum(b_dot, 0.0) * b_w[:, None], axis=0)
@@ -68,7 +72,7 @@ def indexer_logits(q8: torch.Tensor, weights: torch.Tensor, cache, seq_lens: tor
     B, H, D = q8.shape
     if not (q8.is_cuda or _INTERPRETED):
         return _indexer_logits_emulated(q8, weights, cache, seq_lens, page_table, max_len)
-    assert q8.stride(2) == 1 and D % 16 == 0
+    assert q8.stride(2) == 1
     out = torch.empty(B, max_len, device=q8.device, dtype=torch.float32)
     raw = cache.data.view(-1)
     BLOCK_S = 64
@@ -78,7 +82,7 @@ def indexer_logits(q8: torch.Tensor, weights: torch.Tensor, cache, seq_lens: tor
             p_len=seq_lens, p_pages=page_table, p_out=out, stride_qb=q8.stride(0), stride_qh=q8.stride(1),
             stride_wb=weights.stride(0), stride_pb=page_table.stride(0), stride_ob=out.stride(0),
             page_size=cache.page_size, page_bytes=cache.page_bytes, max_len=max_len,
-            H=H, D=D, BLOCK_S=BLOCK_S, BLOCK_H=min(64, _pow2(H)), DOT=tl.float16 if _INTERPRETED else tl.bfloat16,
+            H=H, D=D, D_P=_pow2(D), BLOCK_S=BLOCK_S, BLOCK_H=min(64, _pow2(H)), DOT_FP16=_INTERPRETED,
             num_warps=4,
         )
     return out
