@@ -2,7 +2,8 @@
 
     python scripts/gpu_smoke_workload.py [--concurrency 32] [--context 8192] [--steps 10] [--skip-full]
 
-1. dsv4-tiny on the GPU (bf16, and fp8 where the GPU has it) against the float64 reference;
+1. dsv4-tiny on the GPU (every Triton kernel compiled; float32 and bf16 activations, FP8 and bf16
+   KV layouts) against the float64 reference;
 2. dsv4-flash --layers 4: no host sync in the eager step (sync debug mode), the CUDA-graph replay
    gives the same logits as eager steps of an identical workload, estimate vs max allocated;
 3. dsv4-flash, all layers: estimate vs max allocated, graph-replayed ms/step and tokens/s.
@@ -31,26 +32,29 @@ GIB = 1 << 30
 
 
 def check_tiny(rows: list) -> bool:
+    """Float32 activations match to float32 rounding but for the rare e4m3 rounding flip (~1e-2,
+    see tests/workload/test_model.py); bf16 activations add bf16 rounding throughout."""
     cfg = ModelConfig.from_name("dsv4-tiny")
     ok = True
-    for weights in ("bf16", "auto"):
-        wl = DecodeWorkload(cfg, concurrency=4, context=40, device="cuda", weights=weights)
+    for dtype, kv, tol in ((torch.float32, "fp8", 3e-2), (torch.float32, "bf16", 3e-2), (torch.bfloat16, "fp8", 0.15)):
+        wl = DecodeWorkload(cfg, concurrency=4, context=40, device="cuda", dtype=dtype, kv=kv)
         tokens = torch.randint(cfg.vocab, (4,), device="cuda")
+        worst = None
         for step in range(3):
             ref, _ = decode_step_ref(wl, tokens.cpu())
             out = wl.step(tokens)
             report = error_report(out, ref)
-            good = report.ok(5e-2)
-            ok &= good
-            print(f"tiny weights={wl.weight_format} step {step}: {report} {'ok' if good else 'FAIL'}")
+            worst = report if worst is None or report.rel > worst.rel else worst
             tokens = out.argmax(-1)
-        experts = wl.layers[0].w["w13"].format
-        print(f"  fp8 fallbacks: {wl.fp8_fallbacks}")
-        rows.append((f"tiny {wl.weight_format}/experts {experts}", "ok" if ok else "FAIL", "", "", ""))
+        good = worst.ok(tol)
+        ok &= good
+        name = f"tiny {str(dtype).removeprefix('torch.')} {kv}-KV"
+        print(f"{name}, 3 steps: worst {worst} {'ok' if good else 'FAIL'}")
+        rows.append((name, "ok" if good else "FAIL", "", "", ""))
     return ok
 
 
-WEIGHTS = "auto"
+KV = "fp8"
 
 
 def build(cfg, layers, C, context, max_new) -> tuple[DecodeWorkload, float, float]:
@@ -59,7 +63,7 @@ def build(cfg, layers, C, context, max_new) -> tuple[DecodeWorkload, float, floa
     base = torch.cuda.memory_allocated()
     t0 = time.perf_counter()
     wl = DecodeWorkload(cfg, concurrency=C, context=context, device="cuda", layers=layers, max_new_tokens=max_new,
-                        weights=WEIGHTS)
+                        kv=KV)
     torch.cuda.synchronize()
     return wl, time.perf_counter() - t0, base
 
@@ -90,15 +94,13 @@ def time_graph(graph, steps: int) -> float:
 
 
 def memory_row(name, cfg, wl, C, context, base, max_new) -> tuple:
-    est = estimate_memory(cfg.with_layers(wl.cfg.layers), C, context, elem_bytes=2,
-                          fp8=wl.weight_format == "fp8", max_new_tokens=max_new,
-                          fp8_experts=wl.layers[0].w["w13"].format == "fp8")
+    est = estimate_memory(cfg.with_layers(wl.cfg.layers), C, context, elem_bytes=2, kv_fp8=wl.kv_layout == "fp8",
+                          max_new_tokens=max_new)
     peak = torch.cuda.max_memory_allocated() - base
     held = wl.state_bytes()
     print(f"{name}: estimate {est.total / GIB:.2f} GiB (weights {est.weights / GIB:.2f}, caches {est.caches / GIB:.2f}, "
           f"activations {est.activations / GIB:.2f}); held {sum(held.values()) / GIB:.2f}; peak allocated {peak / GIB:.2f}; "
-          f"weights {wl.weight_format}, experts {wl.layers[0].w['w13'].format}, fp8 fallbacks {wl.fp8_fallbacks}, "
-          f"grouped GEMM {wl.grouped_gemm}")
+          f"KV {wl.kv_layout}")
     return est, peak
 
 
@@ -168,11 +170,10 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip-full", action="store_true", help="stop after the 4-layer checks")
-    parser.add_argument("--weights", default="auto", choices=["auto", "bf16", "fp8"],
-                        help="weight format of the dsv4-flash runs (the tiny check runs bf16 and auto)")
+    parser.add_argument("--kv", default="fp8", choices=["fp8", "bf16"], help="KV layout of the dsv4-flash runs")
     args = parser.parse_args()
-    global WEIGHTS
-    WEIGHTS = args.weights
+    global KV
+    KV = args.kv
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")

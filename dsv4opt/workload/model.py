@@ -29,7 +29,7 @@ from dsv4opt.errors import DsvOptError
 from dsv4opt.workload.baseline import IMPLEMENTATIONS
 from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
 from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_rope_store
-from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, select_topk
+from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, topk_transform
 from dsv4opt.workload.kernels.linear import mm_out_fp32
 from dsv4opt.workload.kernels.mhc import hc_post, hc_prenorm, hc_split_sinkhorn
 from dsv4opt.workload.kernels.moe import moe_gate, mxfp4_slot_gemv, silu_mul_clamp
@@ -278,7 +278,7 @@ class DecodeWorkload:
                 continue
             ratio, span = cfg.ratio(layer.kind), layer.pages * cfg.extra_page(layer.kind)
             done = (pos + 1) // ratio  # complete entries, this step's included
-            geo = {"base": rows * span, "done": done.int(), "loc": rows * span + (done - 1).clamp(min=0)}
+            geo = {"base": (rows * span).int(), "done": done.int(), "loc": rows * span + (done - 1).clamp(min=0)}
             if layer.kind == CSA:
                 geo["lengths"] = done.clamp(min=1, max=cfg.index_topk).int()
                 ispan = layer.index_pages * cfg.index_page
@@ -327,7 +327,7 @@ class DecodeWorkload:
                 self._compress(layer, x, "idx", geo["index_loc"])
                 logits = self.impls["indexer_logits"](q8, head_w, layer.index_keys, geo["done"], geo["page_table"],
                                                       layer.index_pages * cfg.index_page)
-                extra_indices = select_topk(logits, geo["done"], geo["base"], cfg.index_topk)
+                extra_indices = topk_transform(logits, geo["done"], geo["base"], cfg.index_topk)
                 extra_lengths = geo["lengths"]
         elif layer.kind == HCA:
             extra_indices, extra_lengths = meta[HCA]["indices"], meta[HCA]["lengths"]

@@ -10,17 +10,15 @@ import importlib
 import os
 from pathlib import Path
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import dsv4opt.optimizations.bf16_gemm as bf16_gemm  # noqa: E402
-from dsv4opt.numerics import error_report  # noqa: E402
-from dsv4opt.optimizations.bf16_gemm import kernel, naive  # noqa: E402
-from dsv4opt.optimizations.bf16_gemm.check import E2ESettings, run_check, selection_figures  # noqa: E402
-from dsv4opt.optimizations.registry import get, implementations  # noqa: E402
-from dsv4opt.workload.kernels import naive as workload_naive  # noqa: E402
+import dsv4opt.optimizations.bf16_gemm as bf16_gemm
+from dsv4opt.numerics import error_report
+from dsv4opt.optimizations.bf16_gemm import kernel, naive
+from dsv4opt.optimizations.bf16_gemm.check import E2ESettings, run_check, selection_figures
+from dsv4opt.optimizations.registry import get, implementations
+from dsv4opt.workload.kernels import naive as workload_naive
 
 # The package exports the function `check`, which hides the submodule of the same name.
 check_module = importlib.import_module("dsv4opt.optimizations.bf16_gemm.check")

@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import replace
-import os
+import pytest
+import torch
+from typer.testing import CliRunner
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
-
-from dsv4opt.cli import app  # noqa: E402
-from dsv4opt.numerics import error_report  # noqa: E402
-from dsv4opt.optimizations.mma_attn import kernel  # noqa: E402
-from dsv4opt.optimizations.mma_attn.cases import AttnCase, interpreter_cases, make_inputs  # noqa: E402
-from dsv4opt.optimizations.registry import get  # noqa: E402
-from dsv4opt.workload.attention import sparse_attention_ref  # noqa: E402
-from tests.helpers import needs_gpu  # noqa: E402
+from dsv4opt.cli import app
+from dsv4opt.numerics import error_report
+from dsv4opt.optimizations.mma_attn import kernel
+from dsv4opt.optimizations.mma_attn.cases import AttnCase, interpreter_cases, make_inputs
+from dsv4opt.optimizations.registry import get
+from dsv4opt.workload.attention import sparse_attention_ref
+from tests.helpers import needs_gpu
 
 # The package exports the function `check`, which hides the submodule of the same name.
 check_module = importlib.import_module("dsv4opt.optimizations.mma_attn.check")

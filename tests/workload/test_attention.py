@@ -5,18 +5,14 @@ and the torch path against the reference, in both cache layouts."""
 from __future__ import annotations
 
 import math
-import os
+import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from dsv4opt.numerics import error_report  # noqa: E402
-from dsv4opt.optimizations.mma_attn.cases import AttnCase, make_inputs  # noqa: E402
-from dsv4opt.workload.attention import simt, sparse_attention_ref, sparse_decode_sm120  # noqa: E402
-from dsv4opt.workload.attention.sm120 import apply_sink, merge_partials  # noqa: E402
-from dsv4opt.workload.attention.torch_path import sparse_decode_torch  # noqa: E402
+from dsv4opt.numerics import error_report
+from dsv4opt.optimizations.mma_attn.cases import AttnCase, make_inputs
+from dsv4opt.workload.attention import simt, sparse_attention_ref, sparse_decode_sm120
+from dsv4opt.workload.attention.sm120 import apply_sink, merge_partials
+from dsv4opt.workload.attention.torch_path import sparse_decode_torch
 
 interpreted = pytest.mark.skipif(
     type(simt._simt_sparse_decode_kernel).__name__ != "InterpretedFunction" and not torch.cuda.is_available(),

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from dsv4opt.numerics import error_report  # noqa: E402
-from dsv4opt.workload import quant  # noqa: E402
-from dsv4opt.workload.kernels import compress, indexer, linear, mhc, moe, naive, norm, rope  # noqa: E402
-from dsv4opt.workload.kvcache import IndexKeyCache, KVCache, KVLayout, quantize_index_key  # noqa: E402
+from dsv4opt.numerics import error_report
+from dsv4opt.workload import quant
+from dsv4opt.workload.kernels import compress, indexer, linear, mhc, moe, naive, norm, rope
+from dsv4opt.workload.kvcache import IndexKeyCache, KVCache, KVLayout, quantize_index_key
 
 interpreted = pytest.mark.skipif(
     type(norm._rms_norm_kernel).__name__ != "InterpretedFunction" and not torch.cuda.is_available(),

@@ -10,17 +10,15 @@ interpreter) runs most cases; one case runs every Triton kernel under the interp
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from dsv4opt.errors import DsvOptError  # noqa: E402
-from dsv4opt.numerics import error_report  # noqa: E402
-from dsv4opt.workload.config import ModelConfig  # noqa: E402
-from dsv4opt.workload.memory import estimate_memory  # noqa: E402
-from dsv4opt.workload.model import DecodeWorkload  # noqa: E402
-from dsv4opt.workload.reference import decode_step_ref  # noqa: E402
+from dsv4opt.errors import DsvOptError
+from dsv4opt.numerics import error_report
+from dsv4opt.workload.config import ModelConfig
+from dsv4opt.workload.memory import estimate_memory
+from dsv4opt.workload.model import DecodeWorkload
+from dsv4opt.workload.reference import decode_step_ref
 
 TINY = ModelConfig.from_name("dsv4-tiny")
 REL_TOL = 3e-2

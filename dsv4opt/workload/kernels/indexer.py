@@ -87,12 +87,83 @@ def index_logits_torch(q8: torch.Tensor, weights: torch.Tensor, cache: IndexKeyC
     return logits
 
 
+@triton.jit
+def _sort_key(x):
+    """fp32 -> uint32 in the same order (x not NaN): negatives inverted, non-negatives above them."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return tl.where((bits >> 31) == 1, ~bits, bits | 0x80000000)
+
+
+@triton.jit
+def _topk_transform_kernel(p_logits, p_len, p_base, p_out, stride_l, stride_o,
+                           S: tl.constexpr, TOPK: tl.constexpr, K_P: tl.constexpr, BLOCK: tl.constexpr):
+    i_b = tl.program_id(0).to(tl.int64)
+    n = tl.load(p_len + i_b)
+    base = tl.load(p_base + i_b).to(tl.int32)
+    o_k = tl.arange(0, K_P)
+    p_row = p_logits + i_b * stride_l
+    p_dst = p_out + i_b * stride_o
+    if n <= TOPK:  # every entry, in order, then -1
+        tl.store(p_dst + o_k, tl.where(o_k < n, base + o_k, -1), mask=o_k < TOPK)
+    else:
+        # Radix select: from the top bit down keep a bit set while at least TOPK of the request's
+        # entries have keys at or above the prefix; it ends at the TOPK-th largest key.
+        one = tl.full([], 1, tl.uint32)
+        prefix = tl.full([], 0, tl.uint32)
+        for bit in range(31, -1, -1):
+            trial = prefix | (one << bit)
+            count = tl.zeros([], tl.int32)
+            for s0 in range(0, S, BLOCK):
+                o_s = s0 + tl.arange(0, BLOCK)
+                key = _sort_key(tl.load(p_row + o_s, mask=o_s < S, other=float("-inf")))
+                count += tl.sum(((key >= trial) & (o_s < n)).to(tl.int32), axis=0)
+            prefix = tl.where(count >= TOPK, trial, prefix)
+        # The entries above the threshold, then entries at it until TOPK are placed.
+        placed = tl.zeros([], tl.int32)
+        for s0 in range(0, S, BLOCK):
+            o_s = s0 + tl.arange(0, BLOCK)
+            key = _sort_key(tl.load(p_row + o_s, mask=o_s < S, other=float("-inf")))
+            take = (key > prefix) & (o_s < n)
+            at = placed + tl.cumsum(take.to(tl.int32), axis=0) - 1
+            tl.store(p_dst + at, base + o_s, mask=take)
+            placed += tl.sum(take.to(tl.int32), axis=0)
+        for s0 in range(0, S, BLOCK):
+            o_s = s0 + tl.arange(0, BLOCK)
+            key = _sort_key(tl.load(p_row + o_s, mask=o_s < S, other=float("-inf")))
+            tie = (key == prefix) & (o_s < n)
+            at = placed + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+            tl.store(p_dst + at, base + o_s, mask=tie & (at < TOPK))
+            placed += tl.sum(tie.to(tl.int32), axis=0)
+
+
+def topk_transform(logits: torch.Tensor, seq_lens: torch.Tensor, base: torch.Tensor, topk: int) -> torch.Tensor:
+    """Entry numbers (offset by base [B], the request's first entry) of the top-`topk` logits of
+    each request's first seq_lens[b] entries, in one launch; all of them in order when
+    seq_lens <= topk, -1 after. [B, topk] int32; entries that exist come first.
+
+    Stands for SGLang's JIT `topk_transform_512` (jit topk_v1.cuh: one block per request, radix
+    top-k, then page translation; our caches' pages are each request's own, so the translation is
+    the offset).
+    """
+    if not runs_triton(logits):
+        return select_topk(logits, seq_lens, base, topk)
+    B, S = logits.shape
+    assert logits.dtype == torch.float32 and logits.stride(1) == 1
+    out = torch.empty(B, topk, device=logits.device, dtype=torch.int32)
+    if B:
+        _topk_transform_kernel[(B,)](p_logits=logits, p_len=seq_lens, p_base=base, p_out=out,
+                                     stride_l=logits.stride(0), stride_o=out.stride(0), S=S, TOPK=topk,
+                                     K_P=triton.next_power_of_2(topk), BLOCK=min(1024, triton.next_power_of_2(S)),
+                                     num_warps=8)
+    return out
+
+
 def select_topk(logits: torch.Tensor, seq_lens: torch.Tensor, base: torch.Tensor, topk: int) -> torch.Tensor:
     """Entry numbers of the top-`topk` logits of each request (all of them when seq_lens <= topk),
     offset by base [B] (the request's first entry in the cache); -1 pads. [B, topk] int32.
+    Logits past seq_lens[b] are -inf (the indexer logits' contract).
 
-    Stands for SGLang's JIT `topk_transform_512` (jit topk_v1.cuh, one launch); here torch's top-k
-    and a few elementwise launches do the same job.
+    The plain-torch path of `topk_transform`.
     """
     k = min(topk, logits.shape[1])
     # sorted, so the entries that exist come first: attention reads only the first `lengths` slots

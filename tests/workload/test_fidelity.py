@@ -1,0 +1,72 @@
+"""What one decode step launches, part by part, against SGLang's sm_120 path.
+
+The expected counts are SGLang's per-layer launches at sgl-project/sglang@37ef295c7 (counted from
+its source: ../shared/docs/sglang-dsv4-sm120.md, docs/workload.md) with the differences the
+workload makes on purpose written next to them. Counted on the tiny config under the interpreter:
+a Triton kernel or an ATen operator that launches a GPU kernel counts one (launch_count.py).
+"""
+
+import pytest
+import torch
+
+from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
+from dsv4opt.workload.model import DecodeWorkload
+from tests.workload.launch_count import count_step
+
+TINY = ModelConfig.from_name("dsv4-tiny")
+
+# part -> launches per layer, by layer kind (an int: every kind)
+PER_LAYER = {
+    # hc_pre twice: the compiled hc_pre_torch_impl (5 Inductor kernels in SGLang, our one Triton
+    # kernel + the fp32 F.linear + the RMS scaling), the TileLang Sinkhorn, the weighted sum (3).
+    "mhc_pre": 2 * 7,
+    "attn_norm": 1,
+    "ffn_norm": 1,
+    # wqkv_a (quant + block-FP8 GEMM), q_norm, wq_b (2), fused_q_norm_rope, kv norm+rope+store
+    "qkv": 7,
+    # weights_proj, wq_b (2), q rope+Hadamard+quant, the torch logits fallback (15), top-k (1)
+    "indexer": {CSA: 20},
+    # per compressor: bf16 GEMM with fp32 out, compress_forward, norm+rope+store; CSA has two
+    "compress": {CSA: 6, HCA: 3},
+    # window cache call (zeros, full, kernel), compressed cache call (3), merge (22), sink (9),
+    # inverse RoPE (1); window-only layers skip the second call and the merge
+    "attn": {WINDOW: 13, CSA: 38, HCA: 38},
+    # grouped o_a as a bf16 bmm, the copy flatten makes of its permuted output, wo_b (2)
+    "o_proj": 4,
+    "mhc_post": 2,
+    # the all-gather's stand-in (a copy), shared expert (5), router GEMM, gate, local-expert map,
+    # the per-slot MXFP4 path (2 GEMV kernels + 19 eager), the scaled add to the shared output;
+    # SGLang adds a reduce-scatter, which one GPU does not run
+    "moe": 31,
+}
+
+
+def expected(cfg: ModelConfig) -> dict[str, int]:
+    kinds = [cfg.layer_kind(i) for i in range(cfg.layers)]
+    out = {}
+    for part, per in PER_LAYER.items():
+        out[part] = sum(per if isinstance(per, int) else per.get(kind, 0) for kind in kinds)
+    return out
+
+
+@pytest.mark.slow
+def test_launches_per_part_match_sglangs_sm120_path(monkeypatch):
+    from tests.conftest import _empty, _empty_like
+
+    # the NaN poison (tests/conftest.py) fills every new tensor: a launch the model does not make
+    monkeypatch.setattr(torch, "empty", _empty)
+    monkeypatch.setattr(torch, "empty_like", _empty_like)
+    wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.bfloat16, seed=0)
+    counted = count_step(wl, torch.tensor([3, 9]), monkeypatch)
+    want = expected(TINY)
+    got = {part: counted.counts[part] for part in want}
+    assert got == want, {p: (got[p], want[p], counted.ops[p][: got[p] // TINY.layers + 3]) for p in want if got[p] != want[p]}
+    # the per-step parts: embedding and index metadata, the head
+    assert counted.counts["mhc_head"] == 10 and counted.counts["lm_head"] == 3
+
+
+def test_expected_table_totals_near_sglangs_per_layer_count():
+    """SGLang's sm_120 path launches about 113 kernels a layer on average (4,900 a step)."""
+    flash = ModelConfig.from_name("dsv4-flash")
+    per_layer = sum(expected(flash).values()) / flash.layers
+    assert 0.8 * 113 <= per_layer <= 1.2 * 113, per_layer
