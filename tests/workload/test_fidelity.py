@@ -49,6 +49,7 @@ def expected(cfg: ModelConfig) -> dict[str, int]:
     return out
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="counts Triton launches through the CPU interpreter")
 @pytest.mark.slow
 def test_launches_per_part_match_sglangs_sm120_path(monkeypatch):
     from tests.conftest import _empty, _empty_like
