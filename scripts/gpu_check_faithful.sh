@@ -8,6 +8,6 @@ mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
-timeout 420 python3 -m pytest -q -x -p no:cacheprovider tests/workload tests/optimizations 2>&1 | tail -40 > "$OUT/pytest_gpu.log"
+timeout 400 python3 -m pytest -q -p no:cacheprovider tests/workload tests/optimizations 2>&1 | tail -40 > "$OUT/pytest_gpu.log"
 tail -5 "$OUT/pytest_gpu.log"
 timeout 300 python3 scripts/gpu_smoke_workload.py --concurrency 32 --context 8192 2>&1 | tee "$OUT/smoke.log" | tail -30

@@ -109,6 +109,7 @@ class KVCache:
         L = self.layout
         if not len(tokens):
             return
+        tokens = tokens.to(self.data.device)
         if not L.fp8:
             self.data[tokens.long()] = rows.to(self.data.dtype)
             return
@@ -124,6 +125,7 @@ class KVCache:
     def read(self, tokens: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
         """Rows [n, D] at token numbers `tokens` (>= 0), decoded to `dtype`."""
         L = self.layout
+        tokens = tokens.to(self.data.device)
         if not L.fp8:
             return self.data[tokens.long()].to(dtype)
         page, slot = tokens.long() // L.page_size, tokens.long() % L.page_size
@@ -184,6 +186,7 @@ class IndexKeyCache:
         """Store e4m3 keys [n, dim] with fp32 scales [n] at entry numbers `tokens` [n]."""
         if not len(tokens):
             return
+        tokens = tokens.to(self.data.device)
         page, slot = tokens.long() // self.page_size, tokens.long() % self.page_size
         raw = self.data.view(-1)
         at = page[:, None] * self.page_bytes + slot[:, None] * self.dim
@@ -193,6 +196,7 @@ class IndexKeyCache:
 
     def read(self, tokens: torch.Tensor, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
         """(keys [n, dim], scales [n]) at entry numbers `tokens`, decoded to `dtype`."""
+        tokens = tokens.to(self.data.device)
         page, slot = tokens.long() // self.page_size, tokens.long() % self.page_size
         raw = self.data.view(-1)
         at = page[:, None] * self.page_bytes + slot[:, None] * self.dim
