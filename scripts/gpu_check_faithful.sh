@@ -11,3 +11,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 timeout 400 python3 -m pytest -q -p no:cacheprovider tests/workload tests/optimizations 2>&1 | tail -40 > "$OUT/pytest_gpu.log"
 tail -5 "$OUT/pytest_gpu.log"
 timeout 300 python3 scripts/gpu_smoke_workload.py --concurrency 32 --context 8192 2>&1 | tee "$OUT/smoke.log" | tail -30
+if [ "${PROFILE:-0}" = "1" ]; then
+  # One baseline profile at C = 32 (the loop's default settings), kept with its traces.
+  timeout 240 python3 -m dsv4opt profile --concurrency 32 --out "$OUT/c32-baseline.json" --trace-dir "$OUT/traces" 2>&1 | tail -45 | tee "$OUT/profile_c32.log"
+  rm -rf "$OUT/traces"
+fi

@@ -29,18 +29,25 @@ def _load_latent_cols(p_kv, p_kv8, p_kvu8, p_kv16, tok, m_row, o_c, stride_kv, p
                       DN: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, TILE: tl.constexpr,
                       DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
     """Columns o_c of the latent rows of tokens `tok` (masked rows read nothing and give 0), in q's
-    dtype. FP8 layout: e4m3 nope times its UE8M0 tile scale, bf16 rope, dequantised in registers."""
+    dtype. FP8 layout (whole rows only, rope one tile wide): the row as tiles of TILE columns, the
+    nope tiles e4m3 times their UE8M0 scale, the last one the bf16 rope; dequantised in registers."""
     if FP8:
+        NT: tl.constexpr = o_c.shape[0] // TILE  # tiles in the padded row
+        NOPE_TILES: tl.constexpr = DN // TILE
         page = tok // page_size
         slot = tok % page_size
         at = page * page_bytes + slot * DATA_BYTES  # [BK] first byte of each token's record
         at_s = page * page_bytes + page_size * DATA_BYTES + slot * SCALE_BYTES
-        m_n = m_row[:, None] & (o_c[None, :] < DN)
-        b_nope = tl.load(p_kv8 + at[:, None] + o_c[None, :], mask=m_n, other=0.0).to(tl.float32)
-        b_e = tl.load(p_kvu8 + at_s[:, None] + (o_c // TILE)[None, :], mask=m_n, other=127).to(tl.float32)
-        m_r = m_row[:, None] & (o_c[None, :] >= DN) & (o_c[None, :] < D)
-        b_rope = tl.load(p_kv16 + ((at + DN) // 2)[:, None] + (o_c - DN)[None, :], mask=m_r, other=0.0).to(tl.float32)
-        b_x = tl.where(m_n, b_nope * tl.exp2(b_e - 127.0), b_rope).to(p_kv.dtype.element_ty)
+        o_t = tl.arange(0, NT)
+        o_e = tl.arange(0, TILE)
+        col = o_t[:, None] * TILE + o_e[None, :]  # [NT, TILE]
+        m_t = m_row[:, None] & (o_t < NOPE_TILES)[None, :]  # [BK, NT]
+        b_nope = tl.load(p_kv8 + at[:, None, None] + col[None, :, :], mask=m_t[:, :, None], other=0.0)  # [BK, NT, TILE]
+        b_e = tl.load(p_kvu8 + at_s[:, None] + o_t[None, :], mask=m_t, other=127).to(tl.float32)  # [BK, NT]
+        b_rope = tl.load(p_kv16 + ((at + DN) // 2)[:, None] + o_e[None, :], mask=m_row[:, None], other=0.0)  # [BK, TILE]
+        b_x = tl.where((o_t == NOPE_TILES)[None, :, None], b_rope.to(tl.float32)[:, None, :],
+                       b_nope.to(tl.float32) * tl.exp2(b_e - 127.0)[:, :, None])  # [BK, NT, TILE]
+        b_x = tl.reshape(b_x, [tok.shape[0], NT * TILE]).to(p_kv.dtype.element_ty)
     else:
         b_x = tl.load(p_kv + tok[:, None] * stride_kv + o_c[None, :], mask=m_row[:, None] & (o_c[None, :] < D), other=0.0)
     return b_x
@@ -262,9 +269,9 @@ def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles)
     return "triton"
 
 
-# Three masked loads per FP8 tile (nope, scales, rope) or two (split rows) double the staging
-# buffers: 64-row tiles then need more shared memory than the H200's 227 KB.
-_FP8_MAX_BLOCK_K = 32
+# FP8 rows are loaded whole (nope, scales and rope of a tile of tokens) and dequantised in
+# registers: no value split, no second load; three pipeline stages fit the H200's shared memory.
+_FP8_MAX_STAGES = 3
 
 
 @dataclass(frozen=True)
@@ -284,8 +291,10 @@ def _plan(q, cache: KVCache, indices, lengths, tiles: Tiles | None) -> _Source:
     B, H, D = q.shape
     K = indices.shape[1]
     t = tiles or choose_tiles(B, H, K, q.device, D)
-    if cache.layout.fp8 and t.block_k > _FP8_MAX_BLOCK_K:
-        t = replace(t, block_k=_FP8_MAX_BLOCK_K)
+    L = cache.layout
+    if L.fp8:
+        assert L.rope == L.tile and L.nope % L.tile == 0 and triton.next_power_of_2(D) % L.tile == 0, L
+        t = replace(t, block_v=0, reload_v=False, num_stages=min(t.num_stages, _FP8_MAX_STAGES))
     chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
     return _Source(cache, indices, lengths, t, chunk, nsplit, engine(q, cache, indices, t))
 

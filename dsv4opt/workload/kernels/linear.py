@@ -53,7 +53,7 @@ def group_quant_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Te
 def _block_fp8_matmul_kernel(p_a, p_b, p_c, p_as, p_bs, M, N,
                              stride_am, stride_bn, stride_cm, stride_asm, stride_bsn,
                              K: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                             BLOCK_K: tl.constexpr, FP8_DOT: tl.constexpr):
+                             BLOCK_K: tl.constexpr, DOT: tl.constexpr):
     i_m = tl.program_id(0)
     i_n = tl.program_id(1)
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -70,9 +70,11 @@ def _block_fp8_matmul_kernel(p_a, p_b, p_c, p_as, p_bs, M, N,
                       mask=m_n[:, None] & m_k[None, :], other=0.0)  # [BN, BK] e4m3
         b_as = tl.load(p_as + o_m * stride_asm + k0 // BLOCK_K, mask=m_m, other=0.0)  # [BM]
         b_bs = tl.load(p_bs + (o_n // BLOCK_W) * stride_bsn + k0 // BLOCK_W, mask=m_n, other=0.0)  # [BN]
-        if FP8_DOT:
+        if DOT == 0:  # fp8 tensor cores (K tiles of 32 and more)
             b_p = tl.dot(b_a, tl.trans(b_b))
-        else:  # the interpreter has no fp8 tensor cores; e4m3 -> fp32 is exact
+        elif DOT == 1:  # bf16 tensor cores for narrower tiles: e4m3 -> bf16 is exact
+            b_p = tl.dot(b_a.to(tl.bfloat16), tl.trans(b_b.to(tl.bfloat16)))
+        else:  # the interpreter: exact in fp32
             b_p = tl.dot(b_a.to(tl.float32), tl.trans(b_b.to(tl.float32)))
         b_acc += b_p * b_as[:, None] * b_bs[None, :]
     tl.store(p_c + o_m[:, None].to(tl.int64) * stride_cm + o_n[None, :], b_acc.to(p_c.dtype.element_ty),
@@ -97,7 +99,8 @@ def block_fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_
             p_a=a, p_b=w, p_c=c, p_as=a_scale, p_bs=w_scale, M=M, N=N,
             stride_am=a.stride(0), stride_bn=w.stride(0), stride_cm=c.stride(0),
             stride_asm=a_scale.stride(0), stride_bsn=w_scale.stride(0),
-            K=K, BLOCK_W=block, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block, FP8_DOT=not interpreted(),
+            K=K, BLOCK_W=block, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block,
+            DOT=2 if interpreted() else (0 if block >= 32 else 1),
             num_warps=4, num_stages=3,
         )
     return c
