@@ -1,6 +1,10 @@
 """Markdown tables for docs/results.md, read straight from committed profiles (no figure typed by hand).
 
-    python scripts/results_table.py profiles/sweep/*.json
+    python scripts/results_table.py profiles/embedded-*.json
+
+1. Every profile: throughput, shares of the categories that matter, launches per step.
+2. Each optimisation's saving on its target: the GPU time per step of the target (attention part
+   for mma-attn, FP32 SIMT GEMM kernels for bf16-gemm) before and after, at the same settings.
 """
 
 from __future__ import annotations
@@ -10,32 +14,62 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsv4opt.analysis.categories import LABELS  # noqa: E402
-from dsv4opt.analysis.profile import Profile, is_profile_file  # noqa: E402
-from dsv4opt.decision.fragmentation import fragmentation, steps_in  # noqa: E402
 from dsv4opt.analysis.categories import GLUE  # noqa: E402
+from dsv4opt.analysis.profile import Profile, is_profile_file  # noqa: E402
+
+
+def key(p: Profile) -> tuple[int, int]:
+    return int(p.meta["concurrency"]), int(p.meta["context"])
+
+
+def variant(p: Profile) -> str:
+    return "+".join(p.meta.get("optimizations") or []) or "baseline"
+
+
+def ms_per_step(p: Profile, us: float) -> float:
+    return us / p.steps["count"] / 1000
+
+
+def part_us(p: Profile, part: str) -> float:
+    return sum(r["total_us"] for r in p.extra.get("parts", []) if r["part"] == part)
+
+
+def category_us(p: Profile, name: str) -> float:
+    return sum(c["total_us"] for c in p.categories if c["category"] == name)
 
 
 def main(paths: list[str]) -> None:
-    profiles = [(Path(p), Profile.load(p)) for p in paths if is_profile_file(p)]
-    base = {int(p.meta["concurrency"]): p for _, p in profiles if not p.meta.get("optimizations")}
-    rows = sorted(profiles, key=lambda x: (len(x[1].meta.get("optimizations") or []),
-                                           "+".join(x[1].meta.get("optimizations") or []),
-                                           int(x[1].meta["concurrency"])))
-    print("| C | variant | tokens/s | ms/step | x baseline | attention | FP32 SIMT GEMM | glue | launches/step | #1 category | #1 kernel | profile |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
+    profiles = [(Path(x), Profile.load(x)) for x in paths if is_profile_file(x)]
+    base = {key(p): p for _, p in profiles if variant(p) == "baseline"}
+    rows = sorted(profiles, key=lambda x: (key(x[1]), len(x[1].meta.get("optimizations") or []), variant(x[1])))
+    print("| C | context | variant | tokens/s | ms/step | x baseline | MoE | attention | FP32 SIMT GEMM | glue | launches/step | profile |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for path, p in rows:
-        c = int(p.meta["concurrency"])
-        variant = "+".join(p.meta.get("optimizations") or []) or "baseline"
+        c, ctx = key(p)
         tps, ms = p.throughput["tokens_per_s"], p.throughput["ms_per_step"]
-        b = base.get(c)
-        speed = f"{tps / b.throughput['tokens_per_s']:.2f}x" if b else "-"
-        launches = sum(k["count"] for k in p.kernels) / steps_in(p)
-        top_c, top_k = p.top_category, p.top_kernel
-        print(f"| {c} | {variant} | {tps:.1f} | {ms:.2f} | {speed} | {p.category_share('attention'):.1%} | "
-              f"{p.category_share('gemm_fp32_simt'):.1%} | {fragmentation(p, GLUE).share:.1%} | {launches:.0f} | "
-              f"{LABELS[top_c['category']]} {top_c['share']:.1%} | {top_k.get('short_name') or top_k['name']} "
-              f"{top_k['share']:.1%} | `{path}` |")
+        b = base.get((c, ctx))
+        speed = f"{tps / b.throughput['tokens_per_s']:.3f}x" if b else "-"
+        glue = sum(x["share"] for x in p.categories if x["category"] in GLUE)
+        print(f"| {c} | {ctx} | {variant(p)} | {tps:.2f} | {ms:.1f} | {speed} | {p.category_share('moe'):.1%} | "
+              f"{p.category_share('attention'):.2%} | {p.category_share('gemm_fp32_simt'):.2%} | {glue:.2%} | "
+              f"{p.steps['launches_per_step']:.0f} | `{path.name}` |")
+    print()
+    print("| C | context | optimisation | target | target ms/step before | after | saved | ms/step before | after |")
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|")
+    for path, p in rows:
+        b = base.get(key(p))
+        if b is None or variant(p) == "baseline":
+            continue
+        opts = p.meta["optimizations"]
+        targets = []
+        if "mma-attn" in opts:
+            targets.append(("attention part (two kernel calls, merge, sink, inverse RoPE)", part_us(b, "attn"), part_us(p, "attn")))
+        if "bf16-gemm" in opts:
+            targets.append(("FP32 SIMT GEMM kernels", category_us(b, "gemm_fp32_simt"), category_us(p, "gemm_fp32_simt")))
+        for name, before, after in targets:
+            print(f"| {key(p)[0]} | {key(p)[1]} | {variant(p)} | {name} | {ms_per_step(b, before):.2f} | "
+                  f"{ms_per_step(p, after):.2f} | {1 - after / before:.1%} | {b.throughput['ms_per_step']:.1f} | "
+                  f"{p.throughput['ms_per_step']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,55 @@
+"""Launches per layer, part by part, of a committed embedded profile against SGLang's sm_120 path.
+
+    python scripts/fidelity_table.py profiles/embedded-dsv4-flash-c32-ctx8192-baseline.json
+
+SGLang's column is counted from its source at sgl-project/sglang@37ef295c7
+(../shared/docs/sglang-dsv4-sm120.md; the MoE row as traced for DP attention + EP8 without an
+all-to-all backend, docs/workload.md). Ours is read from the profile: launches of the part's
+record_function range per step, over the config's layers.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dsv4opt.analysis.profile import Profile  # noqa: E402
+
+# part(s) of ours -> (SGLang sm_120 launches per layer, averaged over the 43 layers; what they are)
+SGLANG = {
+    ("mhc_pre",): (18, "compiled hc_pre_torch_impl (5) + TileLang Sinkhorn + weighted sum (3), twice"),
+    ("mhc_post",): (2, "TileLang mhc_post, twice"),
+    ("attn_norm", "ffn_norm"): (2, "sgl_kernel rmsnorm, twice"),
+    ("qkv",): (7, "wqkv_a (2), q_norm, wq_b (2), fused_q_norm_rope, kv norm+rope+FP8 store"),
+    ("compress",): (4.3, "3 per compressor: 6 on CSA layers (core + indexer), 3 on HCA"),
+    ("indexer",): (9.8, "20 per CSA layer: weights_proj, wq_b (2), q rope+Hadamard+quant, torch logits (15), topk_transform_512"),
+    ("attn",): (36.9, "38 on compressed layers (2 x 3 + merge 22 + sink 9 + inverse RoPE), 13 on window-only"),
+    ("o_proj",): (4, "o_a bmm, the copy flattening its output, wo_b (2)"),
+    ("moe",): (32, "all-gather, shared expert (5), router, gate, local map, per-slot MXFP4 path (21), add, reduce-scatter"),
+}
+
+
+def main(path: str) -> None:
+    prof = Profile.load(path)
+    steps = prof.steps["count"]
+    layers = prof.meta["layers"]
+    parts = {p["part"]: p for p in prof.extra["parts"]}
+    print(f"From `{path}` ({prof.meta['device']}, C = {prof.meta['concurrency']}, context {prof.meta['context']}, "
+          f"commit {prof.meta.get('commit')}): launches per step {prof.steps['launches_per_step']:.0f}.\n")
+    print("| part | ours (H200, per layer) | SGLang sm_120 (per layer) | ours / SGLang | SGLang's launches |")
+    print("|---|---:|---:|---:|---|")
+    total_ours = total_sgl = 0.0
+    for names, (sgl, what) in SGLANG.items():
+        ours = sum(parts[n]["count"] for n in names if n in parts) / steps / layers
+        total_ours += ours
+        total_sgl += sgl
+        print(f"| {' + '.join(names)} | {ours:.1f} | {sgl:g} | {ours / sgl:.2f} | {what} |")
+    per_step = sum(parts[n]["count"] for n in ("embed", "mhc_head", "lm_head") if n in parts) / steps
+    print(f"| **per layer** | **{total_ours:.1f}** | **{total_sgl:.0f}** | {total_ours / total_sgl:.2f} | |")
+    print(f"| per step, outside the layers (embedding and index metadata, head) | {per_step:.0f} | | | |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
