@@ -130,11 +130,25 @@ def _levers(profile: Profile) -> list[Candidate]:
                 changes_selection=False, needs_graph=True,
             )
         )
-    dense = fragmentation(profile, [GEMM_TC, MOE])
+    moe = fragmentation(profile, [MOE])
+    ranks = int(profile.meta.get("expert_parallel") or profile.meta.get("ranks_ep") or 8)
+    if moe.share > 0 and _per_slot_moe(profile):
+        levers.append(
+            Candidate(
+                name="grouped-moe", kind="lever", target=MOE, share=moe.share,
+                amdahl_bound=amdahl(moe.share, float(ranks)), kernel_speedup=float(ranks),
+                speedup_source=f"assumed: per-slot expert GEMVs over the tokens of {ranks} DP ranks compute {ranks}x "
+                "the slots this rank's experts own; a token sort and grouped GEMMs (or an all-to-all backend) compute each once",
+                fragmentation=moe,
+                risk="a new MoE kernel (or SGLang's DeepEP backend) with its own correctness gate; routing unchanged",
+                changes_selection=False, needs_graph=True,
+            )
+        )
+    dense = fragmentation(profile, [GEMM_TC])
     if dense.share > 0:
         levers.append(
             Candidate(
-                name="fp8-weights", kind="lever", target=f"{GEMM_TC}+{MOE}", share=dense.share,
+                name="fp8-weights", kind="lever", target=GEMM_TC, share=dense.share,
                 amdahl_bound=amdahl(dense.share, 2.0), kernel_speedup=2.0,
                 speedup_source="assumed: decode GEMMs are bound by weight bytes, fp8 halves them vs bf16",
                 fragmentation=dense,
@@ -143,6 +157,11 @@ def _levers(profile: Profile) -> list[Candidate]:
             )
         )
     return levers
+
+
+def _per_slot_moe(profile: Profile) -> bool:
+    """The MoE time is SGLang's sm_120 per-slot MXFP4 fallback (one GEMV per token-expert slot)."""
+    return any(k["category"] == MOE and "slot_gemv" in k["name"] for k in profile.kernels[:5])
 
 
 def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendation:

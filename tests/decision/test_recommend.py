@@ -58,3 +58,14 @@ def test_diagnosis_names_top_kernel_category_and_glue():
     assert lines[0].startswith("#1 kernel: ") and "60.0%" not in lines[0]
     assert "elementwise 40.0%" in lines[0]
     assert "6000 launches/step" in lines[1] and "fragmented" in lines[1]
+
+
+def test_per_slot_moe_fallback_recommends_a_grouped_moe_lever():
+    """SGLang's sm_120 MXFP4 fallback at 90%: 8 DP ranks' slots on each rank, 1 in 8 useful."""
+    prof = make_profile([("_mxfp4_slot_gemv_kernel", "moe", 20, 900.0), ("elementwise_kernel", "elementwise", 10, 100.0)])
+    rec = recommend(prof)
+    assert rec.chosen is not None and rec.chosen.name == "grouped-moe" and rec.chosen.kind == "lever"
+    assert rec.chosen.amdahl_bound == pytest.approx(1 / (0.1 + 0.9 / 8))
+    # a grouped MoE GEMM that already gives each expert its tokens once gets no such lever
+    grouped = make_profile([("cutlass_grouped_gemm_mxfp4", "moe", 20, 900.0), ("elementwise_kernel", "elementwise", 10, 100.0)])
+    assert "grouped-moe" not in {c.name for c in recommend(grouped).candidates}
