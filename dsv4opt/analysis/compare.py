@@ -130,3 +130,41 @@ def _throughput(a: Profile, b: Profile) -> dict | None:
         out["gpu_us_per_step"] = {"a": sa["gpu_us_per_step"], "b": sb["gpu_us_per_step"],
                                   "ratio": sb["gpu_us_per_step"] / sa["gpu_us_per_step"]}
     return out or None
+
+
+@dataclass(frozen=True)
+class TargetShift:
+    """What an optimisation did to its target category between two profiles at the same settings."""
+
+    category: str
+    share_before: float
+    share_after: float
+    ms_per_step_before: float | None  # the category's GPU time per profiled step
+    ms_per_step_after: float | None
+
+    @property
+    def shrank(self) -> bool:
+        return self.share_after < self.share_before
+
+    @property
+    def time_saved(self) -> float | None:
+        """Fraction of the target's time per step the optimisation removed."""
+        if not self.ms_per_step_before:
+            return None
+        return 1.0 - (self.ms_per_step_after or 0.0) / self.ms_per_step_before
+
+    def line(self) -> str:
+        saved = self.time_saved
+        saved_text = "" if saved is None else f", {saved:.0%} of its time per step removed"
+        verdict = "shrank" if self.shrank else "did NOT shrink"
+        return (f"targeted category {_label(self.category)}: {self.share_before:.1%} -> {self.share_after:.1%} "
+                f"({verdict}{saved_text})")
+
+
+def target_shift(before: Profile, after: Profile, category: str) -> TargetShift:
+    def ms(p: Profile) -> float | None:
+        steps = (p.steps or {}).get("count")
+        total = sum(c["total_us"] for c in p.categories if c["category"] == category)
+        return total / steps / 1000 if steps else None
+
+    return TargetShift(category, before.category_share(category), after.category_share(category), ms(before), ms(after))

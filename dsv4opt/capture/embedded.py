@@ -1,9 +1,10 @@
-"""Profile steady-state decode of the embedded DeepSeek-V4-Flash-shaped workload.
+"""Capture steady-state decode of the embedded DeepSeek-V4-Flash workload: traces and timings.
 
 Warm-up steps run outside the profiler; on a GPU the step (sampling included) is captured as one
 CUDA graph and replayed, as SGLang does. One eager step is profiled first so the analysis can map
 the graph's kernels (which carry only the graph launch's correlation) back to model parts. The
 S profiled steps and the S timed steps are separate runs, so profiler overhead never enters ms/step.
+Capture only captures: the loop (dsv4opt/loop/profiles.py) analyses the traces and saves the profile.
 """
 
 from __future__ import annotations
@@ -20,11 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-from dsv4opt.analysis.profile import Profile
 from dsv4opt.capture.naming import profile_path
+from dsv4opt.capture.result import Captured, Progress, no_progress
 from dsv4opt.capture.settings import EmbeddedSettings
 from dsv4opt.errors import CaptureError
 from dsv4opt.fileio import unique_path
@@ -35,26 +33,24 @@ from dsv4opt.workload.memory import estimate_memory
 GPU_CONFIG, CPU_CONFIG = "dsv4-flash", "dsv4-tiny"
 MEMORY_HEADROOM = 0.95  # of the free device memory a run may plan to use
 
-_err = Console(stderr=True)
-
 
 def default_config(device: str | None) -> str:
     """The config a run on `device` (None: the one picked automatically) uses when none is named."""
     return GPU_CONFIG if _pick_device(device).type == "cuda" else CPU_CONFIG
 
 
-def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
-    """Build the workload, warm up, profile S steps, time S steps, analyse; returns the saved profile."""
+def capture_embedded(settings: EmbeddedSettings, trace_dir: Path, progress: Progress = no_progress) -> Captured:
+    """Build the workload, warm up, profile S steps into `trace_dir`, time S steps."""
     device = _pick_device(settings.device)
     config_name = settings.config or default_config(settings.device)
     cfg = ModelConfig.from_name(config_name).with_layers(settings.layers)
     stamp = dt.datetime.now()
     out = _output_path(settings, config_name)
+    notes = []
     if device.type == "cpu":
-        _err.print(
-            f"[yellow]no GPU in use[/]: running {config_name} on the CPU; the ranking is over CPU "
-            "operators by self time, not GPU kernels"
-        )
+        notes.append(f"no GPU in use: running {config_name} on the CPU; the ranking is over CPU operators by "
+                     "self time, not GPU kernels")
+        progress.note(notes[-1])
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     max_new = settings.warmup + 2 * settings.steps + 8
     _refuse_if_too_big(cfg, settings, device, dtype, max_new)
@@ -62,52 +58,42 @@ def profile_embedded(settings: EmbeddedSettings) -> tuple[Profile, Path]:
 
     from dsv4opt.workload.model import DecodeWorkload
 
-    with tempfile.TemporaryDirectory(prefix="dsv4opt-embedded-") as tmp, _cpu_threads(device), _progress() as progress:
-        task = progress.add_task(f"building {config_name} ({cfg.layers} layers)", total=cfg.layers)
+    with _cpu_threads(device):
+        progress.stage(f"building {config_name} ({cfg.layers} layers)", cfg.layers)
         wl = DecodeWorkload(
             cfg, concurrency=settings.concurrency, context=settings.context, device=device,
             experts_resident=settings.experts_resident, impls=implementations(settings.optimizations),
             seed=settings.seed, dtype=dtype, kv=_kv(settings), max_new_tokens=max_new,
-            on_layer=lambda i: progress.advance(task),
+            on_layer=lambda i: progress.advance(),
         )
         tokens = torch.randint(cfg.vocab, (settings.concurrency,), generator=torch.Generator().manual_seed(settings.seed))
         tokens = tokens.to(device)
         eager = _eager_step(wl, tokens)
 
-        progress.update(task, description="warming up", total=max(settings.warmup, 1), completed=0)
+        progress.stage("warming up", max(settings.warmup, 1))
         for _ in range(settings.warmup):
             eager()
             _sync(device)
-            progress.advance(task)
+            progress.advance()
 
-        trace_dir = Path(settings.trace_dir) if settings.trace_dir else Path(tmp)
         stem = out.name[: -len(".json")]
         capture_trace = None
         step = eager
         if use_graph:
-            progress.update(task, description="profiling one eager step (kernel -> model part map)")
+            progress.stage("profiling one eager step (kernel -> model part map)", None)
             # Python stacks cost little for one step and let kernels be traced to model source lines.
             capture_trace = _profile_steps(eager, 1, device, unique_path(trace_dir / f"{stem}-eager.trace.json"),
                                            with_stack=True)
-            progress.update(task, description="capturing the step as a CUDA graph")
+            progress.stage("capturing the step as a CUDA graph", None)
             step = _graph_step(wl, tokens)
-        progress.update(task, description="profiling", total=settings.steps, completed=0)
+        progress.stage("profiling", settings.steps)
         trace = _profile_steps(step, settings.steps, device, unique_path(trace_dir / f"{stem}.trace.json"),
-                               on_step=lambda: progress.advance(task))
-        progress.update(task, description="timing", total=None)
+                               on_step=progress.advance)
+        progress.stage("timing", None)
         ms_per_step = _time_steps(step, settings.steps, device)
-
-        meta = _meta(settings, wl, config_name, device, use_graph, stamp)
-        throughput = {"tokens_per_s": settings.concurrency * 1000.0 / ms_per_step, "ms_per_step": ms_per_step}
-        progress.update(task, description="analysing the trace")
-        from dsv4opt.analysis import analyze_paths
-
-        if settings.trace_dir is None:  # the traces go with the temporary folder: name none
-            meta["sources"], meta["capture_trace"] = [], None
-        prof = analyze_paths([trace], meta=meta, capture=capture_trace)
-        prof.meta = {**prof.meta, **meta}
-        prof.throughput = throughput
-    return prof, prof.save(out)
+    meta = _meta(settings, wl, config_name, device, use_graph, stamp)
+    throughput = {"tokens_per_s": settings.concurrency * 1000.0 / ms_per_step, "ms_per_step": ms_per_step}
+    return Captured(traces=[trace], capture_trace=capture_trace, meta=meta, throughput=throughput, out=out, notes=notes)
 
 
 def _kv(settings: EmbeddedSettings) -> str:
@@ -304,10 +290,3 @@ def _cpu_threads(device: torch.device):
         yield
     finally:
         torch.set_num_threads(before)
-
-
-@contextmanager
-def _progress():
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
-    with Progress(*columns, console=_err, transient=True) as progress:
-        yield progress

@@ -85,15 +85,13 @@ def apply(
 def _print_shift(result, name: str) -> None:
     from dsv4opt.analysis import compare_profiles
     from dsv4opt.analysis.categories import LABELS
+    from dsv4opt.analysis.compare import target_shift
     from dsv4opt.optimizations.registry import get
     from dsv4opt.report.tables import print_comparison
 
     comparison = compare_profiles(result.before, result.after)
     print_comparison(comparison, console=console)
-    target = get(name).target_category
-    b, a = result.before.category_share(target), result.after.category_share(target)
-    moved = "shrank" if a < b else "did NOT shrink"
-    console.print(f"targeted category {LABELS[target]}: {b:.1%} -> {a:.1%} ({moved})", highlight=False)
+    console.print(target_shift(result.before, result.after, get(name).target_category).line(), highlight=False)
     top_k, top_c = result.after.top_kernel, result.after.top_category
     if top_k and top_c:
         console.print(
@@ -192,7 +190,8 @@ def sweep(
     out_dir: Annotated[Path, typer.Option(help="Where profiles, the summary and the chart go.")] = Path("profiles"),
 ) -> None:
     """Profile each concurrency, baseline and with --with, and tabulate tokens/s and shares."""
-    from dsv4opt.capture.embedded import default_config, profile_embedded
+    from dsv4opt.capture.embedded import default_config
+    from dsv4opt.loop.profiles import profile_embedded
     from dsv4opt.capture.settings import EmbeddedSettings
     from dsv4opt.loop.sweep import sweep as run_sweep
     from dsv4opt.optimizations.registry import get
@@ -216,8 +215,13 @@ def sweep(
                        on_row=lambda r: console.print(f"C={r.concurrency} {r.variant}: {r.profile}"))
     print_sweep(result.rows, console)
     console.print(f"summary: {result.summary_path}")
-    if result.chart_path:
-        console.print(f"chart: {result.chart_path}")
+    from dsv4opt.report.plots import throughput_chart_png
+
+    png = throughput_chart_png(result.rows)
+    if png is not None:
+        from dsv4opt.fileio import write_bytes_atomic
+
+        console.print(f"chart: {write_bytes_atomic(result.summary_path.with_suffix('.png'), png)}")
 
 
 @app.command()
@@ -230,7 +234,8 @@ def report(
     """One self-contained page: shares before/after, top kernels, verdict, throughput, evidence."""
     from dsv4opt.analysis import load_profile_or_trace
     from dsv4opt.fileio import write_bytes_atomic, write_text_atomic
-    from dsv4opt.report.page import build_report, render_html, render_markdown
+    from dsv4opt.loop.report_facts import build_report
+    from dsv4opt.report.page import render_html, render_markdown
 
     if fmt not in ("html", "md"):
         raise DsvOptError(f"--format must be html or md, not {fmt!r}")

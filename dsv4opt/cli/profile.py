@@ -54,16 +54,18 @@ def profile(
     if kv not in ("fp8", "bf16"):
         raise DsvOptError(f"--kv must be fp8 or bf16, not {kv!r}")
     if target == "embedded":
-        from dsv4opt.capture.embedded import profile_embedded
+        from dsv4opt.loop.profiles import profile_embedded
+        from dsv4opt.report.progress import rich_progress
 
         settings = EmbeddedSettings(
             concurrency=concurrency, context=context, steps=steps, warmup=warmup, config=config,
             layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv,
             optimizations=enabled_optimizations(_split(with_)), out=out, trace_dir=trace_dir, seed=seed,
         )
-        prof, path = profile_embedded(settings)
+        with rich_progress() as progress:
+            prof, path = profile_embedded(settings, progress)
     elif target == "sglang":
-        from dsv4opt.capture.sglang import profile_sglang
+        from dsv4opt.loop.profiles import profile_sglang
 
         from dsv4opt.optimizations.registry import get as get_optimization
 

@@ -34,7 +34,7 @@ def _now() -> str:
 
 
 def _default_profile_fn(settings: EmbeddedSettings) -> tuple[Profile, Path]:
-    from dsv4opt.capture.embedded import profile_embedded
+    from dsv4opt.loop.profiles import profile_embedded
 
     return profile_embedded(settings)
 

@@ -1,79 +1,36 @@
-"""A report on one or more profiles, as a self-contained HTML page or Markdown.
+"""A report on one or more profiles, as a self-contained HTML page or Markdown: rendering only.
 
-build_report() gathers the facts (data only); render_html()/render_markdown() lay them out.
-Charts are PNGs: inlined as data URIs in HTML (renders offline), written beside the Markdown.
+dsv4opt.loop.report_facts.build_report() computes what a report says (comparison verdict,
+recommendation, sweep rows); render_html()/render_markdown() lay it out. Charts are PNGs: inlined
+as data URIs in HTML (renders offline), written beside the Markdown.
 """
 
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import html
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv4opt.analysis.categories import CATEGORIES, LABELS
 from dsv4opt.analysis.profile import Profile
-from dsv4opt.decision.recommend import recommend
-from dsv4opt.loop.sweep import SweepRow, row_for, variant_name
+from dsv4opt.loop.report_facts import Report
 from dsv4opt.report.plots import category_bars_png, throughput_chart_png
 
 META_KEYS = ("target", "device", "config", "concurrency", "context", "layers", "optimizations",
              "torch", "triton", "date", "commit")
 
 
-@dataclass
-class Report:
-    title: str
-    generated: str
-    names: list[str]
-    profiles: list[Profile]
-    verdict: str | None
-    recommendation: list[str]
-    sweep_rows: list[SweepRow] = field(default_factory=list)
-    charts: dict[str, bytes] = field(default_factory=dict)  # name -> PNG
-
-
-def label(profile: Profile, path: str) -> str:
-    m = profile.meta
-    if m.get("concurrency") is not None:
-        return f"C={m['concurrency']} {variant_name(list(m.get('optimizations') or []))}"
-    return Path(path).name
-
-
-def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4opt report") -> Report:
-    names = [label(p, n) for p, n in zip(profiles, paths)]
-    verdict = None
-    if len(profiles) >= 2:
-        from dsv4opt.analysis import compare_profiles
-
-        verdict = compare_profiles(profiles[0], profiles[-1]).verdict
-    rec = recommend(profiles[-1]).explanation if profiles else []
-    report = Report(
-        title=title,
-        generated=dt.datetime.now().isoformat(timespec="seconds"),
-        names=names,
-        profiles=profiles,
-        verdict=verdict,
-        recommendation=rec,
-        sweep_rows=_sweep_rows(paths, profiles),
-    )
-    bars = category_bars_png(names, [{c["category"]: c["share"] for c in p.categories} for p in profiles])
+def charts(report: Report) -> dict[str, bytes]:
+    """The report's PNG charts by name: category shares, and throughput when C varies."""
+    out = {}
+    bars = category_bars_png(report.names, [{c["category"]: c["share"] for c in p.categories} for p in report.profiles])
     if bars:
-        report.charts["categories"] = bars
+        out["categories"] = bars
     if len({r.concurrency for r in report.sweep_rows}) >= 2:
         chart = throughput_chart_png(report.sweep_rows)
         if chart:
-            report.charts["throughput"] = chart
-    return report
-
-
-def _sweep_rows(paths: list[str], profiles: list[Profile]) -> list[SweepRow]:
-    """Rows by (concurrency, variant) when the profiles carry both; baseline at the same C is the reference."""
-    keyed = [(p, path) for p, path in zip(profiles, paths) if p.meta.get("concurrency") is not None and p.throughput]
-    baselines = {int(p.meta["concurrency"]): p for p, _ in keyed if not p.meta.get("optimizations")}
-    rows = [row_for(p, Path(path), baselines.get(int(p.meta["concurrency"]))) for p, path in keyed]
-    return sorted(rows, key=lambda r: (r.variant != "baseline", r.variant, r.concurrency))
+            out["throughput"] = chart
+    return out
 
 
 def _fmt(value, spec: str = "") -> str:
@@ -134,22 +91,23 @@ KERNEL_HEADER = ["#", "share", "total µs", "launches", "category", "kernel", "l
 def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "report") -> tuple[str, dict[Path, bytes]]:
     """Markdown text plus the PNG files it links to (written beside it by the caller)."""
     files: dict[Path, bytes] = {}
+    pngs = charts(report) if chart_dir is not None else {}
     out = [f"# {report.title}", "", f"Generated {report.generated} by dsv4opt from {len(report.profiles)} profile(s).", ""]
     if not report.profiles:
         return "\n".join(out + ["No profiles given.", ""]), files
     if report.verdict:
         out += ["## Verdict", "", f"**{report.verdict}**", ""]
     out += ["## Category shares", ""]
-    if "categories" in report.charts and chart_dir is not None:
+    if "categories" in pngs:
         name = f"{stem}-categories.png"
-        files[chart_dir / name] = report.charts["categories"]
+        files[chart_dir / name] = pngs["categories"]
         out += [f"![category shares]({name})", ""]
     out += _md_table(*_category_rows(report)) + [""]
     if report.sweep_rows:
         out += ["## Throughput across concurrencies", ""]
-        if "throughput" in report.charts and chart_dir is not None:
+        if "throughput" in pngs:
             name = f"{stem}-throughput.png"
-            files[chart_dir / name] = report.charts["throughput"]
+            files[chart_dir / name] = pngs["throughput"]
             out += [f"![throughput]({name})", ""]
         out += _md_table(*_sweep_table(report)) + [""]
     for name, profile in zip(report.names, report.profiles):
@@ -180,14 +138,15 @@ def render_html(report: Report) -> str:
     if not report.profiles:
         parts.append("<p>No profiles given.</p></body></html>")
         return "".join(parts)
+    pngs = charts(report)
     if report.verdict:
         parts.append(f"<h2>Verdict</h2><p class='verdict'>{e(report.verdict)}</p>")
     parts.append("<h2>Category shares</h2>")
-    parts.append(_img(report, "categories", "category shares"))
+    parts.append(_img(pngs, "categories", "category shares"))
     parts.append(_html_table(*_category_rows(report)))
     if report.sweep_rows:
         parts.append("<h2>Throughput across concurrencies</h2>")
-        parts.append(_img(report, "throughput", "throughput"))
+        parts.append(_img(pngs, "throughput", "throughput"))
         parts.append(_html_table(*_sweep_table(report)))
     for name, profile in zip(report.names, report.profiles):
         parts.append(f"<h2>Top kernels: {e(name)}</h2>")
@@ -200,8 +159,8 @@ def render_html(report: Report) -> str:
     return "".join(parts)
 
 
-def _img(report: Report, key: str, alt: str) -> str:
-    png = report.charts.get(key)
+def _img(pngs: dict[str, bytes], key: str, alt: str) -> str:
+    png = pngs.get(key)
     if not png:
         return ""
     return f"<img alt='{alt}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dsv4opt.capture import embedded
-from dsv4opt.capture.embedded import profile_embedded
+from dsv4opt.loop.profiles import profile_embedded
 from dsv4opt.capture.settings import EmbeddedSettings
 from dsv4opt.errors import CaptureError, DsvOptError
 

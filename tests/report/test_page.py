@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from dsv4opt.report.page import build_report, render_html, render_markdown
+from dsv4opt.loop.report_facts import build_report
+from dsv4opt.report.page import charts, render_html, render_markdown
 from dsv4opt.report.plots import category_bars_png, throughput_chart_png
 from tests.decision.profiles import make_profile, story_after_attention
 
@@ -57,7 +58,7 @@ def test_sweep_rows_and_speedup_from_profiles():
     speedups = {(r.concurrency, r.variant): r.speedup for r in rep.sweep_rows}
     assert speedups[(1, "mma-attn")] == 2.0 and speedups[(16, "mma-attn")] == 2.5
     assert speedups[(1, "baseline")] == 1.0
-    assert "throughput" in rep.charts
+    assert "throughput" in charts(rep)
 
 
 def test_plots_return_png_or_none():

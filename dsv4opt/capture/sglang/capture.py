@@ -1,9 +1,9 @@
-"""Profile a live SGLang server's steady-state decode and save a profile.
+"""Capture a live SGLang server's steady-state decode: its decode traces and load metrics.
 
 Flow: ask the server what it is -> start exactly C streaming requests -> wait until all C are
 decoding -> measure a window from the streamed chunks -> `/start_profile` for N steps into a fresh
-directory -> keep the load running until every rank's trace is complete -> cancel the requests ->
-analyse the decode traces -> write the profile (atomically, only at the very end).
+directory -> keep the load running until every rank's trace is complete -> cancel the requests.
+The loop (dsv4opt/loop/profiles.py) analyses the decode traces and writes the profile.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from dsv4opt.analysis.profile import Profile
 from dsv4opt.capture.naming import profile_path
+from dsv4opt.capture.result import Captured
 from dsv4opt.capture.settings import SGLangSettings
 from dsv4opt.capture.sglang.client import SGLangClient
 from dsv4opt.capture.sglang.load import LoadGenerator
@@ -47,8 +47,8 @@ class CaptureResult:
     traces: list[TraceFile]
 
 
-def profile_sglang(settings: SGLangSettings) -> tuple[Profile, Path]:
-    """Capture, analyse and save; returns the profile and where it was written."""
+def capture_sglang(settings: SGLangSettings) -> Captured:
+    """Load the server, profile its decode; the decode-stage traces with what was run and measured."""
     _validate(settings)
     out = Path(settings.out) if settings.out else profile_path("sglang", None, settings.concurrency, settings.optimizations)
     run_dir = _trace_root(settings) / f"dsv4opt-{_stamp()}-{os.getpid()}"
@@ -59,20 +59,12 @@ def profile_sglang(settings: SGLangSettings) -> tuple[Profile, Path]:
             f"the server wrote traces to {run_dir} but none of the decode stage "
             f"({', '.join(t.path.name for t in result.traces)}); run `dsv4opt analyze {run_dir}` to see them"
         )
-    from dsv4opt.analysis import analyze_paths
-
-    meta = _meta(settings, result, decode)
-    prof = analyze_paths([t.path for t in decode], meta=meta)
-    prof.meta.update(meta)
-    prof.throughput = {
+    throughput = {
         "tokens_per_s": float(result.metrics["output_tokens_per_s"]),
         "ms_per_step": float(result.metrics["tpot_ms_median"]),
     }
-    prof.extra["load_metrics"] = result.metrics
-    if out.exists():  # appeared while we were capturing
-        raise CaptureError(f"{out} appeared during the capture; not overwriting it (traces kept in {run_dir})")
-    prof.save(out)
-    return prof, out
+    return Captured(traces=[t.path for t in decode], meta=_meta(settings, result, decode), throughput=throughput,
+                    out=out, extra={"load_metrics": result.metrics, "run_dir": str(run_dir)})
 
 
 async def capture(settings: SGLangSettings, run_dir: Path) -> CaptureResult:

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from dsv4opt.capture.sglang import profile_sglang
+from dsv4opt.loop.profiles import profile_sglang
 from dsv4opt.capture.sglang.client import SGLangClient
 from dsv4opt.capture.sglang.load import LoadGenerator
 from dsv4opt.errors import CaptureError, DsvOptError
