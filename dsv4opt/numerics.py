@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -43,3 +44,22 @@ def error_report(out: torch.Tensor, ref: torch.Tensor) -> ErrorReport:
     flat = int(absdiff.reshape(-1).argmax())
     worst = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), absdiff.shape))
     return ErrorReport(rel, float(absdiff.reshape(-1)[flat]), worst, nonfinite)
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill a new floating tensor with NaN, so an element a kernel forgets to write fails a comparison."""
+    if t.is_floating_point() and t.numel() and t.dtype.itemsize >= 2:
+        t.fill_(float("nan"))
+    return t
+
+
+@contextlib.contextmanager
+def nan_poisoned_allocations():
+    """torch.empty / empty_like return NaN-filled floating tensors while inside (gates and tests)."""
+    empty, empty_like = torch.empty, torch.empty_like
+    torch.empty = lambda *a, **k: poison(empty(*a, **k))
+    torch.empty_like = lambda *a, **k: poison(empty_like(*a, **k))
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like

@@ -8,35 +8,23 @@ import os
 import pytest
 import torch
 
+from dsv4opt.numerics import nan_poisoned_allocations
+
 # Triton decides interpreter or compiler when a kernel is defined, i.e. when a module is first
 # imported: set it before any test module imports dsv4opt, so every kernel in this process is
 # interpreted on a machine without a GPU.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-_empty = torch.empty
+_empty = torch.empty  # the unpoisoned allocators, for tests that count launches
 _empty_like = torch.empty_like
 
 
-def _poison(t: torch.Tensor) -> torch.Tensor:
-    if t.is_floating_point() and t.numel() and t.dtype.itemsize >= 2:
-        t.fill_(float("nan"))
-    return t
-
-
-def _poisoned_empty(*args, **kwargs):
-    return _poison(_empty(*args, **kwargs))
-
-
-def _poisoned_empty_like(*args, **kwargs):
-    return _poison(_empty_like(*args, **kwargs))
-
-
 @pytest.fixture(autouse=True)
-def poison_empty(monkeypatch):
+def poison_empty():
     """An output element a kernel forgot to write stays NaN and fails the comparison."""
-    monkeypatch.setattr(torch, "empty", _poisoned_empty)
-    monkeypatch.setattr(torch, "empty_like", _poisoned_empty_like)
+    with nan_poisoned_allocations():
+        yield
 
 
 @pytest.fixture

@@ -161,9 +161,3 @@ def classify_cpu_op_names(names: pd.Series) -> pd.Series:
     mapping = {n: classify_cpu_op(n) for n in pd.unique(names)}
     return names.map(mapping)
 
-
-def matching_cpu_rule(name: str) -> Rule | None:
-    for rule, (pattern, _) in zip(CPU_RULES, _CPU_COMPILED):
-        if pattern.search(name):
-            return rule
-    return None

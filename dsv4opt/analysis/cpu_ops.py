@@ -67,13 +67,6 @@ def cpu_self_times(cpu_ops: pd.DataFrame) -> np.ndarray:
     return np.maximum(self_us, 0.0)
 
 
-def cpu_op_table(cpu_ops: pd.DataFrame) -> tuple[float, pd.DataFrame]:
-    """(total self time, [names] TABLE_COLUMNS sorted by self time, categories from CPU_RULES)."""
-    self_us = cpu_self_times(cpu_ops)
-    total = math.fsum(self_us.tolist())
-    return total, _table(cpu_ops["name"].astype(object).to_numpy(), self_us, total)
-
-
 def cpu_steps(cpu_ops: pd.DataFrame, self_us: np.ndarray, annotations: pd.DataFrame) -> dict | None:
     """The profile's `steps` from CPU-side ProfilerStep#N (or step-named) ranges, None without them.
 

@@ -76,12 +76,3 @@ def part_table_of(part: np.ndarray | None, dur_us: np.ndarray, total_us: float) 
     out["share"] = out["total_us"] / total_us if total_us > 0 else 0.0
     return out.sort_values("total_us", ascending=False, kind="mergesort").reset_index(drop=True)[PART_COLUMNS]
 
-
-def part_table(kernels: pd.DataFrame, launch_ts_us: np.ndarray, launch_tid: np.ndarray,
-               annotations: pd.DataFrame, total_us: float) -> pd.DataFrame:
-    """[parts] part, count, total_us, share: each kernel in its innermost part annotation
-    (kernel_parts). Empty when the trace has no part annotations."""
-    if kernels.empty:
-        return part_table_of(None, np.zeros(0), total_us)
-    part = kernel_parts(kernels["ts_us"].to_numpy(), launch_ts_us, launch_tid, annotations)
-    return part_table_of(part, kernels["dur_us"].to_numpy(), total_us)

@@ -14,7 +14,6 @@ import datetime as dt
 import os
 import platform
 import subprocess
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,8 +12,6 @@ import typer
 from dsv4opt.cli import app, console
 from dsv4opt.errors import DsvOptError
 
-# name -> module with run_bench(batches=..., on_step=...) -> result, render(result) and result.as_json().
-BENCHES = {"mma-attn": "dsv4opt.optimizations.mma_attn.bench"}
 
 
 def _batches(text: Optional[str]) -> Optional[tuple[int, ...]]:
@@ -29,20 +28,24 @@ def _batches(text: Optional[str]) -> Optional[tuple[int, ...]]:
 
 @app.command()
 def bench(
-    name: Annotated[str, typer.Argument(help=f"Benchmark to run: {', '.join(BENCHES)}.")],
+    name: Annotated[str, typer.Argument(help="Optimisation whose benchmark to run (one with a bench module; see `dsv4opt list`).")],
     batch: Annotated[Optional[str], typer.Option(help="Comma-separated batch sizes (default: the benchmark's).")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as JSON here.")] = None,
     kv: Annotated[str, typer.Option(help="KV cache layout the benchmark reads: fp8 (SGLang's) or bf16.")] = "fp8",
 ) -> None:
     """Run an optimisation's correctness check, then time it against its floor and the baseline."""
-    if name not in BENCHES:
-        raise DsvOptError(f"unknown benchmark {name!r}; known: {', '.join(BENCHES)}")
+    from dsv4opt.optimizations.registry import OPTIMIZATIONS
+
+    benches = {n: o.bench_module for n, o in OPTIMIZATIONS.items() if o.bench_module}
+    if name not in benches:
+        raise DsvOptError(f"unknown benchmark {name!r}; known: {', '.join(benches) or 'none'}")
     if json_out is not None and json_out.exists():
         raise DsvOptError(f"{json_out} already exists: choose another --json path or remove it")
-    module = importlib.import_module(BENCHES[name])
+    module = importlib.import_module(benches[name])
     batches = _batches(batch)
     kwargs = {"batches": batches} if batches else {}
-    kwargs["kv"] = kv
+    if "kv" in inspect.signature(module.run_bench).parameters:
+        kwargs["kv"] = kv
     with console.status(f"bench {name}") as status:
         result = module.run_bench(on_step=lambda msg: status.update(f"bench {name}: {msg}"), **kwargs)
     console.print(module.render(result))

@@ -1,12 +1,16 @@
 """The optimisations dsv4opt knows: what each targets, replaces and risks, and how to check it.
 
 Entries are data; the kernel code is imported only when an optimisation is used, so listing them
-costs nothing and works without a GPU.
+costs nothing and works without a GPU. An optimisation is one package (`module`) exporting
+IMPLEMENTATIONS (slot -> callable) and check(device); a `bench` submodule, when it has one, is its
+benchmark (run_bench, render; `dsv4opt bench NAME`). Adding one is a package and a `register` call:
+list, apply, revert, bench, the env gate and the tests find it through this registry.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -45,6 +49,15 @@ class Optimization:
     def check(self, device: str | None = None) -> CheckResult:
         return importlib.import_module(self.module).check(device)
 
+    @property
+    def bench_module(self) -> str | None:
+        """The package's benchmark module, if it has one."""
+        name = f"{self.module}.bench"
+        try:
+            return name if importlib.util.find_spec(name) is not None else None
+        except ModuleNotFoundError:
+            return None
+
 
 OPTIMIZATIONS: dict[str, Optimization] = {
     o.name: o
@@ -73,6 +86,18 @@ OPTIMIZATIONS: dict[str, Optimization] = {
         ),
     )
 }
+
+
+def register(opt: Optimization) -> Optimization:
+    """Add an optimisation (a package following the contract above); its name must be new."""
+    if opt.name in OPTIMIZATIONS:
+        raise DsvOptError(f"an optimisation named {opt.name!r} is already registered")
+    OPTIMIZATIONS[opt.name] = opt
+    return opt
+
+
+def unregister(name: str) -> None:
+    OPTIMIZATIONS.pop(name, None)
 
 
 def get(name: str) -> Optimization:

@@ -8,8 +8,12 @@ from pathlib import Path
 from dsv4opt.errors import TraceError
 
 TRACE_SUFFIXES = (".json", ".json.gz")
-# SGLang: {profile_id}-TP-{rank}[-DP-..][-EP-..][-DECODE|-EXTEND].trace.json.gz
-_SGLANG_RANK = re.compile(r"-TP-(\d+)(?:-DP-(\d+))?(?:-EP-(\d+))?")
+# SGLang names its traces [{prefix}-]{profile_id}-TP-{tp}[-DP-{dp}][-PP-{pp}][-EP-{ep}][-{STAGE}].trace.json.gz
+SGLANG_RANK = r"-TP-(?P<tp>\d+)(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?(?:-EP-(?P<ep>\d+))?"
+SGLANG_TRACE_NAME = re.compile(
+    r"^(?:(?P<prefix>.+)-)?(?P<profile_id>[^-]+)" + SGLANG_RANK + r"(?:-(?P<stage>[A-Za-z][A-Za-z_.]*))?\.trace\.json\.gz$"
+)
+_SGLANG_RANK = re.compile(SGLANG_RANK)
 
 
 def is_trace_name(path: Path) -> bool:
@@ -19,7 +23,7 @@ def is_trace_name(path: Path) -> bool:
 def rank_from_name(name: str) -> int | None:
     """The TP rank in an SGLang trace file name, else None."""
     m = _SGLANG_RANK.search(name)
-    return int(m.group(1)) if m else None
+    return int(m.group("tp")) if m else None
 
 
 def expand_trace_paths(paths: list[str | Path]) -> list[Path]:

@@ -46,9 +46,5 @@ class Trace:
         return None
 
     @property
-    def has_gpu_events(self) -> bool:
-        return not self.kernels.empty
-
-    @property
     def gpu_time_us(self) -> float:
         return math.fsum(self.kernels["dur_us"].tolist())

@@ -13,7 +13,7 @@ import json
 import re
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from dsv4opt.errors import TraceError
 

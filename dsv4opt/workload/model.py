@@ -264,7 +264,7 @@ class DecodeWorkload:
 
     def _metadata(self, tokens: torch.Tensor) -> dict:
         """Per-step indices every layer shares (SGLang builds them once per forward, before the layers)."""
-        cfg, C, pos, rows = self.cfg, self.concurrency, self.pos, self.rows
+        cfg, pos, rows = self.cfg, self.pos, self.rows
         W, page = cfg.window, cfg.window_page
         back = pos[:, None] - torch.arange(W, device=self.device)[None, :]  # newest first
         meta = {

@@ -15,7 +15,7 @@ import torch
 from dsv4opt.workload import quant
 from dsv4opt.workload.config import CSA, WINDOW
 from dsv4opt.workload.kernels import naive
-from dsv4opt.workload.kvcache import BF16_LAYOUT, quantize_index_key, quantize_rows
+from dsv4opt.workload.kvcache import quantize_index_key, quantize_rows
 
 F64 = torch.float64
 
@@ -84,8 +84,8 @@ class _Request:
     # ---- attention ----------------------------------------------------------------------------
 
     def attention(self, layer, x_in: torch.Tensor) -> torch.Tensor:
-        wl, cfg, w, b, p = self.wl, self.cfg, layer.w, self.b, self.p
-        H, D, R, W = cfg.heads, cfg.head_dim, cfg.rope_dim, cfg.window
+        cfg, w, b, p = self.cfg, layer.w, self.b, self.p
+        H, D, W = cfg.heads, cfg.head_dim, cfg.window
         x = _rms(x_in, w["attn_norm"], cfg.norm_eps)
         qkv_a = _fp8_linear(w["wqkv_a"], x)
         q_lora = _rms(qkv_a[: cfg.q_lora], w["q_norm"], cfg.norm_eps)
@@ -136,7 +136,7 @@ class _Request:
     def indexer_selection(self, layer, x: torch.Tensor, q_lora: torch.Tensor) -> torch.Tensor:
         """Which compressed entries the indexer keeps: top-k of its scores (all of them if <= k)."""
         cfg, w, p = self.cfg, layer.w, self.p
-        Hi, Di, R = cfg.index_heads, cfg.index_dim, cfg.rope_dim
+        Hi, Di = cfg.index_heads, cfg.index_dim
         n = (p + 1) // cfg.csa_ratio
         weights = _f64(w["idx_weights_proj"]) @ x
         q = naive.hadamard(torch.stack([self.rope(r, p) for r in _fp8_linear(w["idx_wq_b"], q_lora).view(Hi, Di)]))
@@ -173,5 +173,3 @@ class _Request:
         # the shared expert (see docs/workload.md).
         return shared + cfg.routed_scale * (cfg.routed_scale * routed)
 
-
-__all__ = ["decode_step_ref", "BF16_LAYOUT"]

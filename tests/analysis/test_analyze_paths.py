@@ -1,7 +1,6 @@
 import gzip
 import json
 import math
-import shutil
 from collections import Counter
 
 import pytest

@@ -4,7 +4,6 @@ dsv4opt/workload/kernels/naive.py, over awkward shapes. Outputs come from NaN-po
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch

@@ -8,7 +8,6 @@ weights or rotations move them by 0.1 or more. Hence REL_TOL. The torch path (a 
 interpreter) runs most cases; one case runs every Triton kernel under the interpreter.
 """
 
-import os
 
 import pytest
 import torch

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import re
 import time
 import zlib
 from dataclasses import dataclass
@@ -19,12 +18,9 @@ from pathlib import Path
 from typing import Callable
 
 from dsv4opt.errors import CaptureError
+from dsv4opt.trace.files import SGLANG_TRACE_NAME
 
-_NAME = re.compile(
-    r"^(?:(?P<prefix>.+)-)?(?P<profile_id>[^-]+)-TP-(?P<tp>\d+)"
-    r"(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?(?:-EP-(?P<ep>\d+))?"
-    r"(?:-(?P<stage>[A-Za-z][A-Za-z_.]*))?\.trace\.json\.gz$"
-)
+_NAME = SGLANG_TRACE_NAME
 _DECODE = {"DECODE", "FORWARDMODE.DECODE"}
 _PREFILL = {"EXTEND", "PREFILL", "MIXED", "FORWARDMODE.EXTEND", "FORWARDMODE.MIXED"}
 

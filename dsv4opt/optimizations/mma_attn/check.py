@@ -6,7 +6,6 @@ tl.dot, so a reduced table in fp16. Outputs are NaN-poisoned so an unwritten ele
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from dataclasses import asdict
@@ -14,31 +13,13 @@ from dataclasses import asdict
 import torch
 
 from dsv4opt.errors import DsvOptError
-from dsv4opt.numerics import error_report
+from dsv4opt.numerics import error_report, nan_poisoned_allocations
 from dsv4opt.optimizations.mma_attn.cases import AttnCase, gpu_cases, interpreter_cases, make_inputs
 from dsv4opt.optimizations.registry import CheckResult
 
 REL_TOL = 1e-2
 _KERNEL_MODULES = ("dsv4opt.optimizations.mma_attn.kernel", "dsv4opt.workload.attention.simt",
                    "dsv4opt.workload.kernels.rope")
-
-
-@contextlib.contextmanager
-def nan_poisoned_allocations():
-    """torch.empty / empty_like return NaN-filled floating tensors while inside."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poison(t):
-        if t.is_floating_point() and t.numel() and t.dtype.itemsize >= 2:
-            t.fill_(float("nan"))
-        return t
-
-    torch.empty = lambda *a, **k: poison(empty(*a, **k))
-    torch.empty_like = lambda *a, **k: poison(empty_like(*a, **k))
-    try:
-        yield
-    finally:
-        torch.empty, torch.empty_like = empty, empty_like
 
 
 def _use_interpreter() -> None:
