@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 evidence runs, by stage: bash scripts/gpu_evidence.sh STAGE [STAGE ...]
-#   smoke        workload smoke test (4 layers) and the bf16-gemm kernel script
+#   smoke        workload smoke test (4 layers)
 #   fixtures     small real traces of our own workload for tests/data (3 layers, graph + eager)
 #   walkthrough  the loop of issue 6 at C=32: profile, apply mma-attn, recommend, apply bf16-gemm, report
 #   sweep        baseline and variants at C = 1, 16, 32, 64
@@ -14,7 +14,6 @@ say() { printf '\n$ dsv4opt %s\n' "$*"; }
 
 stage_smoke() {
   timeout 240 python3 scripts/gpu_smoke_workload.py --skip-full 2>&1 | tee "$OUT/smoke.txt" | tail -25
-  timeout 240 python3 scripts/gpu_bf16_gemm.py 2>&1 | tee "$OUT/bf16.txt" | tail -25
 }
 
 stage_fixtures() {
