@@ -9,7 +9,6 @@ Capture only captures: the loop (dsv4opt/loop/profiles.py) analyses the traces a
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import os
 import platform
@@ -226,12 +225,10 @@ def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    # What was asked, so `apply` can re-profile exactly like this run (device/config as resolved).
-    asked = {k: v for k, v in dataclasses.asdict(settings).items() if k not in ("out", "trace_dir", "optimizations")}
-    asked.update(device=device.type, config=config_name)
     return {
         "target": "embedded",
-        "settings": asked,
+        # what was asked, so `apply` can re-profile exactly like this run
+        "settings": settings.to_meta(device.type, config_name),
         "concurrency": settings.concurrency,
         "context": settings.context,
         "contexts": [int(c) for c in wl.contexts],

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+# Settings a profile does not carry back: where files went, and what was switched on (kept apart).
+_NOT_RECORDED = ("out", "trace_dir", "optimizations")
+# Older profiles' top-level meta keys -> field names, where they differ.
+_META_ALIASES = {"device_kind": "device"}
 
 
 @dataclass
@@ -22,6 +29,24 @@ class EmbeddedSettings:
     out: Path | None = None  # None: a new file under profiles/
     trace_dir: Path | None = None  # keep the raw trace here when given
     seed: int = 0
+
+    def to_meta(self, device: str, config: str) -> dict[str, Any]:
+        """What was asked, with device and config as resolved, for a profile's meta["settings"]."""
+        asked = {k: v for k, v in dataclasses.asdict(self).items() if k not in _NOT_RECORDED}
+        return {**asked, "device": device, "config": config}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> "EmbeddedSettings":
+        """The settings a profile was captured with (meta["settings"]; older profiles' top-level keys)."""
+        recorded = dict(meta.get("settings") or {})
+        names = {f.name for f in dataclasses.fields(cls)} - set(_NOT_RECORDED)
+        for key, name in _META_ALIASES.items():
+            if key in meta and name not in recorded:
+                recorded[name] = meta[key]
+        for name in names - {"device"}:
+            if name not in recorded and name in meta:
+                recorded[name] = meta[name]
+        return cls(**{k: v for k, v in recorded.items() if k in names})
 
 
 @dataclass
