@@ -18,17 +18,19 @@ import torch
 
 from dsv4opt.errors import DsvOptError
 from dsv4opt.optimizations.registry import CheckResult
+from dsv4opt.workload.config import ModelConfig
 
 # dsv4-flash attention (docs/kernels/mma_attn.md): 64 heads, latent 512 (448 nope + 64 rope),
 # top-512 compressed entries plus the 128-token window, each in its own cache.
-HEADS = 64
-DIM = 512
-ROPE = 64
-TILE = 64
-TOPK = 512
-WINDOW = 128
-WINDOW_PAGE = 256
-EXTRA_PAGE = 64
+_CFG = ModelConfig.from_name("dsv4-flash")
+HEADS = _CFG.heads
+DIM = _CFG.head_dim
+ROPE = _CFG.rope_dim
+TILE = _CFG.kv_tile
+TOPK = _CFG.index_topk
+WINDOW = _CFG.window
+WINDOW_PAGE = _CFG.window_page
+EXTRA_PAGE = _CFG.extra_page("csa")
 BATCHES = (1, 16, 32, 64)
 POOL_GB = 4.0
 # Bytes the input sets of one rotation select together, in multiples of the L2's size.
