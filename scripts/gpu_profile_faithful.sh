@@ -15,6 +15,6 @@ for spec in "$@"; do
   start=$(date +%s)
   python3 -m dsv4opt profile --concurrency "$c" --context "$ctx" --steps 3 --warmup 1 "${with[@]}" \
     --out "$OUT/p/$name.json" > "$OUT/p/$name.log" 2>&1
-  echo "$name rc=$? $(( $(date +%s) - start ))s $(grep -o 'tokens_per_s [0-9.]*, ms_per_step [0-9.]*' "$OUT/p/$name.log")"
+  echo "$name rc=$? $(( $(date +%s) - start ))s $(grep -o 'tokens per s [0-9.]*, ms per step [0-9.]*' "$OUT/p/$name.log")"
   tar -czf "$OUT/profiles.tgz" -C "$OUT" p
 done

@@ -41,6 +41,33 @@ def _label(category: str | None) -> str:
     return LABELS.get(category or "", category or "none")
 
 
+# Settings two profiles must share to be compared: what was run, where, at what load. Optimisations
+# may differ (that is the point); a key either profile lacks is not checked.
+SETTINGS_KEYS = ("target", "device", "config", "layers", "kv", "concurrency", "context", "steps", "experts_resident")
+
+
+def setting_differences(a: Profile, b: Profile) -> list[str]:
+    """'key: a -> b' for each run setting the two profiles both record and differ in."""
+    out = []
+    for key in SETTINGS_KEYS:
+        va, vb = a.meta.get(key), b.meta.get(key)
+        if va is not None and vb is not None and va != vb:
+            out.append(f"{key}: {va} -> {vb}")
+    return out
+
+
+def require_comparable(a: Profile, b: Profile, force: bool = False) -> list[str]:
+    """Refuse profiles run under different settings, naming each difference; with force, return
+    the differences as warnings instead."""
+    diffs = setting_differences(a, b)
+    if diffs and not force:
+        raise DsvOptError(
+            "the profiles were run under different settings (" + "; ".join(diffs) + "): their tokens/s and "
+            "shares do not compare; profile again at the same settings, or pass --force to compare anyway"
+        )
+    return diffs
+
+
 def compare_profiles(a: Profile, b: Profile) -> Comparison:
     """Before (a) vs after (b)."""
     if a.time_basis != b.time_basis:
@@ -168,3 +195,53 @@ def target_shift(before: Profile, after: Profile, category: str) -> TargetShift:
         return total / steps / 1000 if steps else None
 
     return TargetShift(category, before.category_share(category), after.category_share(category), ms(before), ms(after))
+
+
+# Without timed windows to measure the noise by, a change this small in ms/step is not called.
+UNMEASURED_NOISE = 0.05
+
+
+@dataclass(frozen=True)
+class ThroughputChange:
+    """ms/step before and after, and whether the change exceeds the measured run-to-run noise."""
+
+    ms_before: float
+    ms_after: float
+    windows_before: tuple[float, ...]
+    windows_after: tuple[float, ...]
+
+    @property
+    def speedup(self) -> float:
+        return self.ms_before / self.ms_after
+
+    @property
+    def noise_measured(self) -> bool:
+        return len(self.windows_before) >= 2 and len(self.windows_after) >= 2
+
+    @property
+    def slower(self) -> bool:
+        """Slower beyond the noise: every timed window after is slower than every window before."""
+        if self.noise_measured:
+            return min(self.windows_after) > max(self.windows_before)
+        return self.ms_after > self.ms_before * (1 + UNMEASURED_NOISE)
+
+    @property
+    def faster(self) -> bool:
+        if self.noise_measured:
+            return max(self.windows_after) < min(self.windows_before)
+        return self.ms_after < self.ms_before * (1 - UNMEASURED_NOISE)
+
+    def line(self) -> str:
+        spread = (f"windows {min(self.windows_before):.2f}-{max(self.windows_before):.2f} -> "
+                  f"{min(self.windows_after):.2f}-{max(self.windows_after):.2f} ms" if self.noise_measured
+                  else f"noise not measured: changes under {UNMEASURED_NOISE:.0%} are not called")
+        verdict = "faster" if self.faster else ("SLOWER" if self.slower else "within noise")
+        return (f"ms/step {self.ms_before:.2f} -> {self.ms_after:.2f} ({self.speedup:.2f}x, {verdict}; {spread})")
+
+
+def throughput_change(before: Profile, after: Profile) -> ThroughputChange | None:
+    tb, ta = before.throughput or {}, after.throughput or {}
+    if not tb.get("ms_per_step") or not ta.get("ms_per_step"):
+        return None
+    return ThroughputChange(tb["ms_per_step"], ta["ms_per_step"], tuple(tb.get("ms_per_step_windows") or ()),
+                            tuple(ta.get("ms_per_step_windows") or ()))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import statistics
 import subprocess
 import time
 from contextlib import contextmanager
@@ -88,9 +89,11 @@ def capture_embedded(settings: EmbeddedSettings, trace_dir: Path, progress: Prog
         trace = _profile_steps(step, settings.steps, device, unique_path(trace_dir / f"{stem}.trace.json"),
                                on_step=progress.advance)
         progress.stage("timing", None)
-        ms_per_step = _time_steps(step, settings.steps, device)
+        windows = [_time_steps(step, settings.steps, device) for _ in range(max(1, getattr(settings, "repeat", 1)))]
     meta = _meta(settings, wl, config_name, device, use_graph, stamp)
-    throughput = {"tokens_per_s": settings.concurrency * 1000.0 / ms_per_step, "ms_per_step": ms_per_step}
+    ms_per_step = statistics.median(windows)
+    throughput = {"tokens_per_s": settings.concurrency * 1000.0 / ms_per_step, "ms_per_step": ms_per_step,
+                  "ms_per_step_windows": windows}
     return Captured(traces=[trace], capture_trace=capture_trace, meta=meta, throughput=throughput, out=out, notes=notes)
 
 

@@ -19,6 +19,7 @@ class EmbeddedSettings:
     context: int = 8192
     steps: int = 10
     warmup: int = 5
+    repeat: int = 3  # timed windows of `steps` steps: median and spread of ms/step
     config: str | None = None  # None: dsv4-flash on a GPU, dsv4-tiny on a CPU
     layers: int | None = None  # None: all layers of the config
     experts_resident: int | None = None  # None: the config's per-rank default

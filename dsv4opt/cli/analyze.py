@@ -41,15 +41,23 @@ def compare(
     before: Annotated[Path, typer.Argument(help="Profile JSON or trace (before).")],
     after: Annotated[Path, typer.Argument(help="Profile JSON or trace (after).")],
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the comparison here.")] = None,
-    force: Annotated[bool, typer.Option(help="Overwrite an existing --json file.")] = False,
+    force: Annotated[bool, typer.Option(help="Overwrite an existing --json file, and compare profiles run under different settings (with a warning).")] = False,
 ) -> None:
-    """Did the bottleneck move? Category shares, kernels that moved most, verdict."""
+    """Did the bottleneck move? Category shares, kernels that moved most, verdict.
+
+    Example: dsv4opt compare profiles/before.json profiles/after.json
+    """
     from dsv4opt.analysis import compare_profiles, load_profile_or_trace
+    from dsv4opt.analysis.compare import require_comparable, setting_differences
     from dsv4opt.fileio import write_json_atomic
     from dsv4opt.report.tables import print_comparison
 
     _check_out(json_out, force)
-    comparison = compare_profiles(load_profile_or_trace(before), load_profile_or_trace(after))
+    a, b = load_profile_or_trace(before), load_profile_or_trace(after)
+    for diff in require_comparable(a, b, force):
+        console.print(f"[bold red]WARNING: settings differ, {diff}: this comparison mixes runs[/]", highlight=False)
+    comparison = compare_profiles(a, b)
+    comparison.notes.extend(f"settings differ: {d}" for d in setting_differences(a, b))
     print_comparison(comparison, console=console)
     if json_out is not None:
         from dsv4opt.analysis.profile import _finite

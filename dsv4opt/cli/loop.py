@@ -53,8 +53,12 @@ def apply(
     reprofile: Annotated[bool, typer.Option("--reprofile/--no-reprofile", help="Re-profile and compare after switching on.")] = True,
     target: Annotated[str, typer.Option(help="embedded (this tool's workload) or sglang (emit the server's switches).")] = "embedded",
     out: Annotated[Path, typer.Option(help="sglang: folder for the env file and launch flags.")] = Path("sglang-switches"),
+    keep: Annotated[bool, typer.Option("--keep", help="Keep it on even if the re-profile is slower beyond the measured noise.")] = False,
 ) -> None:
-    """Check NAME on this device, switch it on, re-profile, and show whether the bottleneck moved."""
+    """Check NAME on this device, switch it on, re-profile, and show whether the bottleneck moved.
+
+    Example: dsv4opt apply bf16-gemm
+    """
     from dsv4opt.report.decision import print_check
 
     if target == "sglang":
@@ -71,10 +75,14 @@ def apply(
     from dsv4opt.loop.apply import apply_optimisation
 
     result = apply_optimisation(
-        name, concurrency=concurrency, reprofile=reprofile,
+        name, concurrency=concurrency, reprofile=reprofile, keep=keep,
         on_check=lambda r: print_check(r, console),
         on_before=lambda p: console.print(f"baseline profile saved: {p}"),
     )
+    if result.switched_back:
+        _print_shift(result, name)
+        console.print(f"[bold red]{result.switched_back}[/]", highlight=False)
+        return
     console.print(f"[green]{name} is on[/] (enabled: {', '.join(result.enabled)})")
     if result.after is None:
         console.print("not re-profiled (--no-reprofile); the next `dsv4opt profile` includes it")
@@ -97,12 +105,11 @@ def _print_shift(result, name: str) -> None:
         console.print(
             f"#1 now: {LABELS[top_c['category']]} {top_c['share']:.1%}; kernel "
             f"{top_k.get('short_name') or top_k['name']} {top_k['share']:.1%}", highlight=False)
-    tb, ta = result.before.throughput or {}, result.after.throughput or {}
-    if tb.get("tokens_per_s") and ta.get("tokens_per_s"):
-        console.print(
-            f"tokens/s {tb['tokens_per_s']:.1f} -> {ta['tokens_per_s']:.1f} "
-            f"({ta['tokens_per_s'] / tb['tokens_per_s']:.2f}x); ms/step {tb['ms_per_step']:.2f} -> {ta['ms_per_step']:.2f}",
-            highlight=False)
+    from dsv4opt.analysis.compare import throughput_change
+
+    change = throughput_change(result.before, result.after)
+    if change is not None:
+        console.print(change.line(), highlight=False)
     console.print(f"profiles: {result.before_path} -> {result.after_path}")
 
 

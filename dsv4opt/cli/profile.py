@@ -26,6 +26,7 @@ def profile(
     context: Annotated[int, typer.Option(min=1, help="Embedded: mean context length per request.")] = 8192,
     steps: Annotated[int, typer.Option(min=1, help="Decode steps to profile (and to time).")] = 10,
     warmup: Annotated[int, typer.Option(min=0, help="Embedded: warm-up steps outside the profiler.")] = 5,
+    repeat: Annotated[int, typer.Option(min=1, help="Embedded: timed windows of --steps steps; tokens/s is their median, their spread the noise compare and apply judge against.")] = 3,
     config: Annotated[Optional[str], typer.Option(help="Embedded: model config (dsv4-flash, dsv4-tiny); default by device.")] = None,
     layers: Annotated[Optional[int], typer.Option(min=1, help="Embedded: run only the first L layers.")] = None,
     experts_resident: Annotated[Optional[int], typer.Option(min=1, help="Embedded: expert weight sets kept on the device.")] = None,
@@ -58,7 +59,7 @@ def profile(
         from dsv4opt.report.progress import rich_progress
 
         settings = EmbeddedSettings(
-            concurrency=concurrency, context=context, steps=steps, warmup=warmup, config=config,
+            concurrency=concurrency, context=context, steps=steps, warmup=warmup, repeat=repeat, config=config,
             layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv,
             optimizations=enabled_optimizations(_split(with_)), out=out, trace_dir=trace_dir, seed=seed,
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from dsv4opt.analysis.compare import throughput_change
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.capture.settings import EmbeddedSettings
 from dsv4opt.errors import CheckFailed, DsvOptError
@@ -27,6 +28,7 @@ class ApplyResult:
     after_path: Path | None = None
     before: Profile | None = None
     after: Profile | None = None
+    switched_back: str | None = None  # why it was left off after the re-profile
 
 
 def _now() -> str:
@@ -61,19 +63,29 @@ def apply_optimisation(
     *,
     concurrency: int | None = None,
     reprofile: bool = True,
+    keep: bool = False,
     on_check: Callable[[CheckResult], None] = lambda r: None,
     on_before: Callable[[Path], None] = lambda p: None,
     profile_fn: ProfileFn = _default_profile_fn,
 ) -> ApplyResult:
     """Check `name` on this device, switch it on, re-profile like the last profile, keep both.
 
-    Nothing changes when the check fails. The state is written only after the re-profile is
-    saved, so an interrupted run leaves the previous state and profiles as they were.
+    Refused before anything runs when the optimisation cannot run on the device the loop profiles
+    on. Nothing changes when the check fails. A re-profile slower than before beyond the measured
+    noise leaves it off (the profiles kept, `switched_back` says why) unless `keep`. The state is
+    written only after the re-profile is saved, so an interrupted run leaves the previous state and
+    profiles as they were.
     """
     opt = get(name)
     state = load_state()
     if name in state.enabled:
         raise DsvOptError(f"{name} is already on; `dsv4opt revert {name}` switches it off")
+    device = _loop_device(state)
+    if device not in opt.devices:
+        raise DsvOptError(
+            f"{name} runs on {' or '.join(opt.devices)}; this loop profiles on the {device}, so it would only "
+            f"make every later profile fail: nothing was run or changed"
+        )
 
     before, before_path, settings = None, None, None
     if reprofile:
@@ -90,7 +102,18 @@ def apply_optimisation(
         assert settings is not None
         settings = dataclasses.replace(settings, optimizations=enabled, out=None, trace_dir=None)
         result.after, result.after_path = profile_fn(settings)
+        change = throughput_change(result.before, result.after) if result.before else None
+        if change is not None and change.slower and not keep:
+            result.switched_back = (f"{name} left off: the re-profile is slower beyond the measured noise "
+                                    f"({change.line()}); --keep switches it on anyway")
     state = load_state()  # re-read: the before-profile may have been recorded meanwhile
+    if result.switched_back:
+        result.enabled = list(state.enabled)
+        state.checks[name] = {"passed": True, "device": check.device, "date": _now()}
+        state.history.append({"action": "apply-declined", "name": name, "profile": str(result.after_path),
+                              "date": _now()})
+        save_state(state)
+        return result
     state.enabled = enabled
     state.checks[name] = {"passed": True, "device": check.device, "date": _now()}
     if result.after_path is not None:
@@ -98,6 +121,18 @@ def apply_optimisation(
     state.history.append({"action": "apply", "name": name, "profile": state.last_profile, "date": _now()})
     save_state(state)
     return result
+
+
+def _loop_device(state: State) -> str:
+    """The device the loop's profiles run on: the last profile's, else this machine's default."""
+    last = Path(state.last_profile) if state.last_profile else None
+    if last is not None and last.exists():
+        kind = Profile.load(last).meta.get("device_kind")
+        if kind in ("cuda", "cpu"):
+            return kind
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def revert_optimisation(name: str) -> list[str]:

@@ -7,7 +7,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsv4opt.analysis.compare import compare_profiles
+from dsv4opt.analysis.compare import compare_profiles, setting_differences
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.analysis.sweep import SweepRow, row_for, variant_name
 from dsv4opt.decision.recommend import recommend
@@ -35,7 +35,9 @@ def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4op
     names = [label(p, n) for p, n in zip(profiles, paths)]
     verdict = None
     if len(profiles) >= 2:
-        verdict = compare_profiles(profiles[0], profiles[-1]).verdict
+        diffs = setting_differences(profiles[0], profiles[-1])
+        verdict = (compare_profiles(profiles[0], profiles[-1]).verdict if not diffs else
+                   "first and last profile not compared: run under different settings (" + "; ".join(diffs) + ")")
     rec = recommend(profiles[-1]).explanation if profiles else []
     report = Report(
         title=title,

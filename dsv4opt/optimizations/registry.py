@@ -42,6 +42,7 @@ class Optimization:
     changes_selection: bool  # changes numerics that decide which tokens attention sees
     needs_graph: bool  # must be CUDA-graph safe to help (decode replays graphs)
     module: str  # package exporting IMPLEMENTATIONS (slot -> callable) and check(device)
+    devices: tuple[str, ...] = ("cuda", "cpu")  # where its implementations run in the workload
 
     def implementations(self) -> dict[str, Callable]:
         return dict(importlib.import_module(self.module).IMPLEMENTATIONS)
@@ -72,6 +73,7 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             changes_selection=False,
             needs_graph=True,
             module="dsv4opt.optimizations.mma_attn",
+            devices=("cuda",),
         ),
         Optimization(
             name="bf16-gemm",

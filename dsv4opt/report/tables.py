@@ -84,7 +84,12 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
         console.print(f"graph-replayed launches matched to the reference step: {match['matched']}/{match['replayed']} "
                       f"({match['matched'] / match['replayed']:.1%}); parts and operators of the rest are unknown")
     if profile.throughput:
-        console.print("throughput: " + ", ".join(f"{k} {v:.2f}" for k, v in profile.throughput.items() if v is not None))
+        t = profile.throughput
+        line = "throughput: " + ", ".join(f"{k.replace('_', ' ')} {t[k]:.2f}" for k in ("tokens_per_s", "ms_per_step") if t.get(k) is not None)
+        windows = t.get("ms_per_step_windows") or []
+        if len(windows) >= 2:
+            line += f" (median of {len(windows)} timed windows, {min(windows):.2f}-{max(windows):.2f} ms/step)"
+        console.print(line, highlight=False)
     parts = profile.extra.get("parts")
     if parts:
         p = Table(title="model parts (record_function ranges)")

@@ -32,3 +32,18 @@ def test_compare_bad_input(tmp_path):
     out = tmp_path / "c.json"
     r = runner.invoke(app, ["compare", str(bad), str(tmp_path / "missing.json"), "--json", str(out)])
     assert r.exit_code == 1 and "Traceback" not in r.output and not out.exists()
+
+
+def test_compare_refuses_profiles_run_under_different_settings(tmp_path):
+    """C = 1 baseline against C = 64 with both optimisations: tokens/s would read as 'x1.23' of nothing."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "profiles"
+    a, b = root / "embedded-dsv4-flash-c1-ctx8192-baseline.json", root / "embedded-dsv4-flash-c64-ctx8192-mma-attn+bf16-gemm.json"
+    r = runner.invoke(app, ["compare", str(a), str(b)], env={"COLUMNS": "200"})
+    assert r.exit_code == 1 and "concurrency: 1 -> 64" in r.output and "--force" in r.output
+    r = runner.invoke(app, ["compare", str(a), str(b), "--force"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "WARNING: settings differ, concurrency: 1 -> 64" in r.output
+    same = root / "embedded-dsv4-flash-c1-ctx8192-mma-attn+bf16-gemm.json"
+    r = runner.invoke(app, ["compare", str(a), str(same)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "WARNING" not in r.output

@@ -21,19 +21,34 @@ def _embedded(profile, concurrency=32, optimizations=()):
 
 
 class Recorder:
-    """A profile function that writes real profile files and remembers what it was asked."""
+    """A profile function that writes real profile files and remembers what it was asked;
+    `windows` gives each variant's timed ms/step windows (before / after)."""
 
-    def __init__(self, tmp: Path, shares: dict[str, float]):
-        self.tmp, self.shares, self.calls = tmp, shares, []
+    def __init__(self, tmp: Path, shares: dict[str, float], windows: dict[str, list[float]] | None = None):
+        self.tmp, self.shares, self.calls, self.windows = tmp, shares, [], windows
 
     def __call__(self, settings):
         self.calls.append(settings)
-        attn = self.shares["after" if settings.optimizations else "before"]
-        prof = _embedded(make_profile([("attn_kernel", "attention", 10, attn), ("gemm", "gemm_tc", 10, 100.0 - attn)]),
-                         settings.concurrency, settings.optimizations)
+        which = "after" if settings.optimizations else "before"
+        attn = self.shares[which]
+        throughput = None
+        if self.windows:
+            w = self.windows[which]
+            throughput = {"ms_per_step": sorted(w)[len(w) // 2], "tokens_per_s": 1000.0 / sorted(w)[len(w) // 2],
+                          "ms_per_step_windows": w}
+        prof = _embedded(make_profile([("attn_kernel", "attention", 10, attn), ("gemm", "gemm_tc", 10, 100.0 - attn)],
+                                      throughput=throughput), settings.concurrency, settings.optimizations)
         path = self.tmp / f"p{len(self.calls)}.json"
         prof.save(path)
         return prof, path
+
+
+@pytest.fixture(autouse=True)
+def gpu_loop(monkeypatch):
+    """These tests drive the state machine with fake profiles: the loop's device is a GPU."""
+    import dsv4opt.loop.apply as apply
+
+    monkeypatch.setattr(apply, "_loop_device", lambda state: "cuda")
 
 
 @pytest.fixture
@@ -133,3 +148,19 @@ def test_state_file_is_valid_json_with_schema(tmp_path, checks):
     data = json.loads(state_path().read_text())
     assert data["schema"] == "dsv4opt.state/1" and data["enabled"] == ["mma-attn"]
     assert data["checks"]["mma-attn"]["passed"] is True
+
+
+def test_a_reprofile_slower_beyond_the_noise_leaves_it_off(tmp_path, checks):
+    """Every timed window after is slower than every window before: switched back, profiles kept."""
+    rec = Recorder(tmp_path, {"before": 60.0, "after": 10.0}, {"before": [10.0, 10.2, 10.1], "after": [10.6, 10.7, 10.5]})
+    result = apply_optimisation("bf16-gemm", concurrency=16, profile_fn=rec)
+    assert result.switched_back and "slower beyond the measured noise" in result.switched_back
+    assert load_state().enabled == [] and result.after_path.exists() and result.before_path.exists()
+    kept = apply_optimisation("bf16-gemm", concurrency=16, profile_fn=rec, keep=True)
+    assert kept.switched_back is None and load_state().enabled == ["bf16-gemm"]
+
+
+def test_a_change_inside_the_noise_is_kept(tmp_path, checks):
+    rec = Recorder(tmp_path, {"before": 60.0, "after": 10.0}, {"before": [10.0, 10.6, 10.1], "after": [10.5, 10.7, 10.4]})
+    result = apply_optimisation("bf16-gemm", concurrency=16, profile_fn=rec)
+    assert result.switched_back is None and load_state().enabled == ["bf16-gemm"]

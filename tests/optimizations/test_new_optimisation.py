@@ -36,7 +36,7 @@ def test_a_package_registered_at_runtime_goes_through_the_whole_loop(toy_registe
     listed = invoke("list")
     assert listed.exit_code == 0 and toy.NAME in listed.output and "DSV4OPT_TOY_PREMIX=1" in listed.output
     assert invoke("profile", "--concurrency", "2", *TINY).exit_code == 0
-    applied = invoke("apply", toy.NAME)
+    applied = invoke("apply", toy.NAME, "--keep")
     assert applied.exit_code == 0, applied.output
     assert "toy-premix rel" in applied.output and load_state().enabled == [toy.NAME]
     after = json.loads(open(load_state().last_profile).read())
