@@ -37,6 +37,7 @@ class Candidate:
     needs_graph: bool
     enabled: bool = False
     notes: list[str] = field(default_factory=list)
+    fits: bool | None = True  # written for the profile's model (None: the profile does not say which)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,14 +80,30 @@ def measured_kernel_speedup(opt: Optimization, concurrency: int | None) -> tuple
     return table[c], f"measured {table[c]:.1f}x at B={c} on {record.get('device', '?')} ({record.get('source', '')})"
 
 
+def profile_model(profile: Profile) -> str | None:
+    """The model family a profile was taken of, when it says: "deepseek-v4", another name, or None."""
+    meta = profile.meta
+    if meta.get("target") == "embedded" and str(meta.get("config", "")).startswith("dsv4"):
+        return "deepseek-v4"
+    name = str(meta.get("model") or meta.get("model_path") or "")
+    if not name:
+        return None
+    key = name.lower().replace("_", "-")
+    return "deepseek-v4" if ("deepseek-v4" in key or "dsv4" in key) else key
+
+
 def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candidate]:
     enabled = set(profile.meta.get("optimizations") or []) | set(enabled or [])
     concurrency = profile.meta.get("concurrency")
     out: list[Candidate] = []
+    model = profile_model(profile)
     for opt in OPTIMIZATIONS.values():
         frag = fragmentation(profile, [opt.target_category])
         if frag.share <= 0 and opt.name not in enabled:
             continue
+        if model is not None and model != opt.model:
+            continue  # its kernels do not fit this model
+        notes = [] if model else [f"written for {opt.model}; this profile does not say which model it is"]
         speedup, source = measured_kernel_speedup(opt, concurrency) if profile.time_basis == "gpu" else (
             None, "no CPU measurement on record: bound assumes the target takes no time")
         out.append(
@@ -94,7 +111,8 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
                 name=opt.name, kind="optimisation", target=opt.target_category, share=frag.share,
                 amdahl_bound=amdahl(frag.share, speedup), kernel_speedup=speedup, speedup_source=source,
                 fragmentation=frag, risk=opt.risk, changes_selection=opt.changes_selection,
-                needs_graph=opt.needs_graph, enabled=opt.name in enabled,
+                needs_graph=opt.needs_graph, enabled=opt.name in enabled, notes=notes,
+                fits=True if model else None,
             )
         )
     out += _levers(profile)
@@ -167,7 +185,8 @@ def _per_slot_moe(profile: Profile) -> bool:
 def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendation:
     cands = candidates(profile, enabled)
     open_ = [c for c in cands if not c.enabled and c.share >= MIN_SHARE]
-    applicable = [c for c in open_ if c.kind == "optimisation"]
+    applicable = [c for c in open_ if c.kind == "optimisation" and c.fits]
+    unsure = [c for c in open_ if c.kind == "optimisation" and c.fits is None]
     levers = [c for c in open_ if c.kind == "lever"]
     best_opt = max(applicable, key=lambda c: c.amdahl_bound, default=None)
     best_lever = max(levers, key=lambda c: c.amdahl_bound, default=None)
@@ -194,10 +213,13 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
         chosen = best_lever
         lines.append(
             f"no applicable optimisation promises {MIN_GAIN:.2f}x or more; the largest remaining target is "
-            f"{chosen.target} at {chosen.share:.1%} (bound {chosen.amdahl_bound:.2f}x): try {chosen.name}. "
-            f"Risk: {chosen.risk}."
+            f"{chosen.target} at {chosen.share:.1%} (bound {chosen.amdahl_bound:.2f}x): {chosen.name} "
+            f"(advice: dsv4opt has no switch for it, `apply` cannot apply it). Risk: {chosen.risk}."
         )
     else:
         chosen = None
         lines.append("nothing left with a target above 2% of GPU time")
+    for c in unsure:
+        lines.append(f"{c.name} would target {c.share:.1%} ({c.target}) but is written for DeepSeek-V4, and this "
+                     "profile does not say which model it is: not recommended")
     return Recommendation(candidates=cands, chosen=chosen, explanation=lines)

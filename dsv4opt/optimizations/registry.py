@@ -43,6 +43,7 @@ class Optimization:
     needs_graph: bool  # must be CUDA-graph safe to help (decode replays graphs)
     module: str  # package exporting IMPLEMENTATIONS (slot -> callable) and check(device)
     devices: tuple[str, ...] = ("cuda", "cpu")  # where its implementations run in the workload
+    model: str = "deepseek-v4"  # the model family its kernels are written for
 
     def implementations(self) -> dict[str, Callable]:
         return dict(importlib.import_module(self.module).IMPLEMENTATIONS)

@@ -38,6 +38,8 @@ def print_recommendation(rec: Recommendation, console: Console) -> None:
         table.add_row(name, c.kind, LABELS.get(c.target, c.target), f"{c.share:.1%}", bound,
                       f"{c.fragmentation.launches_per_step:.0f}", f"{c.fragmentation.median_kernel_us:.1f}", c.risk)
     console.print(table)
+    console.print("  * = the recommendation; kind 'optimisation': `dsv4opt apply NAME` switches it on behind "
+                  "its gate; 'lever': advice, no switch in dsv4opt", highlight=False)
     for line in rec.explanation:
         console.print(f"  {line}", highlight=False)
 

@@ -42,5 +42,5 @@ def story_after_attention() -> Profile:
             ("CatArrayBatchedCopy<...>", "copy", 5000, 500.0),
         ],
         steps=10,
-        meta={"concurrency": 32, "optimizations": ["mma-attn"]},
+        meta={"concurrency": 32, "optimizations": ["mma-attn"], "model": "deepseek-ai/DeepSeek-V4-Flash"},
     )

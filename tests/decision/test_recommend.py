@@ -69,3 +69,27 @@ def test_per_slot_moe_fallback_recommends_a_grouped_moe_lever():
     # a grouped MoE GEMM that already gives each expert its tokens once gets no such lever
     grouped = make_profile([("cutlass_grouped_gemm_mxfp4", "moe", 20, 900.0), ("elementwise_kernel", "elementwise", 10, 100.0)])
     assert "grouped-moe" not in {c.name for c in recommend(grouped).candidates}
+
+
+def _attention_heavy(meta):
+    return make_profile([("flash_fwd_splitkv_kernel", "attention", 10, 600.0), ("elementwise_kernel", "elementwise", 10, 400.0)],
+                        meta=meta)
+
+
+def test_optimisations_are_recommended_only_for_the_model_they_fit():
+    """A Qwen3-8B trace from an MI300X never gets the DeepSeek sparse-MLA kernel; a trace that does
+    not name its model gets it listed, not chosen, with the reason."""
+    qwen = recommend(_attention_heavy({"model": "Qwen/Qwen3-8B"}))
+    assert "mma-attn" not in {c.name for c in qwen.candidates}
+    unknown = recommend(_attention_heavy({}))
+    mma = {c.name: c for c in unknown.candidates}["mma-attn"]
+    assert mma.fits is None and unknown.chosen is not mma
+    assert any("mma-attn would target" in line and "does not say which model" in line for line in unknown.explanation)
+    dsv4 = recommend(_attention_heavy({"model": "deepseek-ai/DeepSeek-V4-Flash"}))
+    assert dsv4.chosen is not None and dsv4.chosen.name == "mma-attn"
+
+
+def test_a_lever_is_called_advice():
+    prof = make_profile([("elementwise_kernel", "elementwise", 1000, 900.0), ("nvjet_sm90", "gemm_tc", 10, 100.0)])
+    text = " ".join(recommend(prof).explanation)
+    assert "advice: dsv4opt has no switch for it" in text
