@@ -8,15 +8,29 @@ import tempfile
 from pathlib import Path
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, make_dirs: bool = True) -> Path:
+    """Write `data` to `path` atomically, with the permissions a plain open() would give (mkstemp's
+    are 0600). make_dirs=False refuses a missing folder instead of creating it (a user's --out)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if make_dirs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    elif not path.parent.is_dir():
+        from dsv4opt.errors import DsvOptError
+
+        raise DsvOptError(f"{path}: folder {path.parent} does not exist; create it first or choose another path")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         # KeyboardInterrupt included: leave no temporary file behind.
@@ -25,8 +39,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    return write_bytes_atomic(path, text.encode("utf-8"))
+def write_text_atomic(path: str | os.PathLike, text: str, make_dirs: bool = True) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"), make_dirs)
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> Path:

@@ -234,25 +234,48 @@ def sweep(
 @app.command()
 def report(
     profiles: Annotated[list[Path], typer.Argument(help="Profiles (or traces) in order, e.g. before then after.")],
-    out: Annotated[Path, typer.Option(help="Page to write.")] = Path("report.html"),
-    fmt: Annotated[str, typer.Option("--format", help="html or md.")] = "html",
+    out: Annotated[Optional[Path], typer.Option(help="Page to write (default report.html, or report.md with --format md).")] = None,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="html or md (default: from --out's extension, else html).")] = None,
     title: Annotated[str, typer.Option(help="Page title.")] = "dsv4opt report",
+    force: Annotated[bool, typer.Option(help="Overwrite an existing page.")] = False,
 ) -> None:
-    """One self-contained page: shares before/after, top kernels, verdict, throughput, evidence."""
+    """One self-contained page: shares before/after, top kernels, verdict, throughput, evidence.
+
+    Example: dsv4opt report profiles/before.json profiles/after.json --out report.html
+    """
     from dsv4opt.analysis import load_profile_or_trace
     from dsv4opt.fileio import write_bytes_atomic, write_text_atomic
     from dsv4opt.loop.report_facts import build_report
     from dsv4opt.report.page import render_html, render_markdown
 
-    if fmt not in ("html", "md"):
-        raise DsvOptError(f"--format must be html or md, not {fmt!r}")
+    fmt, out = _report_target(fmt, out)
+    if out.exists() and not force:
+        raise DsvOptError(f"{out}: already exists; pick another --out or pass --force")
     loaded = [load_profile_or_trace(p) for p in profiles]
     rep = build_report([str(p) for p in profiles], loaded, title=title)
     if fmt == "html":
-        write_text_atomic(out, render_html(rep))
+        write_text_atomic(out, render_html(rep), make_dirs=False)
     else:
         text, files = render_markdown(rep, chart_dir=out.parent, stem=out.stem)
         for path, data in files.items():
-            write_bytes_atomic(path, data)
-        write_text_atomic(out, text)
+            write_bytes_atomic(path, data, make_dirs=False)
+        write_text_atomic(out, text, make_dirs=False)
     console.print(f"report written: {out}")
+
+
+def _report_target(fmt: str | None, out: Path | None) -> tuple[str, Path]:
+    """Format and file agree: --format follows --out's extension and names the default file."""
+    by_suffix = {".html": "html", ".htm": "html", ".md": "md"}
+    if fmt is not None and fmt not in ("html", "md"):
+        raise DsvOptError(f"--format must be html or md, not {fmt!r}")
+    if out is None:
+        fmt = fmt or "html"
+        return fmt, Path(f"report.{fmt}")
+    implied = by_suffix.get(out.suffix.lower())
+    if fmt is None:
+        if implied is None:
+            raise DsvOptError(f"{out}: say the format with --format html|md (or name the file .html or .md)")
+        return implied, out
+    if implied is not None and implied != fmt:
+        raise DsvOptError(f"--format {fmt} but {out} ends in {out.suffix}: they must agree")
+    return fmt, out

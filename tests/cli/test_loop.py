@@ -122,6 +122,36 @@ def test_report_html_and_markdown(tmp_path):
     assert not (tmp_path / "r.pdf").exists()
 
 
+def test_report_format_follows_the_out_extension_and_never_overwrites(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    a = story_after_attention().save(tmp_path / "a.json")
+    monkeypatch.chdir(tmp_path)
+    r = invoke("report", str(a), "--format", "md")  # no --out: the default file takes the format's name
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "report.md").read_text().startswith("#") and not (tmp_path / "report.html").exists()
+    r = invoke("report", str(a), "--out", str(tmp_path / "x.md"))  # no --format: the extension decides
+    assert r.exit_code == 0, r.output
+    assert not (tmp_path / "x.md").read_text().lstrip().startswith("<")
+    mode = stat.S_IMODE(os.stat(tmp_path / "x.md").st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask  # like a file from open(), not mkstemp's 0600
+    before = (tmp_path / "x.md").read_bytes()
+    r = invoke("report", str(a), "--out", str(tmp_path / "x.md"))
+    assert r.exit_code == 1 and "already exists" in r.output and "--force" in r.output
+    assert (tmp_path / "x.md").read_bytes() == before
+    r = invoke("report", str(a), "--out", str(tmp_path / "x.md"), "--force")
+    assert r.exit_code == 0, r.output
+    r = invoke("report", str(a), "--out", str(tmp_path / "y.html"), "--format", "md")
+    assert r.exit_code == 1 and "must agree" in r.output
+    r = invoke("report", str(a), "--out", str(tmp_path / "y.txt"))
+    assert r.exit_code == 1 and "--format" in r.output
+    r = invoke("report", str(a), "--out", str(tmp_path / "typo" / "r.html"))
+    assert r.exit_code == 1 and "does not exist" in r.output and not (tmp_path / "typo").exists()
+
+
 def test_sweep_rejects_bad_concurrency_list():
     r = invoke("sweep", "--concurrency", "1,x")
     assert r.exit_code == 1 and "whole numbers" in r.output
