@@ -19,6 +19,7 @@ from dsv4opt.optimizations.mma_attn import kernel
 from dsv4opt.optimizations.mma_attn.cases import AttnCase, interpreter_cases, make_inputs
 from dsv4opt.optimizations.registry import get
 from dsv4opt.workload.attention import sparse_attention_ref
+from dsv4opt.workload.kvcache import KVCache
 from tests.helpers import needs_gpu
 
 # The package exports the function `check`, which hides the submodule of the same name.
@@ -46,15 +47,51 @@ def test_kernel_and_baseline_match_reference(case):
         kernel.Tiles(16, 32, 2, 4, 1, block_v=32),
         kernel.Tiles(16, 16, 4, 4, 1, block_v=16, reload_v=True),
         kernel.Tiles(16, 64, 2, 4, 1, reload_v=True),
+        kernel.Tiles(16, 16, 3, 4, 1, prefetch=True),
+        kernel.Tiles(16, 32, 1, 4, 1, prefetch=True),
     ],
-    ids=["single-pass", "split3-bk16", "split2-vsplit2", "split4-vsplit4-reload", "split2-bk64-reload"],
+    ids=["single-pass", "split3-bk16", "split2-vsplit2", "split4-vsplit4-reload", "split2-bk64-reload",
+         "split3-bk16-prefetch", "single-pass-prefetch"],
 )
-def test_tile_variants_match_reference(tiles):
-    x = make_inputs(SMALL, "cpu", torch.float16, seed=5)
+@pytest.mark.parametrize("layout", ["fp8", "bf16"])
+def test_tile_variants_match_reference(tiles, layout):
+    x = make_inputs(replace(SMALL, layout=layout), "cpu", torch.float16, seed=5)
     o, lse = kernel.mma_attention(*x.args(), tiles=tiles)
     ref_o, ref_lse = sparse_attention_ref(*x.args())
     assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
     assert error_report(lse, ref_lse).ok(1e-5), error_report(lse, ref_lse)
+
+
+def _carve(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of `tensors` (one dtype) laid out one after the other in a single buffer, in order."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    out, at = [], 0
+    for t in tensors:
+        out.append(flat[at : at + t.numel()].view(t.shape))
+        at += t.numel()
+    return out
+
+
+@on_cpu
+@pytest.mark.parametrize("extra_first", [False, True], ids=["extra-above-window", "extra-below-window"])
+def test_one_launch_reads_both_caches_wherever_they_lie(extra_first):
+    """The kernel reads the compressed cache, its indices and lengths at offsets from the window
+    cache's: they must be found whether those buffers lie above or below the window's in memory."""
+    x = make_inputs(SMALL, "cpu", torch.float16, seed=9)
+    order = (lambda a, b: [b, a]) if extra_first else (lambda a, b: [a, b])
+    unorder = (lambda pair: pair[::-1]) if extra_first else (lambda pair: pair)
+    swa_data, extra_data = unorder(_carve(order(x.swa.data, x.extra.data)))
+    swa_idx, extra_idx = unorder(_carve(order(x.swa_indices, x.extra_indices)))
+    swa_len, extra_len = unorder(_carve(order(x.swa_lengths, x.extra_lengths)))
+    assert (extra_data.data_ptr() < swa_data.data_ptr()) == extra_first
+    assert (extra_idx.data_ptr() < swa_idx.data_ptr()) == extra_first
+    args = (x.q, KVCache(x.swa.layout, swa_data), swa_idx, swa_len, KVCache(x.extra.layout, extra_data), extra_idx,
+            extra_len, x.sink, x.scale)
+    for tiles in (kernel.Tiles(16, 16, 2, 4, 1, prefetch=True), kernel.Tiles(16, 32, 3, 4, 1)):
+        o, lse = kernel.mma_attention(*args, tiles=tiles)
+        ref_o, ref_lse = sparse_attention_ref(*x.args())
+        assert error_report(o, ref_o).ok(1e-2), (tiles, error_report(o, ref_o))
+        assert error_report(lse, ref_lse).ok(1e-5), (tiles, error_report(lse, ref_lse))
 
 
 def test_choose_tiles_fills_the_gpu_then_stops_splitting():

@@ -174,7 +174,7 @@ def run_bench(
     if kv not in ("fp8", "bf16"):
         raise DsvOptError(f"--kv must be fp8 or bf16, not {kv!r}")
     from dsv4opt.optimizations.mma_attn.check import check
-    from dsv4opt.optimizations.mma_attn.kernel import _plan, mma_attention
+    from dsv4opt.optimizations.mma_attn.kernel import mma_attention, plan
     from dsv4opt.workload.attention import sparse_decode_sm120
     from dsv4opt.workload.kvcache import KVCache
 
@@ -200,7 +200,7 @@ def run_bench(
         base_ms = _median_graph_ms(rotating(sparse_decode_sm120, swa, extra, sets, scale))
         torch_ms = _median_graph_ms(rotating(torch_path, swa, extra, sets, scale))
         q, swa_idx, _, idx = sets[0][:4]
-        plans = [_plan(q, swa, swa_idx, sets[0][2], None), _plan(q, extra, idx, sets[0][4], None)]
+        p = plan(q, swa, swa_idx, extra, idx)
         unique = int(torch.unique(swa_idx).numel()) + int(torch.unique(idx).numel())
         moved = unique * extra_layout.token_bytes + 2 * q.numel() * q.element_size()
         flops = 2 * 2 * batch * HEADS * (TOPK + WINDOW) * DIM
@@ -208,7 +208,7 @@ def run_bench(
         result.rows.append(
             BenchRow(
                 batch=batch,
-                tiles="; ".join(f"{p.engine} {str(p.tiles).removeprefix('Tiles')} x{p.nsplit}" for p in plans),
+                tiles=f"{p.engine} {str(p.tiles).removeprefix('Tiles')}",
                 mma_us=mma_ms * 1e3,
                 bytes_moved=moved,
                 floor_us=moved / (result.copy_gbps * 1e9) * 1e6,

@@ -25,52 +25,111 @@ LN2_ = tl.constexpr(LN2)
 
 
 @triton.jit
-def _load_latent_cols(p_kv, p_kv8, p_kvu8, p_kv16, tok, m_row, o_c, stride_kv, page_size, page_bytes,
-                      DN: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, TILE: tl.constexpr,
-                      DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
-    """Columns o_c of the latent rows of tokens `tok` (masked rows read nothing and give 0), in q's
-    dtype. FP8 layout (whole rows only, rope one tile wide): the row as tiles of TILE columns, the
-    nope tiles e4m3 times their UE8M0 scale, the last one the bf16 rope; dequantised in registers."""
+def _row_offsets(tok, in_x, x_delta, stride_kv, PS_W: tl.constexpr, PB_W: tl.constexpr, PS_X: tl.constexpr,
+                 PB_X: tl.constexpr, FP8: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr):
+    """Where the rows of tokens `tok` [BK] start, relative to the window cache's first byte (FP8:
+    the data record's and the scale record's byte offsets) or first element (bf16: the row's
+    element offset, scale offset unused). Rows of the compressed cache (`in_x`) are `x_delta`
+    bytes (elements) past it: both caches are read through one set of pointers."""
     if FP8:
-        NT: tl.constexpr = o_c.shape[0] // TILE  # tiles in the padded row
-        NOPE_TILES: tl.constexpr = DN // TILE
-        page = tok // page_size
-        slot = tok % page_size
-        at = page * page_bytes + slot * DATA_BYTES  # [BK] first byte of each token's record
-        at_s = page * page_bytes + page_size * DATA_BYTES + slot * SCALE_BYTES
-        o_t = tl.arange(0, NT)
-        o_e = tl.arange(0, TILE)
-        col = o_t[:, None] * TILE + o_e[None, :]  # [NT, TILE]
-        m_t = m_row[:, None] & (o_t < NOPE_TILES)[None, :]  # [BK, NT]
-        b_nope = tl.load(p_kv8 + at[:, None, None] + col[None, :, :], mask=m_t[:, :, None], other=0.0)  # [BK, NT, TILE]
-        b_e = tl.load(p_kvu8 + at_s[:, None] + o_t[None, :], mask=m_t, other=127).to(tl.float32)  # [BK, NT]
-        b_rope = tl.load(p_kv16 + ((at + DN) // 2)[:, None] + o_e[None, :], mask=m_row[:, None], other=0.0)  # [BK, TILE]
-        b_x = tl.where((o_t == NOPE_TILES)[None, :, None], b_rope.to(tl.float32)[:, None, :],
-                       b_nope.to(tl.float32) * tl.exp2(b_e - 127.0)[:, :, None])  # [BK, NT, TILE]
-        b_x = tl.reshape(b_x, [tok.shape[0], NT * TILE]).to(p_kv.dtype.element_ty)
+        page_w, slot_w = tok // PS_W, tok % PS_W
+        page_x, slot_x = tok // PS_X, tok % PS_X
+        at = tl.where(in_x, x_delta + page_x * PB_X + slot_x * DATA_BYTES, page_w * PB_W + slot_w * DATA_BYTES)
+        at_s = tl.where(in_x, x_delta + page_x * PB_X + PS_X * DATA_BYTES + slot_x * SCALE_BYTES,
+                        page_w * PB_W + PS_W * DATA_BYTES + slot_w * SCALE_BYTES)
     else:
-        b_x = tl.load(p_kv + tok[:, None] * stride_kv + o_c[None, :], mask=m_row[:, None] & (o_c[None, :] < D), other=0.0)
+        at = tl.where(in_x, x_delta, 0) + tok * stride_kv
+        at_s = at
+    return at, at_s
+
+
+@triton.jit
+def _issue_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, W: tl.constexpr,
+                DN: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, TILE: tl.constexpr):
+    """The loads of columns [c0, c0 + W) of the latent rows starting at `at` (masked rows read
+    nothing): bf16 rows as they are; FP8 rows as their e4m3 nope tiles [BK, W/TILE, TILE], the
+    32-bit word holding each tile's UE8M0 exponent byte with that byte's bit offset (a word, so
+    the load is wide enough for an asynchronous copy) and the bf16 rope tile. `_dequant_cols`
+    turns them into values; between the two a kernel can do other work while the loads fly."""
+    if FP8:
+        NT: tl.constexpr = W // TILE
+        NOPE_TILES: tl.constexpr = DN // TILE
+        o_t = c0 // TILE + tl.arange(0, NT)  # [NT] tile numbers
+        o_e = tl.arange(0, TILE)
+        m_t = m_row[:, None] & (o_t < NOPE_TILES)[None, :]  # [BK, NT]
+        col = o_t[:, None] * TILE + o_e[None, :]  # [NT, TILE]
+        b_nope = tl.load(p_kv8 + at[:, None, None] + col[None, :, :], mask=m_t[:, :, None], other=0.0)  # [BK, NT, TILE]
+        byte = at_s[:, None] + o_t[None, :]  # [BK, NT] the tile's exponent byte (may be < 0: shifts, not //)
+        b_word = tl.load(p_kv32 + (byte >> 2), mask=m_t, other=127)  # [BK, NT] int32
+        b_shift = tl.where(m_t, (byte & 3) * 8, 0).to(tl.int32)  # masked tiles keep other=127: exponent 0
+        m_rope = m_row & ((at * 0 + c0 + W) > DN)  # a tensor compare: the interpreter refuses a scalar mask
+        b_rope = tl.load(p_kv16 + ((at + DN) // 2)[:, None] + o_e[None, :], mask=m_rope[:, None], other=0.0)  # [BK, TILE]
+    else:
+        o_c = c0 + tl.arange(0, W)
+        b_nope = tl.load(p_kv + at[:, None] + o_c[None, :], mask=m_row[:, None] & (o_c[None, :] < D), other=0.0)
+        b_word = m_row  # unused on bf16 rows
+        b_shift = m_row
+        b_rope = m_row
+    return b_nope, b_word, b_shift, b_rope
+
+
+@triton.jit
+def _dequant_cols(b_nope, b_word, b_shift, b_rope, c0, dt: tl.constexpr, W: tl.constexpr, DN: tl.constexpr,
+                  FP8: tl.constexpr, TILE: tl.constexpr):
+    """What `_issue_cols` loaded as [BK, W] values in dtype `dt`: FP8 nope tiles times 2^(e - 127)
+    (exact: the scales are powers of two), the tile past the nope the rope."""
+    if FP8:
+        NT: tl.constexpr = W // TILE
+        o_t = c0 // TILE + tl.arange(0, NT)
+        b_e = ((b_word >> b_shift) & 0xFF) - 127  # [BK, NT]
+        b_x = tl.where((o_t == DN // TILE)[None, :, None], b_rope.to(dt)[:, None, :],
+                       b_nope.to(dt) * tl.exp2(b_e.to(tl.float32)).to(dt)[:, :, None])  # [BK, NT, TILE]
+        b_x = tl.reshape(b_x, [b_nope.shape[0], W])
+    else:
+        b_x = b_nope
     return b_x
 
 
 @triton.jit
+def _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, W: tl.constexpr,
+                      DN: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, TILE: tl.constexpr):
+    """Columns [c0, c0 + W) of the latent rows starting at `at` (masked rows give 0), in q's dtype."""
+    b_nope, b_word, b_shift, b_rope = _issue_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, W, DN, D, FP8, TILE)
+    return _dequant_cols(b_nope, b_word, b_shift, b_rope, c0, p_kv.dtype.element_ty, W, DN, FP8, TILE)
+
+
+@triton.jit
+def _tile_slots(p_idx, o_k, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix, end, KW: tl.constexpr, KX: tl.constexpr):
+    """Token numbers [BK] of slots o_k (window slots first, then the compressed cache's; -1 where
+    unused or at/past `end`) and which of them are in the compressed cache."""
+    in_x = o_k >= KW
+    o_kx = o_k - KW
+    m_k = (o_k < end) & (o_k < KW + KX) & tl.where(in_x, o_kx < n_x, o_k < n_w)
+    o_i = tl.where(in_x, idx_x_delta + i_b * stride_ix + o_kx, i_b * stride_iw + o_k)
+    return tl.load(p_idx + o_i, mask=m_k, other=-1), in_x
+
+
+@triton.jit
 def _mma_sparse_decode_kernel(
-    p_q, p_kv, p_kv8, p_kvu8, p_kv16, p_idx, p_len, p_sink, p_o, p_lse, p_o_part, p_lse_part,
-    stride_qb, stride_qh, stride_kv, stride_ib, stride_ob, stride_oh,
-    H, qk_scale_log2, page_size, page_bytes,
-    K: tl.constexpr, CHUNK: tl.constexpr, SPLIT_BASE: tl.constexpr, NS_TOTAL: tl.constexpr,
+    p_q, p_kv, p_kv8, p_kv32, p_kv16, p_idx, p_len, p_sink, p_o, p_lse, p_o_part, p_lse_part,
+    stride_qb, stride_qh, stride_kv, stride_iw, stride_ix, stride_ob, stride_oh,
+    H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
+    KW: tl.constexpr, KX: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
+    PS_W: tl.constexpr, PB_W: tl.constexpr, PS_X: tl.constexpr, PB_X: tl.constexpr,
     DN: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
     FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
-    BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr,
+    BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    """One program: request i_b, heads [i_h*BH, +BH), value columns [i_v*BV, +BV), selected
-    slots [i_s*CHUNK, +CHUNK) of one cache.
+    """One program: request i_b, heads [i_h*BH, +BH), value columns [i_v*BV, +BV), slots
+    [i_s*CHUNK, +CHUNK) of the KW window slots followed by the KX compressed-cache slots.
 
-    Scores always use the whole latent row; with BV < D_P the value columns are split over
-    programs (smaller accumulator, more programs per SM; the rows they share come from L2).
-    NS_TOTAL == 1 (one cache, one split) writes o and lse directly, sink included; otherwise fp32
-    partials (o normalised by its own denominator, base-2 lse) into split SPLIT_BASE + i_s of
-    NS_TOTAL, which _attn_combine_splits_kernel merges with the sink.
+    Both caches go through one launch: the compressed cache's rows, indices and lengths are read
+    at fixed offsets (x_delta, idx_x_delta, len_x_delta) from the window cache's, so a chunk may
+    cover slots of both. Scores always use the whole latent row; with BV < D_P the value columns
+    are split over programs (smaller accumulator, more programs per SM; the rows they share come
+    from L2). NSPLIT == 1 writes o and lse directly, sink included; otherwise fp32 partials (o
+    normalised by its own denominator, base-2 lse) into split i_s, which
+    _attn_combine_splits_kernel merges with the sink.
     """
     NV: tl.constexpr = D_P // BV
     i_b = tl.program_id(0)
@@ -85,41 +144,78 @@ def _mma_sparse_decode_kernel(
     m_v = o_v < D
     p_q_tile = p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :]
     b_q = tl.load(p_q_tile, mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]
-    n_used = tl.load(p_len + i_b)
+    n_w = tl.load(p_len + i_b)
+    n_x = 0
+    if KX > 0:
+        n_x = tl.load(p_len + len_x_delta + i_b)
 
     b_m = tl.full([BH], _NO_SCORE, tl.float32)  # [BH] running max, base 2
     b_l = tl.zeros([BH], tl.float32)  # [BH]
     b_acc = tl.zeros([BH, BV], tl.float32)  # [BH, BV]
     # Compile-time loop bounds (the interpreter cannot loop to a run-time scalar); slots past the
     # context or marked -1 are masked, so their rows are never read.
-    for k0 in range(0, CHUNK, BK):
-        o_k = i_s * CHUNK + k0 + tl.arange(0, BK)
-        m_k = (o_k < K) & (o_k < n_used)
-        b_idx = tl.load(p_idx + i_b * stride_ib + o_k, mask=m_k, other=-1)  # [BK]
-        m_row = b_idx >= 0
-        tok = tl.where(m_row, b_idx, 0).to(tl.int64)  # caches can exceed 2^31 bytes
-        b_k = _load_latent_cols(p_kv, p_kv8, p_kvu8, p_kv16, tok, m_row, o_d, stride_kv, page_size, page_bytes,
-                                DN, D, FP8, TILE, DATA_BYTES, SCALE_BYTES)  # [BK, D_P]
-        if RELOAD_V or NV > 1:
-            # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
-            b_v = _load_latent_cols(p_kv, p_kv8, p_kvu8, p_kv16, tok, m_row, o_v, stride_kv, page_size, page_bytes,
-                                    DN, D, FP8, TILE, DATA_BYTES, SCALE_BYTES)  # [BK, BV]
-        else:
-            b_v = b_k
-        b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
-        b_s = tl.where(m_row[None, :], b_s, float("-inf"))
-        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
-        b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
-        b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
-        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_acc = tl.dot(b_p.to(b_v.dtype), b_v, acc=b_acc * b_alpha[:, None])  # [BH, BV]
-        b_m = b_m_new
+    end = i_s * CHUNK + CHUNK
+    if PREFETCH:
+        # Software pipeline in registers: tile t + 1's rows are loaded while tile t is computed,
+        # and its indices one tile earlier still, so no address waits on a load in flight.
+        o_k = i_s * CHUNK + tl.arange(0, BK)
+        b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix, end, KW, KX)
+        at, at_s = _row_offsets(tl.where(b_idx >= 0, b_idx, 0).to(tl.int64), in_x, x_delta, stride_kv,
+                                PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
+        r_nope, r_word, r_shift, r_rope = _issue_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, b_idx >= 0, 0, D_P, DN, D, FP8, TILE)
+        b_idx_next, in_x_next = _tile_slots(p_idx, o_k + BK, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix, end, KW, KX)
+        for k0 in range(0, CHUNK, BK):
+            o_k = i_s * CHUNK + k0 + tl.arange(0, BK)
+            b_idx_after, in_x_after = _tile_slots(p_idx, o_k + 2 * BK, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix,
+                                                  end, KW, KX)
+            at, at_s = _row_offsets(tl.where(b_idx_next >= 0, b_idx_next, 0).to(tl.int64), in_x_next, x_delta, stride_kv,
+                                    PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
+            n_nope, n_word, n_shift, n_rope = _issue_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, b_idx_next >= 0, 0, D_P,
+                                                          DN, D, FP8, TILE)
+            b_k = _dequant_cols(r_nope, r_word, r_shift, r_rope, 0, p_kv.dtype.element_ty, D_P, DN, FP8, TILE)  # [BK, D_P]
+            m_row = b_idx >= 0
+            b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
+            b_s = tl.where(m_row[None, :], b_s, float("-inf"))
+            b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
+            b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
+            b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+            b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+            b_acc = tl.dot(b_p.to(b_k.dtype), b_k, acc=b_acc * b_alpha[:, None])  # [BH, D_P]
+            b_m = b_m_new
+            r_nope = n_nope
+            r_word = n_word
+            r_shift = n_shift
+            r_rope = n_rope
+            b_idx = b_idx_next
+            b_idx_next = b_idx_after
+            in_x_next = in_x_after
+    else:
+        for k0 in range(0, CHUNK, BK):
+            o_k = i_s * CHUNK + k0 + tl.arange(0, BK)
+            b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix, end, KW, KX)  # [BK]
+            m_row = b_idx >= 0
+            tok = tl.where(m_row, b_idx, 0).to(tl.int64)  # caches can exceed 2^31 bytes
+            at, at_s = _row_offsets(tok, in_x, x_delta, stride_kv, PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
+            b_k = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, 0, D_P, DN, D, FP8, TILE)  # [BK, D_P]
+            if RELOAD_V or NV > 1:
+                # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
+                b_v = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, i_v * BV, BV, DN, D, FP8, TILE)  # [BK, BV]
+            else:
+                b_v = b_k
+            b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
+            b_s = tl.where(m_row[None, :], b_s, float("-inf"))
+            b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
+            b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
+            b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+            b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+            b_acc = tl.dot(b_p.to(b_v.dtype), b_v, acc=b_acc * b_alpha[:, None])  # [BH, BV]
+            b_m = b_m_new
 
     m_o = m_h[:, None] & m_v[None, :]
     # every value slice computes the same lse; one writes it (a tensor compare: a scalar one makes
     # an int32 mask, which Triton 3.9's interpreter refuses)
     m_lse = m_h & ((o_h * 0 + i_v) == 0)
-    if NS_TOTAL == 1:
+    if NSPLIT == 1:
         b_sink = tl.load(p_sink + o_h, mask=m_h, other=0.0).to(tl.float32) * LOG2E_
         b_top = tl.maximum(b_m, b_sink)  # [BH]
         b_w = tl.exp2(b_m - b_top)
@@ -132,7 +228,7 @@ def _mma_sparse_decode_kernel(
         m_any = b_l > 0
         b_o = b_acc / tl.where(m_any, b_l, 1.0)[:, None]
         b_lse2 = tl.where(m_any, b_m + tl.log2(tl.where(m_any, b_l, 1.0)), float("-inf"))
-        row_part = (i_b * NS_TOTAL + SPLIT_BASE + i_s).to(tl.int64) * H + o_h  # [BH] rows of [B*NS_TOTAL*H]
+        row_part = (i_b * NSPLIT + i_s).to(tl.int64) * H + o_h  # [BH] rows of [B*NSPLIT*H]
         tl.store(p_o_part + row_part[:, None] * D + o_v[None, :], b_o, mask=m_o)
         tl.store(p_lse_part + row_part, b_lse2, mask=m_lse)
 
@@ -177,6 +273,7 @@ class Tiles:
     num_stages: int
     block_v: int = 0  # value columns per program; 0 = the whole latent
     reload_v: bool = False  # load the rows again for the PV product instead of reusing them
+    prefetch: bool = False  # whole-width tiles only: load tile t + 1 in registers while tile t is computed
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,21 +281,24 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-# Tile families measured best on the H200 (docs/kernels/mma_attn.md); scripts/gpu_mma_attn.py
-# sweeps them. From B = 16 up the whole-width family wins; at small B, splitting the value columns
-# over programs gives a tiny problem four times the programs (QK is recomputed per slice).
+# Tile families measured best on the H200 (docs/kernels/mma_attn.md). bf16 rows: from B = 16 up
+# the whole-width family wins; at small B, splitting the value columns over programs gives a tiny
+# problem four times the programs (QK is recomputed per slice). FP8 rows are dequantised in
+# registers on their way to shared memory: 32-row tiles keep that staging small enough for three
+# pipeline stages (two tiles in flight) next to the 64 x 512 fp32 accumulator.
 TILE_DEFAULTS = {"block_k": 64, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "split_factor": 1.0}
 SMALL_BATCH_TILES = {"block_k": 32, "num_warps": 4, "num_stages": 4, "block_v": 128, "reload_v": True, "split_factor": 1.0}
+FP8_TILES = {"block_k": 32, "num_warps": 8, "num_stages": 3, "block_v": 0, "reload_v": False, "split_factor": 1.0, "prefetch": True}
+FP8_SMALL_BATCH_TILES = {"block_k": 32, "num_warps": 4, "num_stages": 3, "block_v": 128, "reload_v": True, "split_factor": 1.0}
 SMALL_BATCH_MAX = 4
-# Two masked loads per tile (separate nope and rope) double the staging buffers: 64-row tiles
-# then need 262 KB of shared memory, past the H200's 227 KB.
-_SPLIT_KV_MAX_BLOCK_K = 32
 
 
-def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: int = 512) -> Tiles:
-    """Tiles from B, H and K: 64-head tiles (Hopper's MMA wants 64 rows), then split the selected
-    slots until about `split_factor` programs per SM; at large B a single pass needs no partials."""
-    d = SMALL_BATCH_TILES if batch <= SMALL_BATCH_MAX else TILE_DEFAULTS
+def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: int = 512, fp8: bool = False) -> Tiles:
+    """Tiles from B, H and K (all the slots one launch covers): 64-head tiles (Hopper's MMA wants
+    64 rows), then split the slots until about `split_factor` programs per SM; at large B a single
+    pass needs no partials."""
+    small = batch <= SMALL_BATCH_MAX
+    d = (FP8_SMALL_BATCH_TILES if small else FP8_TILES) if fp8 else (SMALL_BATCH_TILES if small else TILE_DEFAULTS)
     block_h = min(64, max(16, triton.next_power_of_2(heads)))
     d_p = triton.next_power_of_2(dim)
     block_v = d["block_v"] if d["block_v"] and d_p % d["block_v"] == 0 else 0
@@ -207,7 +307,7 @@ def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: i
     nsplit = max(1, min(round(d["split_factor"] * sms / programs), triton.cdiv(topk, d["block_k"])))
     return Tiles(
         block_h=block_h, block_k=d["block_k"], nsplit=nsplit, num_warps=d["num_warps"],
-        num_stages=d["num_stages"], block_v=block_v, reload_v=d["reload_v"],
+        num_stages=d["num_stages"], block_v=block_v, reload_v=d["reload_v"], prefetch=d.get("prefetch", False),
     )
 
 
@@ -269,65 +369,81 @@ def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles)
     return "triton"
 
 
-# FP8 rows are loaded whole (nope, scales and rope of a tile of tokens) and dequantised in
-# registers: no value split, no second load; three pipeline stages fit the H200's shared memory.
-_FP8_MAX_STAGES = 3
-
-
 @dataclass(frozen=True)
-class _Source:
-    """One cache's share of the work: its tiles and where its splits go among all partials."""
+class Plan:
+    """How one call runs: "triton" is one launch of this file's kernel over the slots of both
+    caches (window first); "gluon" is kernel_gluon.py once per cache (`per_cache`: chunk and splits
+    of each), merged by the combine."""
 
-    cache: KVCache
-    indices: torch.Tensor
-    lengths: torch.Tensor
+    engine: str
     tiles: Tiles
     chunk: int
     nsplit: int
-    engine: str
+    per_cache: tuple[tuple[Tiles, int, int], ...] = ()
 
 
-def _plan(q, cache: KVCache, indices, lengths, tiles: Tiles | None) -> _Source:
+def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles | None = None) -> Plan:
+    """The launch plan of one call (also what the bench reports)."""
     B, H, D = q.shape
-    K = indices.shape[1]
-    t = tiles or choose_tiles(B, H, K, q.device, D)
-    L = cache.layout
-    if L.fp8:
-        assert L.rope == L.tile and L.nope % L.tile == 0 and triton.next_power_of_2(D) % L.tile == 0, L
-        t = replace(t, block_v=0, reload_v=False, num_stages=min(t.num_stages, _FP8_MAX_STAGES))
+    caches = [(swa, swa_indices)] + ([(extra, extra_indices)] if extra is not None else [])
+    per_cache = []
+    for cache, indices in caches:
+        t = tiles or choose_tiles(B, H, indices.shape[1], q.device, D)
+        chunk, nsplit = split_chunks(indices.shape[1], t.block_k, t.nsplit)
+        per_cache.append((replace(t, nsplit=nsplit), chunk, nsplit))
+    if all(engine(q, cache, indices, t) == "gluon" for (cache, indices), (t, _, _) in zip(caches, per_cache)):
+        t = per_cache[0][0]
+        return Plan("gluon", t, per_cache[0][1], sum(n for _, _, n in per_cache), tuple(per_cache))
+    K = sum(indices.shape[1] for _, indices in caches)
+    t = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8)
     chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
-    return _Source(cache, indices, lengths, t, chunk, nsplit, engine(q, cache, indices, t))
+    return Plan("triton", replace(t, nsplit=nsplit), chunk, nsplit)
 
 
-def _launch(q, src: _Source, sink, scale, o, lse, o_part, lse_part, split_base: int, ns_total: int) -> None:
-    """The main loop over one cache, writing o/lse (ns_total == 1) or its splits of the partials."""
+def _offset(a: torch.Tensor, base: torch.Tensor, unit: int) -> int:
+    """Where `a` starts relative to `base`, in elements of `unit` bytes (the kernel reads both through base's pointer)."""
+    delta = a.data_ptr() - base.data_ptr()
+    assert delta % unit == 0, (delta, unit)
+    return delta // unit
+
+
+def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices, extra_lengths,
+                  sink, scale, p: Plan, o, lse, o_part, lse_part) -> None:
+    """One launch over the window slots then the compressed-cache slots."""
     B, H, D = q.shape
-    L, t = src.cache.layout, src.tiles
-    if src.engine == "gluon":
-        from dsv4opt.optimizations.mma_attn.kernel_gluon import gluon_sparse_decode_partials
-
-        gluon_sparse_decode_partials(q, src.cache.data, src.indices, src.lengths, o_part, lse_part, src.chunk,
-                                     src.nsplit, scale, split_base=split_base, ns_total=ns_total)
-        return
+    L, t = swa.layout, p.tiles
     d_p = triton.next_power_of_2(D)
     block_v = t.block_v or d_p
     assert d_p % block_v == 0, (d_p, block_v)
+    LX = extra.layout if extra is not None else L
+    assert (LX.fp8, LX.nope, LX.rope, LX.tile) == (L.fp8, L.nope, L.rope, L.tile), (L, LX)
     if L.fp8:
-        kv8, kvu8, kv16 = src.cache.views()
-        kv, stride_kv = q, 0  # p_kv only gives the kernel q's dtype to convert to
+        assert L.rope == L.tile and L.nope % L.tile == 0 and d_p % L.tile == 0, L
+        kv8, kvu8, kv16 = swa.views()
+        kv, kv32, stride_kv = q, kvu8.view(torch.int32), 0  # p_kv only gives the kernel q's dtype to convert to
+        x_delta = _offset(extra.data, swa.data, 1) if extra is not None else 0
     else:
-        kv = kv8 = kvu8 = kv16 = src.cache.data
-        stride_kv = src.cache.data.stride(0)
-    grid = (B, triton.cdiv(H, t.block_h) * (d_p // block_v), src.nsplit)
+        kv = kv8 = kv32 = kv16 = swa.data
+        stride_kv = swa.data.stride(0)
+        assert extra is None or extra.data.stride(0) == stride_kv, (extra.data.stride(), stride_kv)
+        x_delta = _offset(extra.data, swa.data, swa.data.element_size()) if extra is not None else 0
+    if extra is not None:
+        idx_x_delta, len_x_delta = _offset(extra_indices, swa_indices, 4), _offset(extra_lengths, swa_lengths, 4)
+        stride_ix, kx = extra_indices.stride(0), extra_indices.shape[1]
+    else:
+        idx_x_delta = len_x_delta = stride_ix = kx = 0
+    grid = (B, triton.cdiv(H, t.block_h) * (d_p // block_v), p.nsplit)
     _mma_sparse_decode_kernel[grid](
-        p_q=q, p_kv=kv, p_kv8=kv8, p_kvu8=kvu8, p_kv16=kv16, p_idx=src.indices, p_len=src.lengths, p_sink=sink,
+        p_q=q, p_kv=kv, p_kv8=kv8, p_kv32=kv32, p_kv16=kv16, p_idx=swa_indices, p_len=swa_lengths, p_sink=sink,
         p_o=o, p_lse=lse, p_o_part=o_part, p_lse_part=lse_part,
-        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_ib=src.indices.stride(0),
-        stride_ob=o.stride(0), stride_oh=o.stride(1),
-        H=H, qk_scale_log2=scale * LOG2E, page_size=L.page_size, page_bytes=L.page_bytes if L.fp8 else 0,
-        K=src.indices.shape[1], CHUNK=src.chunk, SPLIT_BASE=split_base, NS_TOTAL=ns_total,
+        stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_iw=swa_indices.stride(0),
+        stride_ix=stride_ix, stride_ob=o.stride(0), stride_oh=o.stride(1),
+        H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
+        KW=swa_indices.shape[1], KX=kx, CHUNK=p.chunk, NSPLIT=p.nsplit,
+        PS_W=L.page_size, PB_W=L.page_bytes if L.fp8 else 0, PS_X=LX.page_size, PB_X=LX.page_bytes if L.fp8 else 0,
         DN=L.nope, D=D, D_P=d_p, FP8=L.fp8, TILE=L.tile, DATA_BYTES=L.data_bytes, SCALE_BYTES=L.scale_bytes,
         BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v,
+        PREFETCH=t.prefetch and block_v == d_p and not t.reload_v,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
 
@@ -336,9 +452,10 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
                   extra_lengths, sink, scale, tiles: Tiles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The `attention` slot (dsv4opt/workload/slots.py) on tensor cores.
 
-    Each cache gets its own split-K main loop (a tile of 64 heads shares every KV tile read; FP8
-    rows are dequantised in registers); every split writes fp32 partials and one combine kernel
-    merges them with the sink. A single cache that needs no split writes o and lse directly.
+    One split-K launch covers the slots of both caches (a tile of 64 heads shares every KV tile
+    read; FP8 rows are dequantised in registers); with a split, every split writes fp32 partials
+    and one combine kernel merges them with the sink, else the single pass writes o and lse. On
+    bf16 rows where the Gluon loop applies it runs once per cache instead, always with partials.
     CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
     """
     if q.device.type != "cuda" and not _INTERPRETED:
@@ -346,16 +463,12 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
             "mma-attn runs on a CUDA GPU; on a CPU leave it off, or set TRITON_INTERPRET=1 (slow) to run it"
         )
     B, H, D = q.shape
-    parts = [(swa, swa_indices, swa_lengths)] + ([(extra, extra_indices, extra_lengths)] if extra is not None else [])
-    sources = []
-    for cache, indices, lengths in parts:
+    for cache, indices, lengths in [(swa, swa_indices, swa_lengths)] + ([(extra, extra_indices, extra_lengths)] if extra is not None else []):
         check_attention_inputs(q, indices, lengths)
         assert cache.layout.dim == D and (cache.layout.fp8 or cache.data.dtype == q.dtype), (cache.layout, q.dtype)
-        sources.append(_plan(q, cache, indices, lengths, tiles))
     assert sink.shape == (H,)
-    ns_total = sum(src.nsplit for src in sources)
-    if any(src.engine == "gluon" for src in sources):
-        ns_total = max(ns_total, 2)  # the Gluon loop always writes partials
+    p = plan(q, swa, swa_indices, extra, extra_indices, tiles)
+    ns_total = max(p.nsplit, 2) if p.engine == "gluon" else p.nsplit  # the Gluon loop always writes partials
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
     if ns_total > 1:
@@ -363,10 +476,18 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         lse_part = torch.full((B, ns_total, H), float("-inf"), device=q.device, dtype=torch.float32)
     else:
         o_part, lse_part = o, lse  # unused by the single-pass kernel
-    base = 0
-    for src in sources:
-        _launch(q, src, sink, scale, o, lse, o_part, lse_part, base, ns_total)
-        base += src.nsplit
+    if p.engine == "gluon":
+        from dsv4opt.optimizations.mma_attn.kernel_gluon import gluon_sparse_decode_partials
+
+        base = 0
+        caches = [(swa, swa_indices, swa_lengths), (extra, extra_indices, extra_lengths)]
+        for (cache, indices, lengths), (_, chunk, nsplit) in zip(caches, p.per_cache):
+            gluon_sparse_decode_partials(q, cache.data, indices, lengths, o_part, lse_part, chunk, nsplit, scale,
+                                         split_base=base, ns_total=ns_total)
+            base += nsplit
+    else:
+        _launch_fused(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p,
+                      o, lse, o_part, lse_part)
     if ns_total > 1:
         d_p = triton.next_power_of_2(D)
         _attn_combine_splits_kernel[(B, H)](
