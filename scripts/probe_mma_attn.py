@@ -30,13 +30,11 @@ from dsv4opt.workload.kvcache import KVCache  # noqa: E402
 # name -> fields replaced in the dispatch's tiles (nsplit then re-derived for the new block_k)
 VARIANTS = {
     "default": {},
-    "bk16-pf": {"block_k": 16, "num_warps": 8, "num_stages": 1, "block_v": 0, "reload_v": False, "prefetch": True},
-    "bk32-pf": {"block_k": 32, "num_warps": 8, "num_stages": 1, "block_v": 0, "reload_v": False, "prefetch": True},
-    "bk32-s3": {"block_k": 32, "num_warps": 8, "num_stages": 3, "block_v": 0, "reload_v": False, "prefetch": False},
-    "bk64-s2": {"block_k": 64, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "prefetch": False},
-    "v128-bk32": {"block_k": 32, "num_warps": 4, "num_stages": 3, "block_v": 128, "reload_v": True, "prefetch": False},
-    "v128-bk16": {"block_k": 16, "num_warps": 4, "num_stages": 3, "block_v": 128, "reload_v": True, "prefetch": False},
-    "v256-bk32": {"block_k": 32, "num_warps": 8, "num_stages": 3, "block_v": 256, "reload_v": True, "prefetch": False},
+    "bk32-s3": {"block_k": 32, "num_warps": 8, "num_stages": 3, "block_v": 0, "reload_v": False},
+    "bk64-s2": {"block_k": 64, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False},
+    "v128-bk32": {"block_k": 32, "num_warps": 4, "num_stages": 3, "block_v": 128, "reload_v": True},
+    "v128-bk16": {"block_k": 16, "num_warps": 4, "num_stages": 3, "block_v": 128, "reload_v": True},
+    "v256-bk32": {"block_k": 32, "num_warps": 8, "num_stages": 3, "block_v": 256, "reload_v": True},
 }
 
 

@@ -44,13 +44,14 @@ def _row_offsets(tok, in_x, x_delta, stride_kv, PS_W: tl.constexpr, PB_W: tl.con
 
 
 @triton.jit
-def _issue_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, W: tl.constexpr,
-                DN: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, TILE: tl.constexpr):
-    """The loads of columns [c0, c0 + W) of the latent rows starting at `at` (masked rows read
-    nothing): bf16 rows as they are; FP8 rows as their e4m3 nope tiles [BK, W/TILE, TILE], the
-    32-bit word holding each tile's UE8M0 exponent byte with that byte's bit offset (a word, so
-    the load is wide enough for an asynchronous copy) and the bf16 rope tile. `_dequant_cols`
-    turns them into values; between the two a kernel can do other work while the loads fly."""
+def _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, W: tl.constexpr,
+                      DN: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, TILE: tl.constexpr):
+    """Columns [c0, c0 + W) of the latent rows starting at `at` (masked rows read nothing and
+    give 0), in q's dtype. FP8 layout: the columns as W / TILE tiles, the nope tiles e4m3 times
+    their UE8M0 scale (read as the 32-bit word holding the tile's exponent byte, so the load is
+    wide enough for an asynchronous copy), the tile past the nope the bf16 rope; dequantised in
+    registers in q's dtype (exact: the scales are powers of two)."""
+    dt = p_kv.dtype.element_ty
     if FP8:
         NT: tl.constexpr = W // TILE
         NOPE_TILES: tl.constexpr = DN // TILE
@@ -62,40 +63,16 @@ def _issue_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, W: tl.constexp
         byte = at_s[:, None] + o_t[None, :]  # [BK, NT] the tile's exponent byte (may be < 0: shifts, not //)
         b_word = tl.load(p_kv32 + (byte >> 2), mask=m_t, other=127)  # [BK, NT] int32
         b_shift = tl.where(m_t, (byte & 3) * 8, 0).to(tl.int32)  # masked tiles keep other=127: exponent 0
+        b_e = ((b_word >> b_shift) & 0xFF) - 127
         m_rope = m_row & ((at * 0 + c0 + W) > DN)  # a tensor compare: the interpreter refuses a scalar mask
         b_rope = tl.load(p_kv16 + ((at + DN) // 2)[:, None] + o_e[None, :], mask=m_rope[:, None], other=0.0)  # [BK, TILE]
+        b_x = tl.where((o_t == NOPE_TILES)[None, :, None], b_rope.to(dt)[:, None, :],
+                       b_nope.to(dt) * tl.exp2(b_e.to(tl.float32)).to(dt)[:, :, None])  # [BK, NT, TILE]
+        b_x = tl.reshape(b_x, [at.shape[0], W])
     else:
         o_c = c0 + tl.arange(0, W)
-        b_nope = tl.load(p_kv + at[:, None] + o_c[None, :], mask=m_row[:, None] & (o_c[None, :] < D), other=0.0)
-        b_word = m_row  # unused on bf16 rows
-        b_shift = m_row
-        b_rope = m_row
-    return b_nope, b_word, b_shift, b_rope
-
-
-@triton.jit
-def _dequant_cols(b_nope, b_word, b_shift, b_rope, c0, dt: tl.constexpr, W: tl.constexpr, DN: tl.constexpr,
-                  FP8: tl.constexpr, TILE: tl.constexpr):
-    """What `_issue_cols` loaded as [BK, W] values in dtype `dt`: FP8 nope tiles times 2^(e - 127)
-    (exact: the scales are powers of two), the tile past the nope the rope."""
-    if FP8:
-        NT: tl.constexpr = W // TILE
-        o_t = c0 // TILE + tl.arange(0, NT)
-        b_e = ((b_word >> b_shift) & 0xFF) - 127  # [BK, NT]
-        b_x = tl.where((o_t == DN // TILE)[None, :, None], b_rope.to(dt)[:, None, :],
-                       b_nope.to(dt) * tl.exp2(b_e.to(tl.float32)).to(dt)[:, :, None])  # [BK, NT, TILE]
-        b_x = tl.reshape(b_x, [b_nope.shape[0], W])
-    else:
-        b_x = b_nope
+        b_x = tl.load(p_kv + at[:, None] + o_c[None, :], mask=m_row[:, None] & (o_c[None, :] < D), other=0.0)
     return b_x
-
-
-@triton.jit
-def _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, W: tl.constexpr,
-                      DN: tl.constexpr, D: tl.constexpr, FP8: tl.constexpr, TILE: tl.constexpr):
-    """Columns [c0, c0 + W) of the latent rows starting at `at` (masked rows give 0), in q's dtype."""
-    b_nope, b_word, b_shift, b_rope = _issue_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, W, DN, D, FP8, TILE)
-    return _dequant_cols(b_nope, b_word, b_shift, b_rope, c0, p_kv.dtype.element_ty, W, DN, FP8, TILE)
 
 
 @triton.jit
@@ -118,7 +95,7 @@ def _mma_sparse_decode_kernel(
     PS_W: tl.constexpr, PB_W: tl.constexpr, PS_X: tl.constexpr, PB_X: tl.constexpr,
     DN: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
     FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
-    BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr, PREFETCH: tl.constexpr,
+    BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr,
 ):
     """One program: request i_b, heads [i_h*BH, +BH), value columns [i_v*BV, +BV), slots
     [i_s*CHUNK, +CHUNK) of the KW window slots followed by the KX compressed-cache slots.
@@ -155,61 +132,26 @@ def _mma_sparse_decode_kernel(
     # Compile-time loop bounds (the interpreter cannot loop to a run-time scalar); slots past the
     # context or marked -1 are masked, so their rows are never read.
     end = i_s * CHUNK + CHUNK
-    if PREFETCH:
-        # Software pipeline in registers: tile t + 1's rows are loaded while tile t is computed,
-        # and its indices one tile earlier still, so no address waits on a load in flight.
-        o_k = i_s * CHUNK + tl.arange(0, BK)
-        b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix, end, KW, KX)
-        at, at_s = _row_offsets(tl.where(b_idx >= 0, b_idx, 0).to(tl.int64), in_x, x_delta, stride_kv,
-                                PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
-        r_nope, r_word, r_shift, r_rope = _issue_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, b_idx >= 0, 0, D_P, DN, D, FP8, TILE)
-        b_idx_next, in_x_next = _tile_slots(p_idx, o_k + BK, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix, end, KW, KX)
-        for k0 in range(0, CHUNK, BK):
-            o_k = i_s * CHUNK + k0 + tl.arange(0, BK)
-            b_idx_after, in_x_after = _tile_slots(p_idx, o_k + 2 * BK, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix,
-                                                  end, KW, KX)
-            at, at_s = _row_offsets(tl.where(b_idx_next >= 0, b_idx_next, 0).to(tl.int64), in_x_next, x_delta, stride_kv,
-                                    PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
-            n_nope, n_word, n_shift, n_rope = _issue_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, b_idx_next >= 0, 0, D_P,
-                                                          DN, D, FP8, TILE)
-            b_k = _dequant_cols(r_nope, r_word, r_shift, r_rope, 0, p_kv.dtype.element_ty, D_P, DN, FP8, TILE)  # [BK, D_P]
-            m_row = b_idx >= 0
-            b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
-            b_s = tl.where(m_row[None, :], b_s, float("-inf"))
-            b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
-            b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
-            b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
-            b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-            b_acc = tl.dot(b_p.to(b_k.dtype), b_k, acc=b_acc * b_alpha[:, None])  # [BH, D_P]
-            b_m = b_m_new
-            r_nope = n_nope
-            r_word = n_word
-            r_shift = n_shift
-            r_rope = n_rope
-            b_idx = b_idx_next
-            b_idx_next = b_idx_after
-            in_x_next = in_x_after
-    else:
-        for k0 in range(0, CHUNK, BK):
-            o_k = i_s * CHUNK + k0 + tl.arange(0, BK)
-            b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix, end, KW, KX)  # [BK]
-            m_row = b_idx >= 0
-            tok = tl.where(m_row, b_idx, 0).to(tl.int64)  # caches can exceed 2^31 bytes
-            at, at_s = _row_offsets(tok, in_x, x_delta, stride_kv, PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
-            b_k = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, 0, D_P, DN, D, FP8, TILE)  # [BK, D_P]
-            if RELOAD_V or NV > 1:
-                # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
-                b_v = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, i_v * BV, BV, DN, D, FP8, TILE)  # [BK, BV]
-            else:
-                b_v = b_k
-            b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
-            b_s = tl.where(m_row[None, :], b_s, float("-inf"))
-            b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
-            b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
-            b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
-            b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-            b_acc = tl.dot(b_p.to(b_v.dtype), b_v, acc=b_acc * b_alpha[:, None])  # [BH, BV]
-            b_m = b_m_new
+    for k0 in range(0, CHUNK, BK):
+        o_k = i_s * CHUNK + k0 + tl.arange(0, BK)
+        b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix, end, KW, KX)  # [BK]
+        m_row = b_idx >= 0
+        tok = tl.where(m_row, b_idx, 0).to(tl.int64)  # caches can exceed 2^31 bytes
+        at, at_s = _row_offsets(tok, in_x, x_delta, stride_kv, PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
+        b_k = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, 0, D_P, DN, D, FP8, TILE)  # [BK, D_P]
+        if RELOAD_V or NV > 1:
+            # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
+            b_v = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, i_v * BV, BV, DN, D, FP8, TILE)  # [BK, BV]
+        else:
+            b_v = b_k
+        b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
+        b_s = tl.where(m_row[None, :], b_s, float("-inf"))
+        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
+        b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
+        b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+        b_acc = tl.dot(b_p.to(b_v.dtype), b_v, acc=b_acc * b_alpha[:, None])  # [BH, BV]
+        b_m = b_m_new
 
     m_o = m_h[:, None] & m_v[None, :]
     # every value slice computes the same lse; one writes it (a tensor compare: a scalar one makes
@@ -273,7 +215,6 @@ class Tiles:
     num_stages: int
     block_v: int = 0  # value columns per program; 0 = the whole latent
     reload_v: bool = False  # load the rows again for the PV product instead of reusing them
-    prefetch: bool = False  # whole-width tiles only: load tile t + 1 in registers while tile t is computed
 
 
 @functools.lru_cache(maxsize=None)
@@ -288,7 +229,7 @@ def _sm_count(device_index: int) -> int:
 # pipeline stages (two tiles in flight) next to the 64 x 512 fp32 accumulator.
 TILE_DEFAULTS = {"block_k": 64, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "split_factor": 1.0}
 SMALL_BATCH_TILES = {"block_k": 32, "num_warps": 4, "num_stages": 4, "block_v": 128, "reload_v": True, "split_factor": 1.0}
-FP8_TILES = {"block_k": 32, "num_warps": 8, "num_stages": 3, "block_v": 0, "reload_v": False, "split_factor": 1.0, "prefetch": True}
+FP8_TILES = {"block_k": 64, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "split_factor": 1.0}
 FP8_SMALL_BATCH_TILES = {"block_k": 32, "num_warps": 4, "num_stages": 3, "block_v": 128, "reload_v": True, "split_factor": 1.0}
 SMALL_BATCH_MAX = 4
 
@@ -307,7 +248,7 @@ def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: i
     nsplit = max(1, min(round(d["split_factor"] * sms / programs), triton.cdiv(topk, d["block_k"])))
     return Tiles(
         block_h=block_h, block_k=d["block_k"], nsplit=nsplit, num_warps=d["num_warps"],
-        num_stages=d["num_stages"], block_v=block_v, reload_v=d["reload_v"], prefetch=d.get("prefetch", False),
+        num_stages=d["num_stages"], block_v=block_v, reload_v=d["reload_v"],
     )
 
 
@@ -443,7 +384,6 @@ def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         PS_W=L.page_size, PB_W=L.page_bytes if L.fp8 else 0, PS_X=LX.page_size, PB_X=LX.page_bytes if L.fp8 else 0,
         DN=L.nope, D=D, D_P=d_p, FP8=L.fp8, TILE=L.tile, DATA_BYTES=L.data_bytes, SCALE_BYTES=L.scale_bytes,
         BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v,
-        PREFETCH=t.prefetch and block_v == d_p and not t.reload_v,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
 
