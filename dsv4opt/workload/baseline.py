@@ -5,7 +5,9 @@
 - indexer logits: `fp8_paged_mqa_logits_torch_sm120`: keys dequantised to float32, float32
   `torch.bmm` (dsv4opt/workload/kernels/indexer.py);
 - hyper-connection pre-mix: float32 `F.linear` (deepseek_v4.py:1246-1252, inside the compiled
-  `hc_pre_torch_impl`; a cuBLAS FP32 SIMT GEMM).
+  `hc_pre_torch_impl`; a cuBLAS FP32 SIMT GEMM);
+- routed experts: `mxfp4_moe_forward_triton`: two per-slot MXFP4 GEMV kernels over every
+  (token, expert) slot of the gathered tokens and SGLang's eager glue between and after them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch.nn.functional as F
 
 from dsv4opt.workload.attention.sm120 import sparse_decode_sm120
 from dsv4opt.workload.kernels.indexer import index_logits_torch
+from dsv4opt.workload.kernels.moe import mxfp4_slot_gemv
+from dsv4opt.workload.weights import Mxfp4Experts
 
 
 def hc_premix_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -22,8 +26,37 @@ def hc_premix_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.float(), weight.float())
 
 
+def routed_experts_sm120(x, local_ids, gates, w13: Mxfp4Experts, w2: Mxfp4Experts, limit: float, scale: float):
+    """SGLang's `mxfp4_moe_forward_triton` (mxfp4_moe_sm120_triton.py:327-454): per-slot GEMVs and eager glue.
+
+    x: [M, d]; local_ids: [M, k] int32 local expert per slot (-1: not on this rank); gates: [M, k] fp32.
+    Returns [M, d] in x's dtype, already multiplied by `scale` (SGLang's sm_120 path then adds it to
+    the shared expert with alpha = scale once more).
+    """
+    M, d = x.shape
+    k = local_ids.shape[1]
+    I = w13.packed.shape[1] // 2
+    flat = local_ids.reshape(-1)
+    invalid = flat < 0
+    experts = flat.clamp(min=0)
+    rows = torch.arange(M, device=x.device, dtype=torch.int32).unsqueeze(1).expand(M, k).reshape(-1).contiguous()
+    inter = mxfp4_slot_gemv(x, rows, experts, w13.packed, w13.scales)
+    gate = inter[:, :I].float()
+    up = inter[:, I:].float()
+    gate = torch.clamp(gate, max=limit)
+    up = torch.clamp(up, min=-limit, max=limit)
+    act = (F.silu(gate) * up).to(x.dtype)
+    slots = torch.arange(M * k, device=x.device, dtype=torch.int32)
+    down = mxfp4_slot_gemv(act, slots, experts, w2.packed, w2.scales)
+    down = down * (~invalid).unsqueeze(1).to(x.dtype)
+    out = (down * gates.reshape(-1).unsqueeze(1).to(x.dtype)).view(M, k, d).sum(dim=1)
+    out.mul_(scale)
+    return out
+
+
 IMPLEMENTATIONS = {
     "attention": sparse_decode_sm120,
     "indexer_logits": index_logits_torch,
     "hc_premix": hc_premix_fp32,
+    "routed_experts": routed_experts_sm120,
 }

@@ -32,7 +32,7 @@ from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_ro
 from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, topk_transform
 from dsv4opt.workload.kernels.linear import mm_out_fp32
 from dsv4opt.workload.kernels.mhc import hc_post, hc_prenorm, hc_split_sinkhorn
-from dsv4opt.workload.kernels.moe import moe_gate, mxfp4_slot_gemv, silu_mul_clamp
+from dsv4opt.workload.kernels.moe import moe_gate, silu_mul_clamp
 from dsv4opt.workload.kernels.norm import rms_norm
 from dsv4opt.workload.kernels.rope import kv_norm_rope_store, q_norm_rope, rope_inplace
 from dsv4opt.workload.kvcache import BF16_LAYOUT, FP8_LAYOUT, IndexKeyCache, KVCache, KVLayout
@@ -375,7 +375,7 @@ class DecodeWorkload:
         table = w.get("hash_experts")
         ids, gates = moe_gate(logits, w["router_bias"], cfg.experts_per_token, tokens if table is not None else None, table)
         local = self.local_expert[self.row_rank[:, None], ids]
-        routed = routed_experts_sm120(xg, local, gates, w["w13"], w["w2"], cfg.swiglu_limit, cfg.routed_scale)
+        routed = self.impls["routed_experts"](xg, local, gates, w["w13"], w["w2"], cfg.swiglu_limit, cfg.routed_scale)
         shared.add_(routed, alpha=cfg.routed_scale)
         return shared[:C]  # the reduce-scatter would sum the ranks' partials of these rows
 
@@ -395,31 +395,3 @@ class DecodeWorkload:
             for t in (layer.state, layer.index_state):
                 caches += t.nbytes if t is not None else 0
         return {"weights": weights, "caches": caches}
-
-
-def routed_experts_sm120(x, local_ids, gates, w13: Mxfp4Experts, w2: Mxfp4Experts, limit: float, scale: float):
-    """SGLang's `mxfp4_moe_forward_triton` (mxfp4_moe_sm120_triton.py:327-454): per-slot GEMVs and eager glue.
-
-    x: [M, d]; local_ids: [M, k] int32 local expert per slot (-1: not on this rank); gates: [M, k] fp32.
-    Returns [M, d] in x's dtype, already multiplied by `scale` (SGLang's sm_120 path then adds it to
-    the shared expert with alpha = scale once more).
-    """
-    M, d = x.shape
-    k = local_ids.shape[1]
-    I = w13.packed.shape[1] // 2
-    flat = local_ids.reshape(-1)
-    invalid = flat < 0
-    experts = flat.clamp(min=0)
-    rows = torch.arange(M, device=x.device, dtype=torch.int32).unsqueeze(1).expand(M, k).reshape(-1).contiguous()
-    inter = mxfp4_slot_gemv(x, rows, experts, w13.packed, w13.scales)
-    gate = inter[:, :I].float()
-    up = inter[:, I:].float()
-    gate = torch.clamp(gate, max=limit)
-    up = torch.clamp(up, min=-limit, max=limit)
-    act = (F.silu(gate) * up).to(x.dtype)
-    slots = torch.arange(M * k, device=x.device, dtype=torch.int32)
-    down = mxfp4_slot_gemv(act, slots, experts, w2.packed, w2.scales)
-    down = down * (~invalid).unsqueeze(1).to(x.dtype)
-    out = (down * gates.reshape(-1).unsqueeze(1).to(x.dtype)).view(M, k, d).sum(dim=1)
-    out.mul_(scale)
-    return out

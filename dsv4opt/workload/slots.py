@@ -31,11 +31,22 @@ hc_premix(x, weight) -> mix
     weight:        [2n + n*n, n * hidden] fp32 pre-mix projection
     mix:           [T, 2n + n*n] fp32 = x @ weight^T (the caller multiplies by the RMS factor)
     reference:     dsv4opt.workload.kernels.naive.mm_out_fp32 (float64 inputs)
+
+routed_experts(x, local_ids, gates, w13, w2, limit, scale) -> out
+    The contract of SGLang's `mxfp4_moe_forward_triton` (the routed experts of one rank).
+    x:             [M, d] model dtype, the gathered tokens of every DP rank
+    local_ids:     [M, k] int32 local expert of each (token, top-k) slot; -1: an expert of another rank
+    gates:         [M, k] fp32 routing weights
+    w13, w2:       Mxfp4Experts [R, 2I, d] (gate rows then up rows) and [R, d, I] of this rank
+    limit:         SwiGLU clamp: act = silu(min(gate, limit)) * clamp(up, -limit, limit)
+    out:           [M, d] in x's dtype = scale * sum_j gates[m, j] * w2[e] @ act(w13[e] @ x[m]) over the
+                   slots j with e = local_ids[m, j] >= 0 (SGLang's path multiplies by scale inside)
+    reference:     dsv4opt.workload.kernels.naive.routed_experts (float64 inputs)
 """
 
 from __future__ import annotations
 
-SLOTS = ("attention", "indexer_logits", "hc_premix")
+SLOTS = ("attention", "indexer_logits", "hc_premix", "routed_experts")
 
 
 def with_overrides(base: dict, overrides: dict) -> dict:

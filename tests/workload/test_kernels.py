@@ -226,3 +226,25 @@ def test_index_logits_torch_path_and_topk(seq_lens):
         chosen = sorted(int(i) - 100 * b for i in top[b] if i >= 0)
         expect = sorted(ref[b, :n].cpu().topk(min(6, n)).indices.tolist())
         assert chosen == expect
+
+
+def test_routed_experts_baseline_matches_its_definition_and_skips_other_ranks_slots():
+    """SGLang's per-slot path (the baseline slot) against the slot's float64 definition, with slots
+    of other ranks (-1) that must contribute nothing."""
+    from dsv4opt.workload.baseline import routed_experts_sm120
+    from dsv4opt.workload.weights import Mxfp4Experts
+
+    gen = torch.Generator().manual_seed(4)
+    M, d, I, R, k = 7, 64, 32, 4, 3
+    w13, w2 = Mxfp4Experts(R, 2 * I, d, gen, "cpu"), Mxfp4Experts(R, d, I, gen, "cpu")
+    x = torch.randn(M, d, generator=gen, dtype=torch.float64)
+    ids = torch.randint(-1, R, (M, k), generator=gen, dtype=torch.int32)
+    ids[0] = -1  # a token wholly on other ranks
+    gates = torch.rand(M, k, generator=gen, dtype=torch.float64)
+    ref = naive.routed_experts(x, ids, gates, w13, w2, 10.0, 1.5)
+    out = routed_experts_sm120(x, ids, gates, w13, w2, 10.0, 1.5)
+    assert error_report(out, ref).ok(1e-6), error_report(out, ref)  # SGLang's path takes the activation in fp32
+    assert torch.count_nonzero(ref[0]) == 0
+    moved = ids.clone()
+    moved[moved < 0] = 0  # the same slots computed on local expert 0 instead of dropped
+    assert not error_report(naive.routed_experts(x, moved, gates, w13, w2, 10.0, 1.5), ref).ok(1e-3)

@@ -73,6 +73,21 @@ def mxfp4_slot_gemv(a, rows, experts, w, w_scale) -> torch.Tensor:
     return torch.einsum("sk,snk->sn", a[rows.long()].to(dt), weights).to(a.dtype)
 
 
+def routed_experts(x, local_ids, gates, w13, w2, limit: float, scale: float) -> torch.Tensor:
+    """The `routed_experts` slot's definition (dsv4opt/workload/slots.py), expert by expert in the
+    accumulation dtype (float64 for float64 x): scale * sum over the slots on this rank of
+    gate * w2[e] @ silu_mul_clamp(w13[e] @ x)."""
+    dt = _acc(x)
+    out = torch.zeros(x.shape, dtype=dt, device=x.device)
+    for e in torch.unique(local_ids[local_ids >= 0]).tolist():
+        m, j = torch.nonzero(local_ids == e, as_tuple=True)
+        w_up = quant.dequantize_mxfp4(w13.packed[e], w13.scales[e], dt)  # [2I, d]
+        w_down = quant.dequantize_mxfp4(w2.packed[e], w2.scales[e], dt)  # [d, I]
+        act = silu_mul_clamp(x[m].to(dt) @ w_up.t(), limit)
+        out.index_add_(0, m, gates[m, j].to(dt)[:, None] * (act @ w_down.t()))
+    return (scale * out).to(x.dtype)
+
+
 def sqrt_softplus(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(torch.nn.functional.softplus(x))
 
