@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 
-from dsv4opt.analysis.categories import GEMM_TC, GLUE, LABELS, MOE
+from dsv4opt.analysis.categories import GEMM_TC, GLUE, LABELS
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.decision.fragmentation import Fragmentation, fragmentation
 from dsv4opt.optimizations.registry import OPTIMIZATIONS, Optimization
@@ -103,6 +103,8 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
             continue
         if model is not None and model != opt.model:
             continue  # its kernels do not fit this model
+        if opt.target_kernels and opt.name not in enabled and not _runs(profile, opt):
+            continue  # the target category's time is spent in kernels this optimisation does not replace
         notes = [] if model else [f"written for {opt.model}; this profile does not say which model it is"]
         speedup, source = measured_kernel_speedup(opt, concurrency) if profile.time_basis == "gpu" else (
             None, "no CPU measurement on record: bound assumes the target takes no time")
@@ -148,20 +150,6 @@ def _levers(profile: Profile) -> list[Candidate]:
                 changes_selection=False, needs_graph=True,
             )
         )
-    moe = fragmentation(profile, [MOE])
-    ranks = int(profile.meta.get("expert_parallel") or profile.meta.get("ranks_ep") or 8)
-    if moe.share > 0 and _per_slot_moe(profile):
-        levers.append(
-            Candidate(
-                name="grouped-moe", kind="lever", target=MOE, share=moe.share,
-                amdahl_bound=amdahl(moe.share, float(ranks)), kernel_speedup=float(ranks),
-                speedup_source=f"assumed: per-slot expert GEMVs over the tokens of {ranks} DP ranks compute {ranks}x "
-                "the slots this rank's experts own; a token sort and grouped GEMMs (or an all-to-all backend) compute each once",
-                fragmentation=moe,
-                risk="a new MoE kernel (or SGLang's DeepEP backend) with its own correctness gate; routing unchanged",
-                changes_selection=False, needs_graph=True,
-            )
-        )
     dense = fragmentation(profile, [GEMM_TC])
     if dense.share > 0:
         levers.append(
@@ -177,9 +165,9 @@ def _levers(profile: Profile) -> list[Candidate]:
     return levers
 
 
-def _per_slot_moe(profile: Profile) -> bool:
-    """The MoE time is SGLang's sm_120 per-slot MXFP4 fallback (one GEMV per token-expert slot)."""
-    return any(k["category"] == MOE and "slot_gemv" in k["name"] for k in profile.kernels[:5])
+def _runs(profile: Profile, opt: Optimization) -> bool:
+    """One of the profile's top kernels is what `opt` replaces (its category and name pattern)."""
+    return any(k["category"] == opt.target_category and opt.target_kernels in k["name"] for k in profile.kernels[:5])
 
 
 def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendation:

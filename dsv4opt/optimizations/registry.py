@@ -44,6 +44,7 @@ class Optimization:
     module: str  # package exporting IMPLEMENTATIONS (slot -> callable) and check(device)
     devices: tuple[str, ...] = ("cuda", "cpu")  # where its implementations run in the workload
     model: str = "deepseek-v4"  # the model family its kernels are written for
+    target_kernels: str | None = None  # substring a target kernel's name has when this is what it replaces
 
     def implementations(self) -> dict[str, Callable]:
         return dict(importlib.import_module(self.module).IMPLEMENTATIONS)
@@ -86,6 +87,19 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             changes_selection=True,
             needs_graph=False,
             module="dsv4opt.optimizations.bf16_gemm",
+        ),
+        Optimization(
+            name="grouped-moe",
+            target_category="moe",
+            replaces="SGLang's sm_120 MXFP4 fallback: two CUDA-core GEMVs per (token, expert) slot of every "
+            "gathered token, other ranks' slots computed on expert 0 and zeroed",
+            slots=("routed_experts",),
+            env_gate="DSV4OPT_GROUPED_MOE",
+            risk="new MoE kernels; bf16 rounding of the activation rows, routing unchanged",
+            changes_selection=False,
+            needs_graph=True,
+            module="dsv4opt.optimizations.grouped_moe",
+            target_kernels="slot_gemv",
         ),
     )
 }

@@ -60,14 +60,21 @@ def test_diagnosis_names_top_kernel_category_and_glue():
     assert "6000 launches/step" in lines[1] and "fragmented" in lines[1]
 
 
-def test_per_slot_moe_fallback_recommends_a_grouped_moe_lever():
-    """SGLang's sm_120 MXFP4 fallback at 90%: 8 DP ranks' slots on each rank, 1 in 8 useful."""
-    prof = make_profile([("_mxfp4_slot_gemv_kernel", "moe", 20, 900.0), ("elementwise_kernel", "elementwise", 10, 100.0)])
+def test_per_slot_moe_fallback_recommends_grouped_moe_and_only_there():
+    """SGLang's sm_120 MXFP4 fallback at 90% of an embedded DeepSeek-V4 profile: grouped-moe is the
+    applicable optimisation; a MoE already grouped by expert gets no such candidate."""
+    from dsv4opt.decision.recommend import measured_kernel_speedup
+    from dsv4opt.optimizations.registry import get
+
+    meta = {"target": "embedded", "config": "dsv4-flash", "concurrency": 32}
+    prof = make_profile([("_mxfp4_slot_gemv_kernel", "moe", 20, 900.0), ("elementwise_kernel", "elementwise", 10, 100.0)],
+                        meta=meta)
     rec = recommend(prof)
-    assert rec.chosen is not None and rec.chosen.name == "grouped-moe" and rec.chosen.kind == "lever"
-    assert rec.chosen.amdahl_bound == pytest.approx(1 / (0.1 + 0.9 / 8))
-    # a grouped MoE GEMM that already gives each expert its tokens once gets no such lever
-    grouped = make_profile([("cutlass_grouped_gemm_mxfp4", "moe", 20, 900.0), ("elementwise_kernel", "elementwise", 10, 100.0)])
+    assert rec.chosen is not None and rec.chosen.name == "grouped-moe" and rec.chosen.kind == "optimisation"
+    speedup, _ = measured_kernel_speedup(get("grouped-moe"), 32)
+    assert rec.chosen.amdahl_bound == pytest.approx(amdahl(0.9, speedup))
+    grouped = make_profile([("cutlass_grouped_gemm_mxfp4", "moe", 20, 900.0), ("elementwise_kernel", "elementwise", 10, 100.0)],
+                           meta=meta)
     assert "grouped-moe" not in {c.name for c in recommend(grouped).candidates}
 
 

@@ -1,0 +1,106 @@
+"""Correctness gate of grouped-moe: the grouped kernels against the float64 definition of the
+routed-experts slot, and the baseline (SGLang's per-slot path) against the same definition.
+
+On a GPU: the model's shapes in bf16 plus the small table. On a CPU: Triton's interpreter in fp16
+(it cannot multiply bf16 in tl.dot) on the small table. Outputs are NaN-poisoned, so a row the
+kernels forget (a token whose slots are all on other ranks, padding of a tile) fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict
+
+import torch
+
+from dsv4opt.errors import DsvOptError
+from dsv4opt.numerics import error_report, nan_poisoned_allocations
+from dsv4opt.optimizations.grouped_moe.cases import MoeCase, gpu_cases, interpreter_cases, make_inputs
+from dsv4opt.optimizations.registry import CheckResult
+
+NAME = "grouped-moe"
+# bf16 rounding of the activation rows and of the output (2^-9 relative each) and fp32 sums: a few
+# 1e-3 in the norm; a slot dropped, doubled or sent to the wrong expert moves a row by O(1).
+REL_TOL = 1e-2
+_KERNEL_MODULES = ("dsv4opt.optimizations.grouped_moe.kernel", "dsv4opt.workload.kernels.moe")
+
+
+def _use_interpreter() -> None:
+    """Triton decides interpreter or compiler when a kernel is defined, so set it before import."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    if any(m in sys.modules for m in _KERNEL_MODULES):
+        raise DsvOptError(
+            "the CPU check runs Triton's interpreter, but the kernels were already loaded without it: "
+            "rerun with TRITON_INTERPRET=1 set in the environment"
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def run_case(case: MoeCase, device: torch.device, dtype: torch.dtype, seed: int = 0, impl=None) -> dict:
+    """Errors of grouped-moe (or `impl`) and of the baseline on one case, as plain figures."""
+    from dsv4opt.optimizations.grouped_moe.kernel import grouped_routed_experts
+    from dsv4opt.optimizations.grouped_moe.naive import routed_experts
+    from dsv4opt.workload.baseline import routed_experts_sm120
+
+    impl = impl or grouped_routed_experts
+    x = make_inputs(case, device, dtype, seed)
+    ref = routed_experts(x.x.double().cpu(), x.local_ids.cpu(), x.gates.double().cpu(), _cpu(x.w13), _cpu(x.w2),
+                         x.limit, x.scale)
+    with nan_poisoned_allocations():
+        out = impl(*x.args())
+        base = routed_experts_sm120(*x.args())
+    err, base_err = error_report(out, ref), error_report(base, ref)
+    return {
+        "case": case.name,
+        "rel_err": err.rel,
+        "max_abs": err.max_abs,
+        "worst": list(err.worst_index),
+        "nonfinite": err.nonfinite + base_err.nonfinite,
+        "baseline_rel_err": base_err.rel,
+        "passed": err.ok(REL_TOL) and base_err.ok(REL_TOL),
+    }
+
+
+def _cpu(w):
+    from dsv4opt.workload.weights import Mxfp4Experts
+
+    out = Mxfp4Experts.__new__(Mxfp4Experts)
+    out.packed, out.scales = w.packed.cpu(), w.scales.cpu()
+    return out
+
+
+def check(device: str | None = None, cases: list[MoeCase] | None = None, impl=None) -> CheckResult:
+    """Run the table on `device` (default: CUDA if present, else the CPU interpreter)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DsvOptError("no CUDA device is visible: run the check with --device cpu (interpreter)")
+    if dev.type == "cpu":
+        _use_interpreter()
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
+    cases = cases if cases is not None else (gpu_cases() if dev.type == "cuda" else interpreter_cases())
+    rows = [run_case(c, dev, dtype, seed=i, impl=impl) for i, c in enumerate(cases)]
+    figures = {
+        "rel_err": max(r["rel_err"] for r in rows),
+        "baseline_rel_err": max(r["baseline_rel_err"] for r in rows),
+        "nonfinite": float(sum(r["nonfinite"] for r in rows)),
+        "cases": float(len(rows)),
+    }
+    bounds = {"rel_err": REL_TOL, "baseline_rel_err": REL_TOL, "nonfinite": 0.0}
+    failed = [r["case"] for r in rows if not r["passed"]]
+    worst = max(rows, key=lambda r: r["rel_err"])
+    summary = (
+        f"{len(rows) - len(failed)}/{len(rows)} cases within rel {REL_TOL:g} in {str(dtype).removeprefix('torch.')} "
+        f"on {dev.type}; worst rel {worst['rel_err']:.2e} ({worst['case']})"
+        + (f"; FAILED: {', '.join(failed)}" if failed else "")
+    )
+    return CheckResult(
+        name=NAME,
+        passed=not failed,
+        device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton interpreter)",
+        figures=figures,
+        bounds=bounds,
+        summary=summary,
+        details={"dtype": str(dtype), "cases": rows, "table": [asdict(c) for c in cases]},
+    )
