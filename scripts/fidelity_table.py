@@ -35,18 +35,18 @@ def main(path: str) -> None:
     prof = Profile.load(path)
     steps = prof.steps["count"]
     layers = prof.meta["layers"]
-    parts = {p["part"]: p for p in prof.extra["parts"]}
+    parts = {p.part: p for p in prof.parts or []}
     print(f"From `{path}` ({prof.meta['device']}, C = {prof.meta['concurrency']}, context {prof.meta['context']}, "
           f"commit {prof.meta.get('commit')}): launches per step {prof.steps['launches_per_step']:.0f}.\n")
     print("| part | ours (H200, per layer) | SGLang sm_120 (per layer) | ours / SGLang | SGLang's launches |")
     print("|---|---:|---:|---:|---|")
     total_ours = total_sgl = 0.0
     for names, (sgl, what) in SGLANG.items():
-        ours = sum(parts[n]["count"] for n in names if n in parts) / steps / layers
+        ours = sum(parts[n].count for n in names if n in parts) / steps / layers
         total_ours += ours
         total_sgl += sgl
         print(f"| {' + '.join(names)} | {ours:.1f} | {sgl:g} | {ours / sgl:.2f} | {what} |")
-    per_step = sum(parts[n]["count"] for n in ("embed", "mhc_head", "lm_head") if n in parts) / steps
+    per_step = sum(parts[n].count for n in ("embed", "mhc_head", "lm_head") if n in parts) / steps
     print(f"| **per layer** | **{total_ours:.1f}** | **{total_sgl:.0f}** | {total_ours / total_sgl:.2f} | |")
     print(f"| per step, outside the layers (embedding and index metadata, head) | {per_step:.0f} | | | |")
 
