@@ -2,9 +2,8 @@
 
     python scripts/fidelity_table.py profiles/embedded-dsv4-flash-c32-ctx8192-baseline.json
 
-SGLang's column is counted from its source at sgl-project/sglang@37ef295c7
-(../shared/docs/sglang-dsv4-sm120.md; the MoE row as traced for DP attention + EP8 without an
-all-to-all backend, docs/workload.md). Ours is read from the profile: launches of the part's
+SGLang's column is counted from its source at sgl-project/sglang@37ef295c7 (docs/workload.md; the
+MoE row as traced for DP attention + EP8 without an all-to-all backend). Ours is read from the profile: launches of the part's
 record_function range per step, over the config's layers.
 """
 
