@@ -94,15 +94,13 @@ def _print_shift(result, name: str) -> None:
     from dsv4opt.analysis import compare_profiles
     from dsv4opt.analysis.compare import target_shift
     from dsv4opt.optimizations.registry import get
-    from dsv4opt.report.tables import print_comparison
+    from dsv4opt.report.tables import headline, print_comparison
 
     comparison = compare_profiles(result.before, result.after)
     print_comparison(comparison, console=console)
     console.print(target_shift(result.before, result.after, get(name).target_category).line(), highlight=False)
-    top_k, top_c = result.after.top_kernel, result.after.top_category
-    if top_k and top_c:
-        console.print(f"#1 now: {top_c.label} {top_c.share:.1%}; kernel {top_k.display_name} {top_k.share:.1%}",
-                      highlight=False)
+    if headline(result.after):
+        console.print(f"now: {headline(result.after)}", highlight=False)
     from dsv4opt.analysis.compare import throughput_change
 
     change = throughput_change(result.before, result.after)
@@ -128,6 +126,7 @@ def status(
     from dsv4opt.analysis.profile import Profile
     from dsv4opt.display import value
     from dsv4opt.optimizations.registry import env_enabled
+    from dsv4opt.report.tables import headline
     from dsv4opt.state import load_state, reset_state, state_path
 
     if reset:
@@ -147,10 +146,8 @@ def status(
         console.print("[yellow]that file is gone[/]; the next apply profiles afresh")
         return
     prof = Profile.load(state.last_profile)
-    top_c, top_k = prof.top_category, prof.top_kernel
-    if top_c and top_k:
-        console.print(f"  #1 category {top_c.label} {top_c.share:.1%}; #1 kernel {top_k.display_name} "
-                      f"{top_k.share:.1%}", highlight=False)
+    if headline(prof):
+        console.print(f"  {headline(prof)}", highlight=False)
     if prof.throughput:
         console.print(f"  {value(prof.throughput.get('tokens_per_s'), '.1f')} tokens/s, "
                       f"{value(prof.throughput.get('ms_per_step'), '.2f')} ms/step", highlight=False)

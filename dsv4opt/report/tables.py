@@ -11,6 +11,14 @@ from dsv4opt.analysis.categories import GLUE, category_label
 from dsv4opt.display import MISSING, duration, pct, value
 
 
+def headline(profile) -> str | None:
+    """"#1 category X 12.3%; #1 kernel Y 4.5%", or None for a profile with no kernels."""
+    top_c, top_k = profile.top_category, profile.top_kernel
+    if top_c is None or top_k is None:
+        return None
+    return f"#1 category {top_c.label} {pct(top_c.share)}; #1 kernel {top_k.display_name} {pct(top_k.share)}"
+
+
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
