@@ -7,54 +7,62 @@ command leaves the previous state as it was.
 from __future__ import annotations
 
 import datetime
-import json
 import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import msgspec
 
 from dsv4opt.errors import StateError
 from dsv4opt.fileio import unique_path, write_json_atomic
+from dsv4opt.validate import convert, read_json
 
 STATE_SCHEMA = "dsv4opt.state/1"
+RESET_HINT = "run `dsv4opt status --reset` to start afresh (the old file is kept)"
 
 
 def state_path() -> Path:
     return Path(os.environ.get("DSV4OPT_STATE", ".dsv4opt/state.json"))
 
 
-@dataclass
-class State:
-    enabled: list[str] = field(default_factory=list)
+class CheckVerdict(msgspec.Struct):
+    """The latest run of an optimisation's gate."""
+
+    passed: bool
+    device: str
+    date: str | None = None
+
+
+class HistoryEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
+    action: str  # profile, apply, apply-declined, revert
+    name: str | None = None  # the optimisation
+    profile: str | None = None
+    date: str | None = None
+
+
+class State(msgspec.Struct, kw_only=True):
+    enabled: list[str] = []
     last_profile: str | None = None
-    history: list[dict] = field(default_factory=list)  # {"action", "name", "profile", "date"}
-    checks: dict[str, dict] = field(default_factory=dict)  # name -> {"passed", "device", "date"}
+    history: list[HistoryEntry] = []
+    checks: dict[str, CheckVerdict] = {}
 
 
 def load_state(path: Path | None = None) -> State:
     path = path or state_path()
     if not path.exists():
         return State()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or data.get("schema") != STATE_SCHEMA:
-            raise ValueError("unknown schema")
-        enabled = data.get("enabled", [])
-        if not isinstance(enabled, list) or not all(isinstance(n, str) for n in enabled):
-            raise ValueError("'enabled' is not a list of names")
-        return State(
-            enabled=list(enabled),
-            last_profile=data.get("last_profile"),
-            history=list(data.get("history", [])),
-            checks=dict(data.get("checks", {})),
-        )
-    except (OSError, UnicodeDecodeError, ValueError, TypeError) as exc:
-        raise StateError(
-            f"{path}: project state is corrupt ({exc}); run `dsv4opt status --reset` to start afresh"
-        ) from None
+    data = read_json(path, StateError, "project state", hint=RESET_HINT)
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != STATE_SCHEMA:
+        raise StateError(f"{path}: schema: expected {STATE_SCHEMA!r}, got {schema!r}; {RESET_HINT}")
+    checks = data.get("checks")
+    if isinstance(checks, dict):  # one by one, so a bad verdict is named by its optimisation
+        for name, verdict in checks.items():
+            convert(verdict, CheckVerdict, str(path), StateError, at=f"checks.{name}", hint=RESET_HINT)
+    return convert({k: v for k, v in data.items() if k != "schema"}, State, str(path), StateError, hint=RESET_HINT)
 
 
 def save_state(state: State, path: Path | None = None) -> Path:
-    return write_json_atomic(path or state_path(), {"schema": STATE_SCHEMA, **asdict(state)})
+    return write_json_atomic(path or state_path(), {"schema": STATE_SCHEMA, **msgspec.to_builtins(state)})
 
 
 def reset_state(path: Path | None = None) -> Path | None:

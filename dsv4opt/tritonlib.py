@@ -62,6 +62,17 @@ def round_to_e4m3(x, EMULATE: tl.constexpr):
     return x
 
 
+_FP8_MAX = tl.constexpr(FP8_MAX)
+
+
+@triton.jit
+def quantize_e4m3(x, eps, EMULATE: tl.constexpr):
+    """x (fp32, one row or group) under one scale max(amax, eps) / FP8_MAX: (x / scale rounded to
+    e4m3 and still fp32, the fp32 scale). The plain-torch form is quant.quantize_groups_fp8."""
+    s = tl.maximum(tl.max(tl.abs(x), axis=0), eps) / _FP8_MAX
+    return round_to_e4m3(tl.clamp(x / s, -_FP8_MAX, _FP8_MAX), EMULATE), s
+
+
 @triton.jit
 def round_to_bf16(x, EMULATE: tl.constexpr):
     """x (fp32) rounded to the nearest bf16 value (ties to even), still fp32. The interpreter's

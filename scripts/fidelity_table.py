@@ -2,9 +2,8 @@
 
     python scripts/fidelity_table.py profiles/embedded-dsv4-flash-c32-ctx8192-baseline.json
 
-SGLang's column is counted from its source at sgl-project/sglang@37ef295c7
-(../shared/docs/sglang-dsv4-sm120.md; the MoE row as traced for DP attention + EP8 without an
-all-to-all backend, docs/workload.md). Ours is read from the profile: launches of the part's
+SGLang's column is counted from its source at sgl-project/sglang@37ef295c7 (docs/workload.md; the
+MoE row as traced for DP attention + EP8 without an all-to-all backend). Ours is read from the profile: launches of the part's
 record_function range per step, over the config's layers.
 """
 
@@ -35,18 +34,18 @@ def main(path: str) -> None:
     prof = Profile.load(path)
     steps = prof.steps["count"]
     layers = prof.meta["layers"]
-    parts = {p["part"]: p for p in prof.extra["parts"]}
+    parts = {p.part: p for p in prof.parts or []}
     print(f"From `{path}` ({prof.meta['device']}, C = {prof.meta['concurrency']}, context {prof.meta['context']}, "
           f"commit {prof.meta.get('commit')}): launches per step {prof.steps['launches_per_step']:.0f}.\n")
     print("| part | ours (H200, per layer) | SGLang sm_120 (per layer) | ours / SGLang | SGLang's launches |")
     print("|---|---:|---:|---:|---|")
     total_ours = total_sgl = 0.0
     for names, (sgl, what) in SGLANG.items():
-        ours = sum(parts[n]["count"] for n in names if n in parts) / steps / layers
+        ours = sum(parts[n].count for n in names if n in parts) / steps / layers
         total_ours += ours
         total_sgl += sgl
         print(f"| {' + '.join(names)} | {ours:.1f} | {sgl:g} | {ours / sgl:.2f} | {what} |")
-    per_step = sum(parts[n]["count"] for n in ("embed", "mhc_head", "lm_head") if n in parts) / steps
+    per_step = sum(parts[n].count for n in ("embed", "mhc_head", "lm_head") if n in parts) / steps
     print(f"| **per layer** | **{total_ours:.1f}** | **{total_sgl:.0f}** | {total_ours / total_sgl:.2f} | |")
     print(f"| per step, outside the layers (embedding and index metadata, head) | {per_step:.0f} | | | |")
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dsv4opt.analysis.categories import GLUE  # noqa: E402
 from dsv4opt.analysis.profile import Profile, is_profile_file  # noqa: E402
 
 
@@ -31,11 +30,7 @@ def ms_per_step(p: Profile, us: float) -> float:
 
 
 def part_us(p: Profile, part: str) -> float:
-    return sum(r["total_us"] for r in p.extra.get("parts", []) if r["part"] == part)
-
-
-def category_us(p: Profile, name: str) -> float:
-    return sum(c["total_us"] for c in p.categories if c["category"] == name)
+    return sum(r.total_us for r in p.parts or [] if r.part == part)
 
 
 def main(paths: list[str]) -> None:
@@ -49,7 +44,7 @@ def main(paths: list[str]) -> None:
         tps, ms = p.throughput["tokens_per_s"], p.throughput["ms_per_step"]
         b = base.get((c, ctx))
         speed = f"{tps / b.throughput['tokens_per_s']:.3f}x" if b else "-"
-        glue = sum(x["share"] for x in p.categories if x["category"] in GLUE)
+        glue = p.glue_share
         print(f"| {c} | {ctx} | {variant(p)} | {tps:.2f} | {ms:.1f} | {speed} | {p.category_share('moe'):.1%} | "
               f"{p.category_share('attention'):.2%} | {p.category_share('gemm_fp32_simt'):.2%} | {glue:.2%} | "
               f"{p.steps['launches_per_step']:.0f} | `{path.name}` |")
@@ -65,7 +60,7 @@ def main(paths: list[str]) -> None:
         if "mma-attn" in opts:
             targets.append(("attention part (two kernel calls, merge, sink, inverse RoPE)", part_us(b, "attn"), part_us(p, "attn")))
         if "bf16-gemm" in opts:
-            targets.append(("FP32 SIMT GEMM kernels", category_us(b, "gemm_fp32_simt"), category_us(p, "gemm_fp32_simt")))
+            targets.append(("FP32 SIMT GEMM kernels", b.category_total_us("gemm_fp32_simt"), p.category_total_us("gemm_fp32_simt")))
         for name, before, after in targets:
             print(f"| {key(p)[0]} | {key(p)[1]} | {variant(p)} | {name} | {ms_per_step(b, before):.2f} | "
                   f"{ms_per_step(p, after):.2f} | {1 - after / before:.1%} | {b.throughput['ms_per_step']:.1f} | "

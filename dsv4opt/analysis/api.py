@@ -11,23 +11,26 @@ import numpy as np
 import pandas as pd
 
 from dsv4opt.analysis import attribute, cpu_ops, parts, rank, steps
-from dsv4opt.analysis.profile import Profile, is_profile_file
-from dsv4opt.errors import TraceError
+from dsv4opt.analysis.profile import CaptureMatch, CategoryRow, KernelRow, PartRow, Profile, RankRow, is_profile_file
+from dsv4opt.analysis.sweep import SWEEP_SCHEMA, summary_rows
+from dsv4opt.errors import ProfileError, TraceError
 from dsv4opt.trace import Trace, expand_trace_paths, rank_from_name, read_trace
+from dsv4opt.validate import read_json
 
 ATTRIBUTED_KERNELS = 30
 RANK_TOP = 10
+RANK_KERNEL_COLUMNS = ["name", "short_name", "category", "count", "total_us", "share"]
 
 
 def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Path | None = None) -> Profile:
     """Analyse trace files (or folders of per-rank traces) into one Profile.
 
-    Several files are reported per rank (extra field `ranks`) and aggregated (kernels, categories,
+    Several files are reported per rank (`ranks`) and aggregated (kernels, categories,
     steps of the first rank with steps). `meta` is merged into profile.meta; target defaults to "trace".
     """
     files = expand_trace_paths(list(paths))
     reference = _Reference.of(read_trace(capture)) if capture is not None else None
-    per_rank: list[dict[str, Any]] = []
+    per_rank: list[RankRow] = []
     all_kernels: list[pd.DataFrame] = []
     attributions: dict[str, dict] = {}
     cpu_tables: list[pd.DataFrame] = []
@@ -68,13 +71,10 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     if capture is not None:
         profile_meta["capture_trace"] = str(capture)
     profile_meta.update(meta or {})
-    extra: dict[str, Any] = {"has_stacks": has_stacks}
-    if len(per_rank) > 1:
-        extra["ranks"] = per_rank
-    if capture is not None:
-        # How many graph-replayed kernels found their launch in the capture trace: a reader judges
-        # the replay's operators and parts by this.
-        extra["capture_match"] = capture_match
+    # How many graph-replayed kernels found their launch in the capture trace: a reader judges the
+    # replay's operators and parts by this.
+    found = {"has_stacks": has_stacks, "ranks": per_rank if len(per_rank) > 1 else None,
+             "capture_match": CaptureMatch(**capture_match) if capture is not None else None}
 
     if kernels.empty:
         if not cpu_tables:
@@ -88,32 +88,31 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
         g["share"] = g["total_us"] / total if total > 0 else 0.0
         g["short_name"] = g["name"]
         g = g.sort_values(["total_us", "name"], ascending=[False, True], kind="mergesort")
-        extra["cpu_self_us"] = total
-        extra["note"] = "no GPU events in the trace: ranking CPU operators by self time"
+        part_rows = None
         if part_frames:
             p = pd.concat(part_frames, ignore_index=True).groupby("part").agg(count=("count", "sum"), total_us=("total_us", "sum")).reset_index()
             p["share"] = p["total_us"] / total if total > 0 else 0.0
-            extra["parts"] = rank.records(p.sort_values("total_us", ascending=False, kind="mergesort"))
-        # gpu_time_us carries the ranking's total here (CPU self time, time_basis says so): every
-        # share downstream (diagnosis, recommend, compare) divides by it.
-        return Profile(meta=profile_meta, gpu_time_us=total, kernels=rank.records(g[rank.KERNEL_COLUMNS]),
-                       categories=rank.records(rank.category_table(g, total)), steps=step_info,
-                       time_basis="cpu_self", extra=extra)
+            part_rows = _rows(PartRow, p.sort_values("total_us", ascending=False, kind="mergesort"))
+        return Profile(meta=profile_meta, total_us=total, kernels=_rows(KernelRow, g[rank.KERNEL_COLUMNS]),
+                       categories=_rows(CategoryRow, rank.category_table(g, total)), steps=step_info,
+                       time_basis="cpu_self", parts=part_rows,
+                       note="no GPU events in the trace: ranking CPU operators by self time", **found)
 
     total = rank.total_gpu_us(kernels)
     ktable = rank.kernel_table(kernels, total)
     ctable = rank.category_table(ktable, total)
-    krows = rank.records(ktable)
-    for row in krows:
-        att = attributions.get(row["name"])
-        if att:
-            row.update(att)
+    krows = [KernelRow(**row, **attributions.get(row["name"], {})) for row in rank.records(ktable)]
+    part_rows = None
     if part_frames:
         merged = pd.concat(part_frames, ignore_index=True).groupby("part").agg(count=("count", "sum"), total_us=("total_us", "sum")).reset_index()
         merged["share"] = merged["total_us"] / total
-        extra["parts"] = rank.records(merged.sort_values("total_us", ascending=False))
-    return Profile(meta=profile_meta, gpu_time_us=total, kernels=krows, categories=rank.records(ctable),
-                   steps=step_info, time_basis="gpu", extra=extra)
+        part_rows = _rows(PartRow, merged.sort_values("total_us", ascending=False))
+    return Profile(meta=profile_meta, total_us=total, kernels=krows, categories=_rows(CategoryRow, ctable),
+                   steps=step_info, time_basis="gpu", parts=part_rows, **found)
+
+
+def _rows(row_type, table: pd.DataFrame) -> list:
+    return [row_type(**row) for row in rank.records(table)]
 
 
 def _rank_of(path: Path, index: int) -> int:
@@ -149,13 +148,11 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
     if k.empty:
         cpu = cpu_ops.analyze_cpu_ops(trace.cpu_ops, trace.annotations)
         out.update({"cpu_table": cpu.table, "steps": cpu.steps, "parts": cpu.parts})
-        summary.update({
-            "gpu_time_us": 0.0,
-            "cpu_self_us": cpu.total_us,
-            "categories": rank.records(rank.category_table(cpu.table, cpu.total_us)),
-            "kernels": rank.records(cpu.table.head(RANK_TOP)[["name", "short_name", "category", "count", "total_us", "share"]]),
-        })
-        out["summary"] = summary
+        out["summary"] = RankRow(
+            **summary, gpu_time_us=0.0, cpu_self_us=cpu.total_us,
+            categories=_rows(CategoryRow, rank.category_table(cpu.table, cpu.total_us)),
+            kernels=_rows(KernelRow, cpu.table.head(RANK_TOP)[RANK_KERNEL_COLUMNS]),
+        )
         return out
     total = rank.total_gpu_us(k)
     ktable = rank.kernel_table(k, total)
@@ -189,14 +186,11 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
     if part is not None:
         for name, where in _dominant_part(k, part, top).items():
             out["attribution"].setdefault(name, {})["part"] = where
-    summary.update({
-        "gpu_time_us": total,
-        "launches": int(len(k)),
-        "graph_replay_share": float(launches["via_graph"].mean()),
-        "categories": rank.records(rank.category_table(ktable, total)),
-        "kernels": rank.records(ktable.head(RANK_TOP)[["name", "short_name", "category", "count", "total_us", "share"]]),
-    })
-    out["summary"] = summary
+    out["summary"] = RankRow(
+        **summary, gpu_time_us=total, launches=int(len(k)), graph_replay_share=float(launches["via_graph"].mean()),
+        categories=_rows(CategoryRow, rank.category_table(ktable, total)),
+        kernels=_rows(KernelRow, ktable.head(RANK_TOP)[RANK_KERNEL_COLUMNS]),
+    )
     return out
 
 
@@ -213,8 +207,15 @@ def _dominant_part(kernels: pd.DataFrame, part: np.ndarray, names: list[str]) ->
 
 
 def load_profile_or_trace(path: str | Path) -> Profile:
-    """A saved profile (schema dsv4opt.profile/1) as is; anything else is analysed as a trace/folder."""
+    """A saved profile (schema dsv4opt.profile/1) as is; anything else is analysed as a trace/folder.
+    A JSON file naming another dsv4opt schema is refused in one line (a sweep summary: with its
+    profiles)."""
     path = Path(path)
-    if is_profile_file(path):
-        return Profile.load(path)
-    return analyze_paths([path])
+    if not is_profile_file(path):
+        return analyze_paths([path])
+    data = read_json(path, ProfileError, "profile")
+    if isinstance(data, dict) and data.get("schema") == SWEEP_SCHEMA:
+        listed = [row.profile for row in summary_rows(data, str(path))]
+        shown = ", ".join(listed[:3]) + (f", … {len(listed)} in all" if len(listed) > 3 else "")
+        raise ProfileError(f"{path}: is a sweep summary, not a profile; pass the profiles it lists ({shown or 'none'})")
+    return Profile.from_dict(data, source=str(path))

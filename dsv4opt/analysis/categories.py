@@ -1,5 +1,7 @@
 """The fixed category names every profile uses, so profiles stay comparable."""
 
+from dsv4opt.display import MISSING
+
 ATTENTION = "attention"
 GEMM_TC = "gemm_tc"
 GEMM_FP32_SIMT = "gemm_fp32_simt"
@@ -38,3 +40,10 @@ LABELS = {
     TOPK_SORT: "top-k/sort",
     OTHER: "other",
 }
+
+
+def category_label(category: str | None) -> str:
+    """How a category is shown ("tensor-core GEMM"); a name that is not a category ("glue") as is."""
+    if not category:
+        return MISSING
+    return LABELS.get(category, category)

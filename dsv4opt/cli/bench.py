@@ -13,7 +13,6 @@ from dsv4opt.cli import app, console
 from dsv4opt.errors import DsvOptError
 
 
-
 def _batches(text: Optional[str]) -> Optional[tuple[int, ...]]:
     if text is None:
         return None

@@ -40,7 +40,7 @@ def list_(
             result = opt.check(None)
             verdict = record_check(result)
         shown = "not run (--check)" if not verdict else (
-            f"{'passes' if verdict['passed'] else 'FAILS'} on {verdict['device']}")
+            f"{'passes' if verdict.passed else 'FAILS'} on {verdict.device}")
         on = "yes" if opt.name in state.enabled else ("env" if opt.name in gated else "no")
         table.add_row(opt.name, opt.target_category, opt.replaces, f"{opt.env_gate}=1", opt.risk, shown, on)
     console.print(table)
@@ -92,19 +92,15 @@ def apply(
 
 def _print_shift(result, name: str) -> None:
     from dsv4opt.analysis import compare_profiles
-    from dsv4opt.analysis.categories import LABELS
     from dsv4opt.analysis.compare import target_shift
     from dsv4opt.optimizations.registry import get
-    from dsv4opt.report.tables import print_comparison
+    from dsv4opt.report.tables import headline, print_comparison
 
     comparison = compare_profiles(result.before, result.after)
     print_comparison(comparison, console=console)
     console.print(target_shift(result.before, result.after, get(name).target_category).line(), highlight=False)
-    top_k, top_c = result.after.top_kernel, result.after.top_category
-    if top_k and top_c:
-        console.print(
-            f"#1 now: {LABELS[top_c['category']]} {top_c['share']:.1%}; kernel "
-            f"{top_k.get('short_name') or top_k['name']} {top_k['share']:.1%}", highlight=False)
+    if headline(result.after):
+        console.print(f"now: {headline(result.after)}", highlight=False)
     from dsv4opt.analysis.compare import throughput_change
 
     change = throughput_change(result.before, result.after)
@@ -127,9 +123,10 @@ def status(
     reset: Annotated[bool, typer.Option("--reset", help="Set the state aside (kept as a .bak file) and start afresh.")] = False,
 ) -> None:
     """What is on, the last profile and its headline figures."""
-    from dsv4opt.analysis.categories import LABELS
     from dsv4opt.analysis.profile import Profile
+    from dsv4opt.display import value
     from dsv4opt.optimizations.registry import env_enabled
+    from dsv4opt.report.tables import headline
     from dsv4opt.state import load_state, reset_state, state_path
 
     if reset:
@@ -149,13 +146,11 @@ def status(
         console.print("[yellow]that file is gone[/]; the next apply profiles afresh")
         return
     prof = Profile.load(state.last_profile)
-    top_c, top_k = prof.top_category, prof.top_kernel
-    if top_c and top_k:
-        console.print(f"  #1 category {LABELS[top_c['category']]} {top_c['share']:.1%}; #1 kernel "
-                      f"{top_k.get('short_name') or top_k['name']} {top_k['share']:.1%}", highlight=False)
+    if headline(prof):
+        console.print(f"  {headline(prof)}", highlight=False)
     if prof.throughput:
-        console.print(f"  {prof.throughput.get('tokens_per_s', 0):.1f} tokens/s, "
-                      f"{prof.throughput.get('ms_per_step', 0):.2f} ms/step", highlight=False)
+        console.print(f"  {value(prof.throughput.get('tokens_per_s'), '.1f')} tokens/s, "
+                      f"{value(prof.throughput.get('ms_per_step'), '.2f')} ms/step", highlight=False)
 
 
 @app.command()

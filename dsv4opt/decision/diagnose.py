@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4opt.analysis.categories import GLUE, LABELS
-from dsv4opt.analysis.profile import Profile
+from dsv4opt.analysis.categories import GLUE
+from dsv4opt.analysis.profile import CategoryRow, KernelRow, Profile
 from dsv4opt.decision.fragmentation import Fragmentation, fragmentation
 from dsv4opt.decision.recommend import Recommendation, recommend
 
 
 @dataclass
 class Diagnosis:
-    top_kernel: dict | None
-    top_category: dict | None
+    top_kernel: KernelRow | None
+    top_category: CategoryRow | None
     glue: Fragmentation
     recommendation: Recommendation
     cpu: bool = False  # ranked by CPU self time: "kernels" are CPU operators
@@ -24,9 +24,9 @@ class Diagnosis:
             return ["no kernels in this profile: nothing to diagnose"]
         k, c = self.top_kernel, self.top_category
         what = "operator" if self.cpu else "kernel"
-        line = f"#1 {what}: {k.get('short_name') or k['name']} ({LABELS.get(k['category'], k['category'])}) {k['share']:.1%}"
+        line = f"#1 {what}: {k.display_name} ({k.category_label}) {k.share:.1%}"
         if c is not None:
-            line += f"; #1 category: {LABELS.get(c['category'], c['category'])} {c['share']:.1%}"
+            line += f"; #1 category: {c.label} {c.share:.1%}"
         out.append(line)
         g = self.glue
         shape = "fragmented" if g.tiny else "not especially fragmented"

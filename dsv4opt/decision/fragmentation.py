@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from dsv4opt.analysis.profile import Profile
+from dsv4opt.analysis.profile import KernelRow, Profile
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,11 @@ def steps_in(profile: Profile) -> int:
 
 def fragmentation(profile: Profile, categories: Iterable[str]) -> Fragmentation:
     wanted = set(categories)
-    rows = [k for k in profile.kernels if k["category"] in wanted]
-    launches = sum(int(k["count"]) for k in rows)
-    total = sum(float(k["total_us"]) for k in rows)
+    rows = [k for k in profile.kernels if k.category in wanted]
+    launches = sum(k.count for k in rows)
+    total = sum(k.total_us for k in rows)
     return Fragmentation(
-        share=total / profile.gpu_time_us if profile.gpu_time_us > 0 else 0.0,
+        share=total / profile.total_us if profile.total_us > 0 else 0.0,
         total_us=total,
         launches=launches,
         launches_per_step=launches / steps_in(profile),
@@ -48,8 +48,8 @@ def fragmentation(profile: Profile, categories: Iterable[str]) -> Fragmentation:
     )
 
 
-def _weighted_median_mean(rows: list[dict]) -> float:
-    points = sorted((float(k["total_us"]) / int(k["count"]), int(k["count"])) for k in rows if int(k["count"]) > 0)
+def _weighted_median_mean(rows: list[KernelRow]) -> float:
+    points = sorted((k.total_us / k.count, k.count) for k in rows if k.count > 0)
     half = sum(n for _, n in points) / 2
     seen = 0
     for mean, n in points:

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 
-from dsv4opt.analysis.categories import GEMM_TC, GLUE, LABELS
+from dsv4opt.analysis.categories import CATEGORIES, GEMM_TC, GLUE, category_label
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.decision.fragmentation import Fragmentation, fragmentation
 from dsv4opt.optimizations.registry import OPTIMIZATIONS, Optimization
@@ -123,7 +123,7 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
 
 def _levers(profile: Profile) -> list[Candidate]:
     glue = fragmentation(profile, GLUE)
-    custom = fragmentation(profile, [c for c in LABELS if c not in GLUE])
+    custom = fragmentation(profile, [c for c in CATEGORIES if c not in GLUE])
     levers: list[Candidate] = []
     if glue.share > 0:
         speculative = "speculative: " if glue.tiny else ""
@@ -167,7 +167,7 @@ def _levers(profile: Profile) -> list[Candidate]:
 
 def _runs(profile: Profile, opt: Optimization) -> bool:
     """One of the profile's top kernels is what `opt` replaces (its category and name pattern)."""
-    return any(k["category"] == opt.target_category and opt.target_kernels in k["name"] for k in profile.kernels[:5])
+    return any(k.category == opt.target_category and opt.target_kernels in k.name for k in profile.kernels[:5])
 
 
 def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendation:
@@ -185,7 +185,7 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
     if best_opt is not None and best_opt.amdahl_bound >= MIN_GAIN:
         chosen = best_opt
         lines.append(
-            f"apply {chosen.name}: {LABELS.get(chosen.target, chosen.target)} is {chosen.share:.1%} of GPU time; "
+            f"apply {chosen.name}: {category_label(chosen.target)} is {chosen.share:.1%} of GPU time; "
             f"step speed-up at most {chosen.amdahl_bound:.2f}x ({chosen.speedup_source})."
         )
         lines.append(f"risk: {chosen.risk}; `dsv4opt apply {chosen.name}` runs its correctness gate first.")

@@ -14,7 +14,7 @@ from dsv4opt.capture.settings import EmbeddedSettings
 from dsv4opt.errors import CheckFailed, DsvOptError
 from dsv4opt.loop.settings import settings_from_profile
 from dsv4opt.optimizations.registry import CheckResult, get
-from dsv4opt.state import State, load_state, save_state
+from dsv4opt.state import CheckVerdict, HistoryEntry, State, load_state, save_state
 
 ProfileFn = Callable[[EmbeddedSettings], tuple[Profile, Path]]
 
@@ -45,13 +45,13 @@ def record_profile(path: Path, action: str = "profile") -> None:
     """Remember `path` as the last profile (what apply compares against and re-profiles like)."""
     state = load_state()
     state.last_profile = str(path)
-    state.history.append({"action": action, "profile": str(path), "date": _now()})
+    state.history.append(HistoryEntry(action=action, profile=str(path), date=_now()))
     save_state(state)
 
 
-def record_check(result: CheckResult) -> dict:
+def record_check(result: CheckResult) -> CheckVerdict:
     """Keep the latest check verdict per optimisation, for `dsv4opt list`."""
-    verdict = {"passed": result.passed, "device": result.device, "date": _now()}
+    verdict = CheckVerdict(result.passed, result.device, _now())
     state = load_state()
     state.checks[result.name] = verdict
     save_state(state)
@@ -109,16 +109,16 @@ def apply_optimisation(
     state = load_state()  # re-read: the before-profile may have been recorded meanwhile
     if result.switched_back:
         result.enabled = list(state.enabled)
-        state.checks[name] = {"passed": True, "device": check.device, "date": _now()}
-        state.history.append({"action": "apply-declined", "name": name, "profile": str(result.after_path),
-                              "date": _now()})
+        state.checks[name] = CheckVerdict(True, check.device, _now())
+        state.history.append(HistoryEntry(action="apply-declined", name=name, profile=str(result.after_path),
+                                          date=_now()))
         save_state(state)
         return result
     state.enabled = enabled
-    state.checks[name] = {"passed": True, "device": check.device, "date": _now()}
+    state.checks[name] = CheckVerdict(True, check.device, _now())
     if result.after_path is not None:
         state.last_profile = str(result.after_path)
-    state.history.append({"action": "apply", "name": name, "profile": state.last_profile, "date": _now()})
+    state.history.append(HistoryEntry(action="apply", name=name, profile=state.last_profile, date=_now()))
     save_state(state)
     return result
 
@@ -142,7 +142,7 @@ def revert_optimisation(name: str) -> list[str]:
         on = ", ".join(state.enabled) or "none"
         raise DsvOptError(f"{name} is not on (on: {on})")
     state.enabled = [n for n in state.enabled if n != name]
-    state.history.append({"action": "revert", "name": name, "date": _now()})
+    state.history.append(HistoryEntry(action="revert", name=name, date=_now()))
     save_state(state)
     return state.enabled
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import msgspec
+
 from dsv4opt.analysis import analyze_paths
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.capture.result import Captured, Progress, no_progress
@@ -17,8 +19,7 @@ def analysed(captured: Captured) -> Profile:
     prof = analyze_paths(captured.traces, meta=captured.meta, capture=captured.capture_trace)
     prof.meta = {**prof.meta, **captured.meta}
     prof.throughput = captured.throughput
-    prof.extra.update(captured.extra)
-    return prof
+    return msgspec.structs.replace(prof, **captured.extra)
 
 
 def save_new(prof: Profile, out: Path) -> Path:

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Callable
 
 from dsv4opt.analysis.profile import Profile
-from dsv4opt.analysis.sweep import SweepRow, row_for
+from dsv4opt.analysis.sweep import SweepRow, row_for, summary_dict
 from dsv4opt.capture.settings import EmbeddedSettings
 from dsv4opt.fileio import unique_path, write_json_atomic
 
-SWEEP_SCHEMA = "dsv4opt.sweep/1"
 ProfileFn = Callable[[EmbeddedSettings], tuple[Profile, Path]]
 
 
@@ -46,6 +45,6 @@ def sweep(
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     result.summary_path = write_json_atomic(
         unique_path(out_dir / f"sweep-{stamp}.json"),
-        {"schema": SWEEP_SCHEMA, "rows": [dataclasses.asdict(r) for r in result.rows]},
+        summary_dict(result.rows),
     )
     return result

@@ -5,9 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from dsv4opt.analysis.categories import LABELS
+from dsv4opt.analysis.categories import category_label
 from dsv4opt.decision.diagnose import Diagnosis
 from dsv4opt.decision.recommend import Recommendation
+from dsv4opt.display import pct, value
 from dsv4opt.optimizations.registry import CheckResult
 
 
@@ -15,18 +16,16 @@ def print_check(result: CheckResult, console: Console) -> None:
     colour = "green" if result.passed else "red"
     console.print(f"[bold]{result.name}[/] check on {result.device}: [{colour}]{'passed' if result.passed else 'FAILED'}[/]")
     table = Table("figure", "measured", "bound", box=None, pad_edge=False)
-    for key, value in result.figures.items():
+    for key, figure in result.figures.items():
         bound = result.bounds.get(key)
-        table.add_row(key, _num(value), _num(bound) if bound is not None else "")
+        table.add_row(key, _num(figure), _num(bound) if bound is not None else "")
     if result.figures:
         console.print(table)
     console.print(result.summary, highlight=False)
 
 
-def _num(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+def _num(figure) -> str:
+    return value(figure, ".4g") if isinstance(figure, float) else value(figure)
 
 
 def print_recommendation(rec: Recommendation, console: Console) -> None:
@@ -35,7 +34,7 @@ def print_recommendation(rec: Recommendation, console: Console) -> None:
     for c in rec.candidates:
         name = c.name + (" (on)" if c.enabled else "") + (" *" if rec.chosen is c else "")
         bound = "∞" if c.amdahl_bound == float("inf") else f"{c.amdahl_bound:.2f}x"
-        table.add_row(name, c.kind, LABELS.get(c.target, c.target), f"{c.share:.1%}", bound,
+        table.add_row(name, c.kind, category_label(c.target), pct(c.share), bound,
                       f"{c.fragmentation.launches_per_step:.0f}", f"{c.fragmentation.median_kernel_us:.1f}", c.risk)
     console.print(table)
     console.print("  * = the recommendation; kind 'optimisation': `dsv4opt apply NAME` switches it on behind "
@@ -54,7 +53,6 @@ def print_sweep(rows, console: Console) -> None:
     table = Table("C", "variant", "tokens/s", "ms/step", "attention", "#1 category", "speed-up", title="Sweep",
                   title_justify="left")
     for r in rows:
-        table.add_row(str(r.concurrency), r.variant, f"{r.tokens_per_s:.1f}" if r.tokens_per_s else "-",
-                      f"{r.ms_per_step:.2f}" if r.ms_per_step else "-", f"{r.attention_share:.1%}",
-                      LABELS.get(r.top_category or "", "-"), f"{r.speedup:.2f}x" if r.speedup else "-")
+        table.add_row(str(r.concurrency), r.variant, value(r.tokens_per_s, ".1f"), value(r.ms_per_step, ".2f"),
+                      pct(r.attention_share), category_label(r.top_category), value(r.speedup, ".2f", "x"))
     console.print(table)

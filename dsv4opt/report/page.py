@@ -11,8 +11,9 @@ import base64
 import html
 from pathlib import Path
 
-from dsv4opt.analysis.categories import CATEGORIES, LABELS
+from dsv4opt.analysis.categories import CATEGORIES, category_label
 from dsv4opt.analysis.profile import Profile
+from dsv4opt.display import pct, value
 from dsv4opt.loop.report_facts import Report
 from dsv4opt.report.plots import category_bars_png, throughput_chart_png
 
@@ -23,7 +24,7 @@ META_KEYS = ("target", "device", "config", "concurrency", "context", "layers", "
 def charts(report: Report) -> dict[str, bytes]:
     """The report's PNG charts by name: category shares, and throughput when C varies."""
     out = {}
-    bars = category_bars_png(report.names, [{c["category"]: c["share"] for c in p.categories} for p in report.profiles])
+    bars = category_bars_png(report.names, [{c.category: c.share for c in p.categories} for p in report.profiles])
     if bars:
         out["categories"] = bars
     if len({r.concurrency for r in report.sweep_rows}) >= 2:
@@ -33,25 +34,16 @@ def charts(report: Report) -> dict[str, bytes]:
     return out
 
 
-def _fmt(value, spec: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(map(str, value)) or "none"
-    return format(value, spec) if spec else str(value)
-
-
 def _kernel_rows(profile: Profile, top: int = 10) -> list[list[str]]:
     rows = []
     for i, k in enumerate(profile.kernels[:top], 1):
-        where = " ".join(x for x in (f"[{k['part']}]" if k.get("part") else "", k.get("source") or "") if x)
-        op = k.get("launched_by") or ""
-        if k.get("graph_replay_share"):
-            op = (op + f" (CUDA-graph replay {k['graph_replay_share']:.0%})").strip()
+        where = " ".join(x for x in (f"[{k.part}]" if k.part else "", k.source or "") if x)
+        op = k.launched_by or ""
+        if k.graph_replay_share:
+            op = (op + f" (CUDA-graph replay {k.graph_replay_share:.0%})").strip()
         rows.append([
-            str(i), f"{k['share']:.1%}", f"{k['total_us']:.1f}", str(k["count"]),
-            LABELS.get(k["category"], k["category"]), k.get("short_name") or k["name"],
-            " ".join(x for x in (where, op) if x) or "-",
+            str(i), pct(k.share), f"{k.total_us:.1f}", str(k.count), k.category_label, k.display_name,
+            value(" ".join(x for x in (where, op) if x) or None),
         ])
     return rows
 
@@ -62,7 +54,7 @@ def _category_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     for cat in CATEGORIES:
         shares = [p.category_share(cat) for p in report.profiles]
         if any(shares):
-            rows.append([LABELS[cat]] + [f"{s:.1%}" for s in shares])
+            rows.append([category_label(cat)] + [f"{s:.1%}" for s in shares])
     rows.append(["glue (total)"] + [f"{p.glue_share:.1%}" for p in report.profiles])
     return header, rows
 
@@ -70,18 +62,18 @@ def _category_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 def _meta_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     header = ["field"] + report.names
     rows = [["basis"] + [p.time_basis for p in report.profiles]]
-    rows += [[key] + [_fmt(p.meta.get(key)) for p in report.profiles] for key in META_KEYS]
-    rows.append(["tokens/s"] + [_fmt((p.throughput or {}).get("tokens_per_s"), ".1f") for p in report.profiles])
-    rows.append(["ms/step"] + [_fmt((p.throughput or {}).get("ms_per_step"), ".2f") for p in report.profiles])
-    rows.append(["GPU time (µs)"] + [f"{p.gpu_time_us:.1f}" for p in report.profiles])
+    rows += [[key] + [value(p.meta.get(key)) for p in report.profiles] for key in META_KEYS]
+    rows.append(["tokens/s"] + [value((p.throughput or {}).get("tokens_per_s"), ".1f") for p in report.profiles])
+    rows.append(["ms/step"] + [value((p.throughput or {}).get("ms_per_step"), ".2f") for p in report.profiles])
+    rows.append(["GPU time (µs)"] + [f"{p.total_us:.1f}" for p in report.profiles])
     return header, rows
 
 
 def _sweep_table(report: Report) -> tuple[list[str], list[list[str]]]:
     header = ["C", "variant", "tokens/s", "ms/step", "attention", "#1 category", "speed-up"]
-    rows = [[str(r.concurrency), r.variant, _fmt(r.tokens_per_s, ".1f"), _fmt(r.ms_per_step, ".2f"),
-             f"{r.attention_share:.1%}", LABELS.get(r.top_category or "", r.top_category or "-"),
-             _fmt(r.speedup, ".2f") + ("x" if r.speedup else "")] for r in report.sweep_rows]
+    rows = [[str(r.concurrency), r.variant, value(r.tokens_per_s, ".1f"), value(r.ms_per_step, ".2f"),
+             pct(r.attention_share), category_label(r.top_category), value(r.speedup, ".2f", "x")]
+            for r in report.sweep_rows]
     return header, rows
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Iterable, Sequence
 
-from dsv4opt.analysis.categories import CATEGORIES, LABELS
+from dsv4opt.analysis.categories import CATEGORIES, category_label
 
 # One fixed colour per category so every chart reads the same.
 COLOURS = {
@@ -50,7 +50,7 @@ def category_bars_png(labels: Sequence[str], shares: Sequence[dict[str, float]])
         values = [100.0 * s.get(cat, 0.0) for s in shares]
         if not any(values):
             continue
-        ax.bar(labels, values, bottom=bottoms, color=COLOURS[cat], label=LABELS[cat])
+        ax.bar(labels, values, bottom=bottoms, color=COLOURS[cat], label=category_label(cat))
         bottoms = [b + v for b, v in zip(bottoms, values)]
     ax.set_ylabel("share of GPU time (%)")
     ax.set_ylim(0, 100)

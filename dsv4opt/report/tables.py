@@ -7,17 +7,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dsv4opt.analysis.categories import GLUE, LABELS
+from dsv4opt.analysis.categories import GLUE, category_label
+from dsv4opt.display import MISSING, duration, pct, value
 
 
-def _pct(x) -> str:
-    return "" if x is None else f"{100 * x:.1f}%"
-
-
-def _us(x) -> str:
-    if x is None:
-        return ""
-    return f"{x / 1000:.2f} ms" if abs(x) >= 1000 else f"{x:.1f} µs"
+def headline(profile) -> str | None:
+    """"#1 category X 12.3%; #1 kernel Y 4.5%", or None for a profile with no kernels."""
+    top_c, top_k = profile.top_category, profile.top_kernel
+    if top_c is None or top_k is None:
+        return None
+    return f"#1 category {top_c.label} {pct(top_c.share)}; #1 kernel {top_k.display_name} {pct(top_k.share)}"
 
 
 def _clip(text: str, width: int) -> str:
@@ -29,10 +28,9 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
     console = console or Console()
     cpu = profile.time_basis == "cpu_self"
     basis = "CPU self time (no GPU events in the trace)" if cpu else "GPU time"
-    total = profile.extra.get("cpu_self_us", 0.0) if cpu else profile.gpu_time_us
-    src = ", ".join(profile.meta.get("sources", [])[:3]) or "profile"
+    src = ", ".join((profile.meta.get("sources") or [])[:3]) or "profile"
     console.print(f"[bold]{escape(src)}[/]  {escape(str(profile.meta.get('device') or ''))}  "
-                  f"{basis}: {_us(total)}, {sum(k.get('count', 0) for k in profile.kernels)} {'calls' if cpu else 'launches'}")
+                  f"{basis}: {duration(profile.total_us)}, {sum(k.count for k in profile.kernels)} {'calls' if cpu else 'launches'}")
     if not profile.kernels:
         console.print("no kernels in this profile")
         return
@@ -52,11 +50,11 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
         t.add_column(col, **kw)
     notes = []
     for i, k in enumerate(profile.kernels[:top], 1):
-        who = " ".join(x for x in (f"[{k['part']}]" if k.get("part") else None, k.get("launched_by"), k.get("source")) if x)
-        if k.get("graph_replay_share"):
-            who += f" [graph replay {_pct(k['graph_replay_share'])}]"
-        row = [str(i), _pct(k["share"]), _us(k["total_us"]), str(k["count"]), _us(k.get("mean_us")),
-               LABELS.get(k["category"], k["category"]), escape(_clip(k.get("short_name") or k["name"], name_width))]
+        who = " ".join(x for x in (f"[{k.part}]" if k.part else None, k.launched_by, k.source) if x)
+        if k.graph_replay_share:
+            who += f" [graph replay {pct(k.graph_replay_share)}]"
+        row = [str(i), pct(k.share), duration(k.total_us), str(k.count), duration(k.mean_us),
+               k.category_label, escape(_clip(k.display_name, name_width))]
         if wide:
             row.append(escape(who))
         elif who and i <= 5:
@@ -69,20 +67,20 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
         c = Table(title="categories")
         for col in ("category", "share", "total", "launches"):
             c.add_column(col, justify="left" if col == "category" else "right")
-        for row in sorted(profile.categories, key=lambda r: -r["total_us"]):
-            c.add_row(LABELS.get(row["category"], row["category"]), _pct(row["share"]), _us(row["total_us"]), str(row["count"]))
-        glue = [r for r in profile.categories if r["category"] in GLUE]
-        c.add_row("[bold]glue[/] (" + ", ".join(GLUE) + ")", _pct(sum(r["share"] for r in glue)),
-                  _us(sum(r["total_us"] for r in glue)), str(sum(r["count"] for r in glue)))
+        for row in sorted(profile.categories, key=lambda r: -r.total_us):
+            c.add_row(row.label, pct(row.share), duration(row.total_us), str(row.count))
+        glue = [r for r in profile.categories if r.category in GLUE]
+        c.add_row("[bold]glue[/] (" + ", ".join(GLUE) + ")", pct(sum(r.share for r in glue)),
+                  duration(sum(r.total_us for r in glue)), str(sum(r.count for r in glue)))
         console.print(c)
     if profile.steps:
         s = profile.steps
-        console.print(f"steps ({escape(s.get('source', ''))}): {s['count']}, GPU time/step {_us(s['gpu_us_per_step'])}, "
-                      f"launches/step {s['launches_per_step']:.0f}, median kernel {_us(s.get('median_kernel_us'))}")
-    match = profile.extra.get("capture_match")
-    if match and match.get("replayed"):
-        console.print(f"graph-replayed launches matched to the reference step: {match['matched']}/{match['replayed']} "
-                      f"({match['matched'] / match['replayed']:.1%}); parts and operators of the rest are unknown")
+        console.print(f"steps ({escape(s.get('source', ''))}): {s['count']}, GPU time/step {duration(s['gpu_us_per_step'])}, "
+                      f"launches/step {s['launches_per_step']:.0f}, median kernel {duration(s.get('median_kernel_us'))}")
+    match = profile.capture_match
+    if match and match.replayed:
+        console.print(f"graph-replayed launches matched to the reference step: {match.matched}/{match.replayed} "
+                      f"({match.matched / match.replayed:.1%}); parts and operators of the rest are unknown")
     if profile.throughput:
         t = profile.throughput
         line = "throughput: " + ", ".join(f"{k.replace('_', ' ')} {t[k]:.2f}" for k in ("tokens_per_s", "ms_per_step") if t.get(k) is not None)
@@ -90,23 +88,20 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
         if len(windows) >= 2:
             line += f" (median of {len(windows)} timed windows, {min(windows):.2f}-{max(windows):.2f} ms/step)"
         console.print(line, highlight=False)
-    parts = profile.extra.get("parts")
-    if parts:
+    if profile.parts:
         p = Table(title="model parts (record_function ranges)")
         for col in ("part", "share", "total", "launches"):
             p.add_column(col, justify="left" if col == "part" else "right")
-        for row in parts[:top]:
-            p.add_row(escape(str(row["part"])), _pct(row["share"]), _us(row["total_us"]), str(row["count"]))
+        for row in profile.parts[:top]:
+            p.add_row(escape(row.part), pct(row.share), duration(row.total_us), str(row.count))
         console.print(p)
-    ranks = profile.extra.get("ranks")
-    if ranks:
+    if profile.ranks:
         r = Table(title="per rank")
         for col in ("rank", "GPU time", "launches", "#1 kernel"):
             r.add_column(col)
-        for row in ranks:
-            k1 = row.get("kernels") or [{}]
-            r.add_row(str(row.get("rank")), _us(row.get("gpu_time_us")), str(row.get("launches", "")),
-                      escape(f"{k1[0].get('short_name', '')} {_pct(k1[0].get('share'))}"))
+        for row in profile.ranks:
+            top1 = f"{row.kernels[0].display_name} {pct(row.kernels[0].share)}" if row.kernels else MISSING
+            r.add_row(str(row.rank), duration(row.gpu_time_us), value(row.launches), escape(top1))
         console.print(r)
 
 
@@ -117,7 +112,7 @@ def print_comparison(comparison, console: Console | None = None) -> None:
     for col in ("category", "before", "after", "change"):
         c.add_column(col, justify="left" if col == "category" else "right")
     for row in comparison.categories:
-        c.add_row(LABELS.get(row["category"], row["category"]), _pct(row["share_a"]), _pct(row["share_b"]),
+        c.add_row(category_label(row["category"]), pct(row["share_a"]), pct(row["share_b"]),
                   f"{100 * row['delta']:+.1f} pt")
     console.print(c)
     if comparison.moved:
@@ -125,15 +120,15 @@ def print_comparison(comparison, console: Console | None = None) -> None:
         for col in ("kernel", "category", "before", "after", "change"):
             m.add_column(col, overflow="fold" if col == "kernel" else "ellipsis", justify="left" if col in ("kernel", "category") else "right")
         for row in comparison.moved:
-            m.add_row(escape(row["short_name"]), LABELS.get(row["category"], str(row["category"])),
-                      _us(row["total_us_a"]), _us(row["total_us_b"]), _us(row["delta_us"]))
+            m.add_row(escape(row["short_name"]), category_label(row["category"]),
+                      duration(row["total_us_a"]), duration(row["total_us_b"]), duration(row["delta_us"]))
         console.print(m)
     for which, label in (("a", "before"), ("b", "after")):
         k = comparison.top_kernel.get(which)
         cat = comparison.top_category.get(which)
         if k and cat:
-            console.print(f"{label}: #1 kernel {escape(k.get('short_name') or k['name'])} {_pct(k['share'])}; "
-                          f"#1 category {LABELS.get(cat['category'], cat['category'])} {_pct(cat['share'])}")
+            console.print(f"{label}: #1 kernel {escape(k['short_name'])} {pct(k['share'])}; "
+                          f"#1 category {category_label(cat['category'])} {pct(cat['share'])}")
     for key, v in (comparison.throughput or {}).items():
         console.print(f"{key}: {v['a']:.3g} -> {v['b']:.3g} (x{v['ratio']:.2f})")
     console.print(f"[bold]{escape(comparison.verdict)}[/]")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from dsv4opt.tritonlib import FP8_MAX
-from dsv4opt.workload.quant import FP8
+from dsv4opt.workload.quant import FP8, quantize_groups_fp8
 
 FP8_LAYOUT, BF16_LAYOUT = "fp8", "bf16"
 AMAX_EPS = 1e-4  # the smallest amax a KV or index-key scale is computed from
@@ -208,5 +208,5 @@ class IndexKeyCache:
 
 def quantize_index_key(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [n, dim] -> (e4m3 [n, dim], fp32 scale [n] = max(amax, 1e-4) / 448): one scale per key or query."""
-    scale = x.abs().amax(-1).clamp(min=AMAX_EPS) / FP8_MAX
-    return (x / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale.float()
+    q, scale = quantize_groups_fp8(x, x.shape[1], eps=AMAX_EPS)
+    return q, scale[:, 0]

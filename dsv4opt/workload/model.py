@@ -1,7 +1,7 @@
 """One rank's batched decode step of DeepSeek-V4-Flash as SGLang runs it on sm_120 (random weights).
 
 The step launches what SGLang's sm_120 path launches at sgl-project/sglang@37ef295c7, part by part
-(docs/workload.md has the table, ../shared/docs/sglang-dsv4-sm120.md the source lines), with our
+(docs/workload.md has the table, with SGLang's source lines), with our
 own kernels standing in for SGLang's TileLang/JIT/sgl-kernel ones (dsv4opt/workload/kernels/).
 Every part runs inside a `torch.profiler.record_function` range named after it (PARTS), and the
 step is free of host syncs so it can be captured as a CUDA graph.

@@ -44,16 +44,16 @@ def dequantize_block_fp8(q: torch.Tensor, scale: torch.Tensor, block: int, dtype
     return q.to(dtype) * s
 
 
-def quantize_groups_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_groups_fp8(x: torch.Tensor, group: int, eps: float = SCALE_EPS) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [M, K] (K a multiple of group) -> (e4m3 [M, K], fp32 scales [M, K // group]).
 
-    scale = max(amax of the group, SCALE_EPS) / 448, q = x / scale rounded to e4m3; computed in
-    x's precision (float64 in the reference, fp32 in the kernels).
+    scale = max(amax of the group, eps) / 448, q = x / scale rounded to e4m3; computed in x's
+    precision (float64 in the reference, fp32 in the kernels: tritonlib.quantize_e4m3).
     """
     M, K = x.shape
     assert K % group == 0, (K, group)
     g = x.reshape(M, K // group, group)
-    scale = g.abs().amax(dim=-1).clamp(min=SCALE_EPS) / FP8_MAX
+    scale = g.abs().amax(dim=-1).clamp(min=eps) / FP8_MAX
     q = (g / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q.reshape(M, K), scale.float()
 

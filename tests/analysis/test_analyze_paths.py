@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from dsv4opt.analysis import analyze_paths, compare_profiles
-from dsv4opt.analysis.profile import Profile
+from dsv4opt.analysis.profile import CategoryRow, KernelRow, Profile
 from dsv4opt.errors import DsvOptError
 from tests.helpers import SHARED_TRACES
 from tests.trace.traces import ids, plain_gpu_sums, real_traces
@@ -19,14 +19,14 @@ TRACES = real_traces()
 def test_profile_matches_plain_sums(path, tmp_path):
     total, per_name, counts = plain_gpu_sums(path)
     p = analyze_paths([path])
-    assert p.gpu_time_us == total
-    assert [k["total_us"] for k in p.kernels] == sorted((k["total_us"] for k in p.kernels), reverse=True)
+    assert p.total_us == total
+    assert [k.total_us for k in p.kernels] == sorted((k.total_us for k in p.kernels), reverse=True)
     for k in p.kernels:
-        assert k["count"] == counts[k["name"]]
-        assert math.isclose(k["total_us"], per_name[k["name"]], rel_tol=1e-12, abs_tol=1e-9)
-    assert math.isclose(sum(c["share"] for c in p.categories), 1.0, rel_tol=1e-9)
+        assert k.count == counts[k.name]
+        assert math.isclose(k.total_us, per_name[k.name], rel_tol=1e-12, abs_tol=1e-9)
+    assert math.isclose(sum(c.share for c in p.categories), 1.0, rel_tol=1e-9)
     again = Profile.load(p.save(tmp_path / "p.json"))
-    assert again.gpu_time_us == p.gpu_time_us and again.kernels[0]["name"] == p.kernels[0]["name"]
+    assert again.total_us == p.total_us and again.kernels == p.kernels and again.categories == p.categories
 
 
 def _events(name):
@@ -59,23 +59,23 @@ def test_attribution_follows_correlation_to_operator_and_stack():
         ops[e["args"].get("External id")] = e["name"]
     votes = Counter()
     for e in events:
-        if e.get("cat") == "kernel" and e["name"] == top["name"]:
+        if e.get("cat") == "kernel" and e["name"] == top.name:
             launch = runtime.get(e["args"]["correlation"], {"args": {}})
             ext = e["args"].get("External id", launch["args"].get("External id"))
             votes[ops.get(ext)] += 1
-    assert top["launched_by"] == votes.most_common(1)[0][0]
-    assert top["source"] and ".py:" in top["source"] and "torch" not in top["source"]
+    assert top.launched_by == votes.most_common(1)[0][0]
+    assert top.source and ".py:" in top.source and "torch" not in top.source
 
 
 @needs_shared
 def test_graph_replay_flagged_and_matched_to_capture():
     replay = SHARED_TRACES / "tracelens_sglang_qwen3_8b_decode_mi300x.json.gz"
     plain = analyze_paths([replay])
-    assert plain.kernels[0]["graph_replay_share"] == 1.0
-    assert "graph replay" in plain.kernels[0]["launched_by"]
+    assert plain.kernels[0].graph_replay_share == 1.0
+    assert "graph replay" in plain.kernels[0].launched_by
     matched = analyze_paths([replay], capture=SHARED_TRACES / "tracelens_sglang_qwen3_8b_capture_bs32.json.gz")
     top = matched.kernels[0]
-    assert "graph replay" not in top["launched_by"] and top["source"].endswith(tuple("0123456789"))
+    assert "graph replay" not in top.launched_by and top.source.endswith(tuple("0123456789"))
 
 
 def test_multi_rank_aggregates_and_reports_per_rank(tmp_path):
@@ -84,8 +84,8 @@ def test_multi_rank_aggregates_and_reports_per_rank(tmp_path):
         p = tmp_path / f"77-TP-{rank}-DECODE.trace.json.gz"
         p.write_bytes(gzip.compress(json.dumps({"traceEvents": [dict(ev, dur=dur)]}).encode()))
     prof = analyze_paths([tmp_path], meta={"concurrency": 4})
-    assert prof.gpu_time_us == 6.5 and prof.meta["concurrency"] == 4 and prof.meta["target"] == "trace"
-    assert [(r["rank"], r["gpu_time_us"]) for r in prof.extra["ranks"]] == [(0, 2.5), (1, 4.0)]
+    assert prof.total_us == 6.5 and prof.meta["concurrency"] == 4 and prof.meta["target"] == "trace"
+    assert [(r.rank, r.gpu_time_us) for r in prof.ranks] == [(0, 2.5), (1, 4.0)]
 
 
 def test_cpu_only_trace_ranks_operators_by_self_time(tmp_path):
@@ -96,9 +96,9 @@ def test_cpu_only_trace_ranks_operators_by_self_time(tmp_path):
     p = tmp_path / "cpu.json"
     p.write_text(json.dumps({"traceEvents": ops}))
     prof = analyze_paths([p])
-    # a CPU-only profile keeps its total (CPU self time: 7 + 3) in the same field, labelled by time_basis
-    assert prof.time_basis == "cpu_self" and prof.gpu_time_us == 10.0
-    assert [(k["name"], k["total_us"]) for k in prof.kernels] == [("inner", 7.0), ("outer", 3.0)]
+    # a CPU-only profile's total is CPU self time (7 + 3), labelled by time_basis
+    assert prof.time_basis == "cpu_self" and prof.total_us == 10.0
+    assert [(k.name, k.total_us) for k in prof.kernels] == [("inner", 7.0), ("outer", 3.0)]
 
 
 def test_parts_from_gpu_annotations(tmp_path):
@@ -111,7 +111,7 @@ def test_parts_from_gpu_annotations(tmp_path):
     p = tmp_path / "parts.json"
     p.write_text(json.dumps({"traceEvents": events}))
     prof = analyze_paths([p])
-    parts = {r["part"]: r["total_us"] for r in prof.extra["parts"]}
+    parts = {r.part: r.total_us for r in prof.parts}
     assert parts == {"attn": 3.0, "moe": 5.0, "(outside any annotation)": 1.0}
     assert prof.steps is None  # parts are not steps
 
@@ -133,9 +133,9 @@ def test_steps_from_sglang_step_annotation_under_graph_replay():
 
 def _profile(cats, kernels):
     total = sum(cats.values())
-    return Profile(meta={}, gpu_time_us=total,
-                   kernels=[{"name": n, "short_name": n, "category": c, "count": 1, "total_us": t, "share": t / total} for n, c, t in kernels],
-                   categories=[{"category": c, "count": 1, "total_us": t, "share": t / total} for c, t in cats.items()])
+    return Profile(meta={}, total_us=total,
+                   kernels=[KernelRow(name=n, short_name=n, category=c, count=1, total_us=t, share=t / total) for n, c, t in kernels],
+                   categories=[CategoryRow(category=c, count=1, total_us=t, share=t / total) for c, t in cats.items()])
 
 
 def test_compare_verdicts():
@@ -149,7 +149,7 @@ def test_compare_verdicts():
     same = compare_profiles(before, before)
     assert not same.bottleneck_moved and same.verdict.startswith("bottleneck did not move")
     with pytest.raises(DsvOptError):
-        compare_profiles(before, Profile(meta={}, gpu_time_us=0.0, kernels=[], categories=[], time_basis="cpu_self"))
+        compare_profiles(before, Profile(meta={}, total_us=0.0, kernels=[], categories=[], time_basis="cpu_self"))
 
 
 @needs_shared
@@ -161,11 +161,11 @@ def test_operator_by_time_when_external_id_is_only_the_correlation():
     runtime = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
     ops = [e for e in events if e.get("cat") == "cpu_op"]
     votes = Counter()
-    launches = [runtime[e["args"]["correlation"]] for e in events if e.get("cat") == "kernel" and e["name"] == top["name"]]
+    launches = [runtime[e["args"]["correlation"]] for e in events if e.get("cat") == "kernel" and e["name"] == top.name]
     for rt in launches[:16]:
         around = [o for o in ops if o["tid"] == rt["tid"] and o["pid"] == rt["pid"] and o["ts"] <= rt["ts"] <= o["ts"] + o["dur"]]
         votes[max(around, key=lambda o: o["ts"])["name"] if around else None] += 1
-    assert top["launched_by"] == votes.most_common(1)[0][0]
+    assert top.launched_by == votes.most_common(1)[0][0]
 
 
 @needs_shared
@@ -179,8 +179,8 @@ def test_capture_match_names_an_operator_that_launched_that_kernel_in_the_captur
             ops_by_ext.setdefault(e["args"].get("External id"), set()).add(e["name"])
     for k in prof.kernels[:5]:
         launched = set().union(*(ops_by_ext.get(e["args"].get("External id"), set()) for e in events
-                                 if e.get("cat") == "cuda_runtime" and e.get("args", {}).get("kernel") == k["name"]))
-        assert k["launched_by"] in launched, k["short_name"]
+                                 if e.get("cat") == "cuda_runtime" and e.get("args", {}).get("kernel") == k.name))
+        assert k.launched_by in launched, k.display_name
 
 
 def test_capture_without_kernel_names_matches_by_position_only_on_equal_counts(tmp_path):
@@ -199,9 +199,9 @@ def test_capture_without_kernel_names_matches_by_position_only_on_equal_counts(t
     (tmp_path / "cap.json").write_text(json.dumps({"traceEvents": capture}))
     (tmp_path / "replay.json").write_text(json.dumps({"traceEvents": replay}))
     prof = analyze_paths([tmp_path / "replay.json"], capture=tmp_path / "cap.json")
-    by = {r["name"]: r["launched_by"] for r in prof.kernels}
+    by = {r.name: r.launched_by for r in prof.kernels}
     assert by == {"ampere_sgemm_128x64_nn": "aten::mm", "vectorized_elementwise_kernel": "aten::add",
                   "Memset (Device)": "cudaGraphLaunch (graph replay)"}
     (tmp_path / "cap.json").write_text(json.dumps({"traceEvents": capture[:-3] + capture[-1:]}))  # one launch fewer
     prof = analyze_paths([tmp_path / "replay.json"], capture=tmp_path / "cap.json")
-    assert all("graph replay" in r["launched_by"] for r in prof.kernels)
+    assert all("graph replay" in r.launched_by for r in prof.kernels)

@@ -74,20 +74,20 @@ def profile():
 
 def test_every_replayed_event_is_counted_and_nearly_all_match(profile, graph_events):
     replayed = len(_gpu_events(graph_events))
-    assert profile.extra["capture_match"]["replayed"] == replayed
-    assert profile.extra["capture_match"]["matched"] >= 0.95 * replayed
+    assert profile.capture_match.replayed == replayed
+    assert profile.capture_match.matched >= 0.95 * replayed
 
 
 def test_replay_parts_are_the_reference_parts_once_per_step(profile, eager_events, graph_events):
     ref = Counter(_reference_parts(eager_events))
     steps = len(_replay_steps(graph_events))
-    unmatched = profile.extra["capture_match"]["replayed"] - profile.extra["capture_match"]["matched"]
-    got = {r["part"]: r for r in profile.extra["parts"]}
+    unmatched = profile.capture_match.replayed - profile.capture_match.matched
+    got = {r.part: r for r in profile.parts}
     assert set(got) - {UNMATCHED_REPLAY} == set(ref)
     for part, n in ref.items():
-        assert abs(got[part]["count"] - n * steps) <= unmatched, part
+        assert abs(got[part].count - n * steps) <= unmatched, part
     total = sum(e["dur"] for e in _gpu_events(graph_events))
-    assert sum(r["total_us"] for r in profile.extra["parts"]) == pytest.approx(total, rel=1e-9)
+    assert sum(r.total_us for r in profile.parts) == pytest.approx(total, rel=1e-9)
 
 
 def test_large_parts_take_about_the_reference_time_per_step(profile, eager_events, graph_events):
@@ -98,7 +98,7 @@ def test_large_parts_take_about_the_reference_time_per_step(profile, eager_event
     steps = len(_replay_steps(graph_events))
     big = [p for p, us in ref_us.items() if us >= 0.05 * sum(ref_us.values())]
     assert big
-    got = {r["part"]: r["total_us"] for r in profile.extra["parts"]}
+    got = {r.part: r.total_us for r in profile.parts}
     for part in big:
         assert got[part] == pytest.approx(ref_us[part] * steps, rel=0.25), part
 
@@ -134,8 +134,8 @@ def test_grouped_gemm_is_moe_and_launched_by_scaled_grouped_mm(profile, eager_ev
     assert grouped
     parts_of = {part for e, part in zip(_gpu_events(eager_events), _reference_parts(eager_events)) if e["name"] in grouped}
     assert parts_of == {"moe"}
-    rows = [k for k in profile.kernels if k["name"] in grouped]
-    assert rows and all(k["launched_by"] == "aten::_scaled_grouped_mm" for k in rows)
+    rows = [k for k in profile.kernels if k.name in grouped]
+    assert rows and all(k.launched_by == "aten::_scaled_grouped_mm" for k in rows)
 
 
 def test_kernels_missing_from_the_reference_stay_unmatched(tmp_path, eager_events, graph_events):
@@ -146,10 +146,10 @@ def test_kernels_missing_from_the_reference_stay_unmatched(tmp_path, eager_event
     edited = [dict(e, name=f"renamed_{i}") if id(e) in moe else e for i, e in enumerate(eager_events)]
     prof = analyze_paths([GRAPH], capture=_write(tmp_path / "eager.json.gz", edited))
     steps = len(_replay_steps(graph_events))
-    got = {r["part"]: r["count"] for r in prof.extra["parts"]}
+    got = {r.part: r.count for r in prof.parts}
     assert "moe" not in got
     assert got[UNMATCHED_REPLAY] == len(moe) * steps
-    assert prof.extra["capture_match"]["matched"] == (len(parts) - len(moe)) * steps
+    assert prof.capture_match.matched == (len(parts) - len(moe)) * steps
     for part, n in Counter(p for p in parts if p != "moe").items():
         assert got[part] == n * steps, part
 
@@ -157,10 +157,10 @@ def test_kernels_missing_from_the_reference_stay_unmatched(tmp_path, eager_event
 def test_an_unrelated_reference_matches_nothing(tmp_path, eager_events):
     edited = [dict(e, name=f"other_{i}") if e.get("cat") in GPU_CATS else e for i, e in enumerate(eager_events)]
     prof = analyze_paths([GRAPH], capture=_write(tmp_path / "eager.json.gz", edited))
-    assert prof.extra["capture_match"]["matched"] == 0
-    assert [r["part"] for r in prof.extra["parts"]] == [UNMATCHED_REPLAY]
-    attributed = [k for k in prof.kernels if "launched_by" in k]
-    assert attributed and all("graph replay" in k["launched_by"] for k in attributed)
+    assert prof.capture_match.matched == 0
+    assert [r.part for r in prof.parts] == [UNMATCHED_REPLAY]
+    attributed = [k for k in prof.kernels if k.launched_by is not None]
+    assert attributed and all("graph replay" in k.launched_by for k in attributed)
 
 
 @pytest.mark.parametrize("a, b, pairs", [

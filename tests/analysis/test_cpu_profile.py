@@ -69,21 +69,20 @@ def test_cpu_profile_categories_steps_parts(cpu_trace):
     assert profile.time_basis == "cpu_self"
     top = _top_level(ops)
     total = sum(e["dur"] for e in top)
-    assert profile.extra["cpu_self_us"] == pytest.approx(total, rel=1e-9)
-    assert profile.gpu_time_us == pytest.approx(total, rel=1e-9)
+    assert profile.total_us == pytest.approx(total, rel=1e-9)
 
-    rows = {k["name"]: k for k in profile.kernels}
+    rows = {k.name: k for k in profile.kernels}
     for name, category in EXPECTED.items():
         calls = [e for e in ops if e["name"] == name]
-        assert rows[name]["category"] == category
-        assert rows[name]["count"] == len(calls) >= STEPS
-        assert rows[name]["total_us"] == pytest.approx(sum(_plain_self(e, ops) for e in calls), rel=1e-9, abs=1e-6)
+        assert rows[name].category == category
+        assert rows[name].count == len(calls) >= STEPS
+        assert rows[name].total_us == pytest.approx(sum(_plain_self(e, ops) for e in calls), rel=1e-9, abs=1e-6)
 
-    assert {c["category"] for c in profile.categories} <= set(CATEGORIES)
+    assert {c.category for c in profile.categories} <= set(CATEGORIES)
     for c in profile.categories:
-        plain = sum(k["total_us"] for k in profile.kernels if k["category"] == c["category"])
-        assert c["total_us"] == pytest.approx(plain, rel=1e-9)
-    assert sum(c["total_us"] for c in profile.categories) == pytest.approx(total, rel=1e-9)
+        plain = sum(k.total_us for k in profile.kernels if k.category == c.category)
+        assert c.total_us == pytest.approx(plain, rel=1e-9)
+    assert sum(c.total_us for c in profile.categories) == pytest.approx(total, rel=1e-9)
     assert profile.category_share(GEMM_FP32_SIMT) > 0 and profile.category_share(ELEMENTWISE) > 0
 
     steps = [r for r in ranges if r["name"].startswith("ProfilerStep#")]
@@ -96,21 +95,21 @@ def test_cpu_profile_categories_steps_parts(cpu_trace):
     assert profile.steps["gpu_us_per_step"] == pytest.approx(
         sum(e["dur"] for s in per_step for e in _top_level(s)) / STEPS, rel=1e-9)
 
-    parts = {p["part"]: p for p in profile.extra["parts"]}
+    parts = {p.part: p for p in profile.parts}
     for part in ("attn", "mlp"):
         in_part = [e for e in ops if any(r["name"] == part and r["ts"] <= e["ts"] <= r["ts"] + r["dur"] for r in ranges)]
-        assert parts[part]["count"] == len(in_part)
-        assert parts[part]["total_us"] == pytest.approx(sum(e["dur"] for e in _top_level(in_part)), rel=1e-9)
-        assert parts[part]["share"] == pytest.approx(parts[part]["total_us"] / total, rel=1e-9)
+        assert parts[part].count == len(in_part)
+        assert parts[part].total_us == pytest.approx(sum(e["dur"] for e in _top_level(in_part)), rel=1e-9)
+        assert parts[part].share == pytest.approx(parts[part].total_us / total, rel=1e-9)
     assert not any(p.startswith("ProfilerStep") for p in parts)
-    assert not any(k["name"].startswith("ProfilerStep") or k["name"] in ("attn", "mlp") for k in profile.kernels)
+    assert not any(k.name.startswith("ProfilerStep") or k.name in ("attn", "mlp") for k in profile.kernels)
 
 
 def test_saved_cpu_profile_loads_and_is_diagnosed(cpu_trace, tmp_path):
     profile = analyze_paths([cpu_trace])
     saved = Profile.load(profile.save(tmp_path / "cpu.json"))
     assert saved.time_basis == "cpu_self" and saved.categories == profile.categories
-    assert saved.steps["count"] == STEPS and saved.extra["parts"] == profile.extra["parts"]
+    assert saved.steps["count"] == STEPS and saved.parts == profile.parts
     d = diagnose(saved)
     assert d.cpu and d.glue.share == pytest.approx(saved.glue_share, rel=1e-9) and d.glue.share > 0
 

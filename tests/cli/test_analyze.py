@@ -17,7 +17,7 @@ def test_analyze_writes_profile(tmp_path):
     r = runner.invoke(app, ["analyze", str(t), "--json", str(out)])
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
-    assert data["schema"] == "dsv4opt.profile/1" and data["gpu_time_us"] == 2.5
+    assert data["schema"] == "dsv4opt.profile/1" and data["total_us"] == data["gpu_time_us"] == 2.5
     r = runner.invoke(app, ["analyze", str(t), "--json", str(out)])
     assert r.exit_code == 1 and "already exists" in r.output
 

@@ -29,9 +29,9 @@ def test_profile_tiny_on_cpu_writes_a_labelled_profile(tmp_path, monkeypatch):
     assert prof.throughput["ms_per_step"] > 0
     assert abs(prof.throughput["tokens_per_s"] - 2 * 1000 / prof.throughput["ms_per_step"]) < 1e-6
     # CPU operators land in the same fixed categories as GPU kernels, so the loop can run on a CPU
-    assert prof.kernels and all(k["category"] in CATEGORIES for k in prof.kernels)
-    assert {c["category"] for c in prof.categories} >= {"gemm_fp32_simt", "elementwise"}
-    assert prof.steps["count"] == 2 and prof.extra["parts"]
+    assert prof.kernels and all(k.category in CATEGORIES for k in prof.kernels)
+    assert {c.category for c in prof.categories} >= {"gemm_fp32_simt", "elementwise"}
+    assert prof.steps["count"] == 2 and prof.parts
     # The raw trace was kept, and it holds the model-part ranges the analysis attributes time to.
     kept = list(traces.glob("*.trace.json"))
     assert len(kept) == 1

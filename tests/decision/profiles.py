@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dsv4opt.analysis.profile import Profile
+from dsv4opt.analysis.profile import CategoryRow, KernelRow, Profile
 
 
 def make_profile(kernels: list[tuple[str, str, int, float]], *, steps: int = 10, meta: dict | None = None,
@@ -10,20 +10,20 @@ def make_profile(kernels: list[tuple[str, str, int, float]], *, steps: int = 10,
     """kernels: (name, category, launches, total_us)."""
     total = sum(k[3] for k in kernels)
     rows = sorted(
-        ({"name": n, "category": c, "count": cnt, "total_us": t, "share": t / total} for n, c, cnt, t in kernels),
-        key=lambda r: -r["total_us"],
+        (KernelRow(name=n, category=c, count=cnt, total_us=t, share=t / total) for n, c, cnt, t in kernels),
+        key=lambda r: -r.total_us,
     )
-    cats: dict[str, dict] = {}
+    cats: dict[str, CategoryRow] = {}
     for r in rows:
-        row = cats.setdefault(r["category"], {"category": r["category"], "count": 0, "total_us": 0.0, "share": 0.0})
-        row["count"] += r["count"]
-        row["total_us"] += r["total_us"]
-        row["share"] += r["share"]
+        row = cats.setdefault(r.category, CategoryRow(category=r.category, count=0, total_us=0.0, share=0.0))
+        row.count += r.count
+        row.total_us += r.total_us
+        row.share += r.share
     return Profile(
         meta={"target": "trace", **(meta or {})},
-        gpu_time_us=total,
+        total_us=total,
         kernels=rows,
-        categories=sorted(cats.values(), key=lambda r: -r["total_us"]),
+        categories=sorted(cats.values(), key=lambda r: -r.total_us),
         steps={"count": steps},
         throughput=throughput,
     )

@@ -6,7 +6,7 @@ from dsv4opt.report.tables import print_comparison, print_profile
 
 
 def test_renderers_on_empty_profile():
-    empty = Profile(meta={}, gpu_time_us=0.0, kernels=[], categories=[])
+    empty = Profile(meta={}, total_us=0.0, kernels=[], categories=[])
     console = Console(record=True, width=120)
     print_profile(empty, console=console)
     print_comparison(compare_profiles(empty, empty), console=console)

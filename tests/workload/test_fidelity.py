@@ -1,8 +1,8 @@
 """What one decode step launches, part by part, against SGLang's sm_120 path.
 
 The expected counts are SGLang's per-layer launches at sgl-project/sglang@37ef295c7 (counted from
-its source: ../shared/docs/sglang-dsv4-sm120.md, docs/workload.md) with the differences the
-workload makes on purpose written next to them. Counted on the tiny config under the interpreter:
+its source, docs/workload.md) with the differences the workload makes on purpose written next to
+them. Counted on the tiny config under the interpreter:
 a Triton kernel or an ATen operator that launches a GPU kernel counts one (launch_count.py).
 """
 

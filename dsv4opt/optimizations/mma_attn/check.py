@@ -23,7 +23,8 @@ _KERNEL_MODULES = ("dsv4opt.optimizations.mma_attn.kernel", "dsv4opt.workload.at
 
 
 def _use_interpreter() -> None:
-    """Triton decides interpreter or compiler when a kernel is defined, so set it before import."""
+    """Triton decides interpreter or compiler when a kernel is defined, so set it before import (and
+    read the environment here: tritonlib.interpreted() would import tritonlib's kernels too early)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return
     if any(m in sys.modules for m in _KERNEL_MODULES):

@@ -17,12 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4opt.tritonlib import FP8_MAX, interpreted, round_to_e4m3, runs_triton
+from dsv4opt.tritonlib import interpreted, quantize_e4m3, runs_triton
 from dsv4opt.workload.kernels import naive
 from dsv4opt.workload.kernels.rope import _ceil_pow2_exponent, _rotate, _store_latent, cache_args  # noqa: F401
 from dsv4opt.workload.kvcache import AMAX_EPS, IndexKeyCache, KVCache, quantize_index_key
 
-FP8_MAX_ = tl.constexpr(FP8_MAX)
 AMAX_EPS_ = tl.constexpr(AMAX_EPS)
 
 
@@ -142,8 +141,7 @@ def _index_key_store_kernel(p_x, p_w, p_cos, p_sin, p_pos, p_loc, p_cache8, p_ca
         b_x = (b_x * b_r * tl.load(p_w + o_n)).to(DTYPE).to(tl.float32)
         b_xp = (b_xp * b_r * tl.load(p_w + (o_n ^ 1))).to(DTYPE).to(tl.float32)
         b_y = _hadamard(_rope_flat(b_x, b_xp, o_n, p_cos, p_sin, pos + 1 - ratio, DN, (N - DN) // 2), o_n, N)
-        b_s = tl.maximum(tl.max(tl.abs(b_y), axis=0), AMAX_EPS_) / FP8_MAX_
-        b_q = round_to_e4m3(tl.clamp(b_y / b_s, -FP8_MAX_, FP8_MAX_), EMULATE)
+        b_q, b_s = quantize_e4m3(b_y, AMAX_EPS_, EMULATE)
         t = tl.load(p_loc + i_b).to(tl.int64)
         page = t // page_size
         slot = t % page_size

@@ -15,20 +15,19 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4opt.tritonlib import FP8_MAX, interpreted, round_to_e4m3, runs_triton
+from dsv4opt.tritonlib import interpreted, quantize_e4m3, runs_triton
 from dsv4opt.workload import quant
 from dsv4opt.workload.kernels import naive
 
 
 @triton.jit
 def _group_quant_fp8_kernel(p_x, p_q, p_s, stride_x, stride_q, stride_s, eps,
-                            GROUP: tl.constexpr, FP8_MAX_: tl.constexpr, EMULATE: tl.constexpr):
+                            GROUP: tl.constexpr, EMULATE: tl.constexpr):
     i_t = tl.program_id(0).to(tl.int64)
     i_g = tl.program_id(1)
     o_k = i_g * GROUP + tl.arange(0, GROUP)
     b_x = tl.load(p_x + i_t * stride_x + o_k).to(tl.float32)  # [GROUP]
-    b_s = tl.maximum(tl.max(tl.abs(b_x), axis=0), eps) / FP8_MAX_
-    b_q = round_to_e4m3(tl.clamp(b_x / b_s, -FP8_MAX_, FP8_MAX_), EMULATE)
+    b_q, b_s = quantize_e4m3(b_x, eps, EMULATE)
     tl.store(p_q + i_t * stride_q + o_k, b_q.to(p_q.dtype.element_ty))
     tl.store(p_s + i_t * stride_s + i_g, b_s)
 
@@ -44,7 +43,7 @@ def group_quant_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Te
     if M:
         _group_quant_fp8_kernel[(M, K // group)](
             p_x=x, p_q=q, p_s=s, stride_x=x.stride(0), stride_q=q.stride(0), stride_s=s.stride(0),
-            eps=quant.SCALE_EPS, GROUP=group, FP8_MAX_=FP8_MAX, EMULATE=interpreted(), num_warps=1,
+            eps=quant.SCALE_EPS, GROUP=group, EMULATE=interpreted(), num_warps=1,
         )
     return q, s
 

@@ -40,7 +40,7 @@ def test_profile_end_to_end(standin, served_trace, tmp_path):
     assert saved["meta"]["optimizations"] == ["mma-attn"]
     assert saved["meta"]["load"]["steady"] is True and saved["meta"]["rank_names"] == ["TP0", "TP1"]
     # Both ranks serve the same trace: GPU time is twice its plain sum of durations.
-    assert prof.gpu_time_us == pytest.approx(2 * _gpu_time_us(served_trace))
+    assert prof.total_us == pytest.approx(2 * _gpu_time_us(served_trace))
     assert saved["throughput"]["tokens_per_s"] > 0 and saved["throughput"]["ms_per_step"] > 0
 
     (body,) = _calls(standin, "/start_profile")

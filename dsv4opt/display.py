@@ -1,0 +1,28 @@
+"""How figures are written wherever a person reads them: shares, times, numbers, a missing value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MISSING = "-"
+
+
+def pct(share: float | None) -> str:
+    """0.123 -> "12.3%"."""
+    return MISSING if share is None else f"{100 * share:.1f}%"
+
+
+def duration(us: float | None) -> str:
+    """Microseconds as "12.3 µs", or "1.23 ms" from a millisecond up."""
+    if us is None:
+        return MISSING
+    return f"{us / 1000:.2f} ms" if abs(us) >= 1000 else f"{us:.1f} µs"
+
+
+def value(x: Any, spec: str = "", suffix: str = "") -> str:
+    """Any figure by a format spec ("" for str()); a list joined ("none" when empty)."""
+    if x is None:
+        return MISSING
+    if isinstance(x, (list, tuple)):
+        return ", ".join(map(str, x)) or "none"
+    return (format(x, spec) if spec else str(x)) + suffix

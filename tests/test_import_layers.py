@@ -1,0 +1,92 @@
+"""Imports run one way: the drawing in docs/architecture.md ("Which way the imports run") orders the
+packages bottom to top, and no module imports from a package drawn above its own, whether the
+import sits at the top of the file or inside a function."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.helpers import REPO
+
+PACKAGE = REPO / "dsv4opt"
+ENTRY_POINTS = {"__init__", "__main__"}  # dsv4opt/__init__.py, __main__.py: above everything
+
+
+def drawn_order(doc: str) -> list[str]:
+    """The packages of the drawing, bottom first (the leaves' row left to right)."""
+    block = doc.split("## Which way the imports run", 1)[1]
+    lines = re.search(r"\n\n((?:    \S.*\n)+)", block).group(1).splitlines()
+    order: list[str] = []
+    for line in lines:
+        names = line.split("->")[0].split("(")[0]
+        order += [n.strip() for n in names.split(",") if n.strip()]
+    return order
+
+
+def imported_units(path: Path) -> set[str]:
+    """The top-level dsv4opt units (package or module under dsv4opt/) that `path` imports from."""
+    package = path.relative_to(REPO).with_suffix("").parts[:-1]  # what a relative import starts from
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(package[: len(package) - (node.level - 1)])
+                names = [".".join(base + ([node.module] if node.module else []))]
+            else:
+                names = [node.module or ""]
+        else:
+            continue
+        out |= {n.split(".")[1] for n in names if n.startswith("dsv4opt.")}
+    return out
+
+
+def unit_of(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def back_up_imports(order: list[str]) -> list[str]:
+    rank = {name: i for i, name in enumerate(order)}
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        unit = unit_of(path)
+        if unit in ENTRY_POINTS:
+            continue
+        if unit not in rank:
+            wrong.append(f"{path.relative_to(REPO)}: {unit} is not in the drawing")
+            continue
+        for target in sorted(imported_units(path) - {unit}):
+            if target not in rank:
+                wrong.append(f"{path.relative_to(REPO)} imports {target}, which is not in the drawing")
+            elif rank[target] > rank[unit]:
+                wrong.append(f"{path.relative_to(REPO)} ({unit}) imports {target}, drawn above it")
+    return wrong
+
+
+def test_the_drawing_names_every_package_once_and_capture_below_analysis():
+    order = drawn_order((REPO / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    assert len(order) == len(set(order))
+    assert order.index("capture") < order.index("analysis") < order.index("decision") < order.index("loop") \
+        < order.index("report") < order.index("cli")
+    on_disk = {unit_of(p) for p in PACKAGE.rglob("*.py")} - ENTRY_POINTS
+    assert on_disk == set(order)
+
+
+def test_no_import_runs_back_up():
+    order = drawn_order((REPO / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    assert back_up_imports(order) == []
+
+
+def test_an_import_running_back_up_is_caught():
+    # The same code against a drawing with loop moved below analysis: loop's imports of analysis
+    # now run back up.
+    order = drawn_order((REPO / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    flipped = [n for n in order if n != "loop"]
+    flipped.insert(flipped.index("analysis"), "loop")
+    wrong = back_up_imports(flipped)
+    assert wrong and all("(loop) imports" in w for w in wrong)
+    assert any("imports analysis, drawn above it" in w for w in wrong)
