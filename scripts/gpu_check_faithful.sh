@@ -5,7 +5,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 timeout 400 python3 -m pytest -q -p no:cacheprovider tests/workload tests/optimizations 2>&1 | tail -40 > "$OUT/pytest_gpu.log"

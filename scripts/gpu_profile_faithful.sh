@@ -7,7 +7,7 @@
 set -uo pipefail
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT/p"
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 for spec in "$@"; do
   IFS=: read -r name c ctx opts <<<"$spec"
   with=()

@@ -16,7 +16,7 @@ from dsv4opt.workload.baseline import routed_experts_sm120
 from dsv4opt.workload.kernels import naive
 
 check_module = importlib.import_module("dsv4opt.optimizations.grouped_moe.check")
-INTERPRETED = type(kernel._gate_up_kernel).__name__ == "InterpretedFunction"
+INTERPRETED = type(kernel._moe_gate_up_kernel).__name__ == "InterpretedFunction"
 on_cpu = pytest.mark.skipif(not INTERPRETED, reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
 SMALL = [MoeCase(13, p, hidden=64, width=96, experts=5, topk=3) for p in ("mixed", "one_hot_expert", "all_other_ranks")]
 

@@ -28,29 +28,35 @@ BLOCK_M = 16  # slots per tile: the smallest tl.dot M; about 6 tokens per expert
 
 @triton.jit
 def _e2m1(nib):
-    """A 4-bit e2m1 code (sign, two exponent bits, one mantissa bit) -> fp32."""
-    sign = (nib >> 3) & 1
+    """A 4-bit e2m1 code (sign, two exponent bits, one mantissa bit) -> fp32, without exp2 (the
+    special-function unit runs at a quarter of the rate of the integer and FMA pipes)."""
     exp = (nib >> 1) & 3
     man = (nib & 1).to(tl.float32)
-    mag = tl.where(exp == 0, man * 0.5, (1.0 + man * 0.5) * tl.exp2((exp - 1).to(tl.float32)))
-    return tl.where(sign != 0, -mag, mag)
+    pow2 = (1 << tl.maximum(exp - 1, 0)).to(tl.float32)  # 2^(exp - 1) for exp >= 1
+    mag = tl.where(exp == 0, man * 0.5, (1.0 + man * 0.5) * pow2)
+    return tl.where((nib & 8) != 0, -mag, mag)
 
 
 @triton.jit
 def _mxfp4_tile(p_w, p_s, e, o_n, m_n, k0, stride_we, stride_wn, stride_se, stride_sn,
                 K: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, dt: tl.constexpr):
     """Rows o_n, columns [k0, k0 + BK) of expert e's weights, dequantised: [BN, BK] in dt."""
+    BN: tl.constexpr = o_n.shape[0]
+    G: tl.constexpr = BK // GROUP  # scale groups in the tile
     o_b = k0 // 2 + tl.arange(0, BK // 2)  # byte columns: two values each
     m_w = m_n[:, None] & (o_b[None, :] < K // 2)
     b_w = tl.load(p_w + e * stride_we + o_n[:, None] * stride_wn + o_b[None, :], mask=m_w, other=0).to(tl.int32)
-    b_s = tl.load(p_s + e * stride_se + o_n[:, None] * stride_sn + (2 * o_b[None, :]) // GROUP, mask=m_w, other=0.0)
+    o_g = k0 // GROUP + tl.arange(0, G)
+    b_s = tl.load(p_s + e * stride_se + o_n[:, None] * stride_sn + o_g[None, :],
+                  mask=m_n[:, None] & (o_g < K // GROUP)[None, :], other=0.0)  # [BN, G]: one load per group
+    b_s = tl.reshape(tl.broadcast_to(b_s[:, :, None], [BN, G, GROUP // 2]), [BN, BK // 2])  # per byte
     b_lo = _e2m1(b_w & 0xF) * b_s  # [BN, BK/2] even columns
     b_hi = _e2m1((b_w >> 4) & 0xF) * b_s  # odd columns
-    return tl.reshape(tl.join(b_lo, b_hi), [o_n.shape[0], BK]).to(dt)  # [BN, BK] in column order
+    return tl.reshape(tl.join(b_lo, b_hi), [BN, BK]).to(dt)  # [BN, BK] in column order
 
 
 @triton.jit
-def _gate_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_act,
+def _moe_gate_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_act,
                     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_am, limit,
                     R, I: tl.constexpr, K: tl.constexpr, TOPK: tl.constexpr, GROUP: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -85,7 +91,7 @@ def _gate_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_act,
 
 
 @triton.jit
-def _down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_out,
+def _moe_down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_out,
                  stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_om,
                  R, N: tl.constexpr, K: tl.constexpr, GROUP: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -112,7 +118,7 @@ def _down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_out,
 
 
 @triton.jit
-def _combine_kernel(p_down, p_ids, p_gates, p_out, stride_dm, stride_om, scale,
+def _moe_combine_kernel(p_down, p_ids, p_gates, p_out, stride_dm, stride_om, scale,
                     N: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr):
     """out[m] = scale * sum_j gates[m, j] * down[m * TOPK + j] over the slots on this rank."""
     i_m = tl.program_id(0).to(tl.int64)
@@ -162,13 +168,28 @@ def route(local_ids: torch.Tensor, experts: int, block_m: int = BLOCK_M) -> Rout
     return Routing(rows[:P], tile_expert)
 
 
-def _blocks(n: int, k: int) -> tuple[int, int]:
-    """(BN, BK): 64 output columns, 128 input columns (MXFP4 groups of 32 whole) or the whole width."""
-    return min(64, triton.next_power_of_2(n)), min(128, triton.next_power_of_2(k))
+@dataclass(frozen=True)
+class MoeTiles:
+    """Launch configuration of the two GEMM kernels: output columns (BN) and input columns (BK, whole
+    MXFP4 groups) per program, warps and pipeline stages."""
+
+    up_bn: int = 64
+    up_bk: int = 128
+    up_warps: int = 4
+    up_stages: int = 3
+    down_bn: int = 64
+    down_bk: int = 128
+    down_warps: int = 4
+    down_stages: int = 3
+
+
+def _fit(block: int, n: int) -> int:
+    """A power-of-two block no wider than n needs."""
+    return min(block, triton.next_power_of_2(n))
 
 
 def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torch.Tensor, w13: Mxfp4Experts,
-                           w2: Mxfp4Experts, limit: float, scale: float) -> torch.Tensor:
+                           w2: Mxfp4Experts, limit: float, scale: float, tiles: MoeTiles | None = None) -> torch.Tensor:
     """The `routed_experts` slot (dsv4opt/workload/slots.py), grouped by expert on tensor cores.
 
     x: [M, d]; local_ids: [M, k] int32 (-1: another rank's expert); gates: [M, k] fp32;
@@ -188,24 +209,27 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     act = torch.empty(P, I, device=x.device, dtype=x.dtype)
     down = torch.empty(M * k, d, device=x.device, dtype=torch.float32)
     out = torch.empty(M, d, device=x.device, dtype=x.dtype)
-    tiles = P // BLOCK_M
-    bn, bk = _blocks(I, d)
+    n_tiles = P // BLOCK_M
+    t = tiles or MoeTiles()
     if M:
-        _gate_up_kernel[(tiles, triton.cdiv(I, bn))](
+        bn, bk = _fit(t.up_bn, I), _fit(t.up_bk, d)
+        _moe_gate_up_kernel[(n_tiles, triton.cdiv(I, bn))](
             p_x=x, p_w=w13.packed, p_s=w13.scales, p_rows=r.rows, p_tile_expert=r.tile_expert, p_act=act,
             stride_xm=x.stride(0), stride_we=w13.packed.stride(0), stride_wn=w13.packed.stride(1),
             stride_se=w13.scales.stride(0), stride_sn=w13.scales.stride(1), stride_am=act.stride(0), limit=limit,
-            R=R, I=I, K=d, TOPK=k, GROUP=MXFP4_GROUP, BM=BLOCK_M, BN=bn, BK=bk, num_warps=4, num_stages=3,
+            R=R, I=I, K=d, TOPK=k, GROUP=MXFP4_GROUP, BM=BLOCK_M, BN=bn, BK=bk,
+            num_warps=t.up_warps, num_stages=t.up_stages,
         )
-        bn, bk = _blocks(d, I)
-        _down_kernel[(tiles, triton.cdiv(d, bn))](
+        bn, bk = _fit(t.down_bn, d), _fit(t.down_bk, I)
+        _moe_down_kernel[(n_tiles, triton.cdiv(d, bn))](
             p_act=act, p_w=w2.packed, p_s=w2.scales, p_rows=r.rows, p_tile_expert=r.tile_expert, p_out=down,
             stride_am=act.stride(0), stride_we=w2.packed.stride(0), stride_wn=w2.packed.stride(1),
             stride_se=w2.scales.stride(0), stride_sn=w2.scales.stride(1), stride_om=down.stride(0),
-            R=R, N=d, K=I, GROUP=MXFP4_GROUP, BM=BLOCK_M, BN=bn, BK=bk, num_warps=4, num_stages=3,
+            R=R, N=d, K=I, GROUP=MXFP4_GROUP, BM=BLOCK_M, BN=bn, BK=bk,
+            num_warps=t.down_warps, num_stages=t.down_stages,
         )
         bc = min(1024, triton.next_power_of_2(d))
-        _combine_kernel[(M, triton.cdiv(d, bc))](
+        _moe_combine_kernel[(M, triton.cdiv(d, bc))](
             p_down=down, p_ids=local_ids, p_gates=gates, p_out=out, stride_dm=down.stride(0), stride_om=out.stride(0),
             scale=scale, N=d, TOPK=k, BN=bc, num_warps=4,
         )
