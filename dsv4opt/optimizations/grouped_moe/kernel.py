@@ -183,6 +183,12 @@ class MoeTiles:
     down_stages: int = 3
 
 
+# Few gathered tokens (C <= 8 a rank) hit few experts: narrower column blocks give those tiles more
+# programs (measured on the H200 at C = 1: 265 against 405 µs; at C = 32 the default is faster).
+SMALL_TILES = MoeTiles(up_bn=32, down_bn=32)
+SMALL_TOKENS = 64
+
+
 def _fit(block: int, n: int) -> int:
     """A power-of-two block no wider than n needs."""
     return min(block, triton.next_power_of_2(n))
@@ -210,7 +216,7 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     down = torch.empty(M * k, d, device=x.device, dtype=torch.float32)
     out = torch.empty(M, d, device=x.device, dtype=x.dtype)
     n_tiles = P // BLOCK_M
-    t = tiles or MoeTiles()
+    t = tiles or (SMALL_TILES if M <= SMALL_TOKENS else MoeTiles())
     if M:
         bn, bk = _fit(t.up_bn, I), _fit(t.up_bk, d)
         _moe_gate_up_kernel[(n_tiles, triton.cdiv(I, bn))](
