@@ -1,11 +1,13 @@
-"""Write mma-attn's measured.json (kernel speed-up per batch) from committed H200 benchmark output.
+"""Write mma-attn's and grouped-moe's measured.json (kernel speed-up per batch / concurrency) from
+committed H200 benchmark output.
 
     python scripts/record_measured.py
 
 `dsv4opt recommend` reads measured.json for its Amdahl bound. The figures are taken from the JSON
 the benchmark run wrote, never typed in: docs/kernels/mma_attn_h200_bench_fp8.json
 (`dsv4opt bench mma-attn --kv fp8 --json`): the baseline (SGLang's sm_120 path over both caches) /
-mma-attn time. bf16-gemm has no record since its slot changed (the indexer logits); until it is
+mma-attn time; docs/optimizations/grouped_moe_h200_bench.json (`dsv4opt bench grouped-moe --json`):
+SGLang's per-slot path / the grouped kernels. bf16-gemm has no record since its slot changed (the indexer logits); until it is
 benchmarked again, recommend bounds it by its target's share alone.
 """
 
@@ -31,7 +33,17 @@ def mma_attn() -> dict:
     }
 
 
+def grouped_moe() -> dict:
+    src = ROOT / "docs/optimizations/grouped_moe_h200_bench.json"
+    bench = json.loads(src.read_text())
+    return {
+        "device": bench["device"],
+        "source": f"{src.relative_to(ROOT)} (dsv4opt bench grouped-moe)",
+        "kernel_speedup": {str(r["concurrency"]): r["baseline_us"] / r["grouped_us"] for r in bench["rows"]},
+    }
+
+
 if __name__ == "__main__":
-    for package, record in (("mma_attn", mma_attn()),):
+    for package, record in (("mma_attn", mma_attn()), ("grouped_moe", grouped_moe())):
         path = write_json_atomic(ROOT / "dsv4opt/optimizations" / package / "measured.json", record)
         print(path.relative_to(ROOT), {k: round(v, 2) for k, v in record["kernel_speedup"].items()})

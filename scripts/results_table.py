@@ -4,7 +4,8 @@
 
 1. Every profile: throughput, shares of the categories that matter, launches per step.
 2. Each optimisation's saving on its target: the GPU time per step of the target (attention part
-   for mma-attn, FP32 SIMT GEMM kernels for bf16-gemm) before and after, at the same settings.
+   for mma-attn, FP32 SIMT GEMM kernels for bf16-gemm, MoE kernels for grouped-moe) before and after,
+   at the same settings.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def main(paths: list[str]) -> None:
             targets.append(("attention part (two kernel calls, merge, sink, inverse RoPE)", part_us(b, "attn"), part_us(p, "attn")))
         if "bf16-gemm" in opts:
             targets.append(("FP32 SIMT GEMM kernels", b.category_total_us("gemm_fp32_simt"), p.category_total_us("gemm_fp32_simt")))
+        if "grouped-moe" in opts:
+            targets.append(("MoE kernels (routed experts, router, shared expert)", b.category_total_us("moe"), p.category_total_us("moe")))
         for name, before, after in targets:
             print(f"| {key(p)[0]} | {key(p)[1]} | {variant(p)} | {name} | {ms_per_step(b, before):.2f} | "
                   f"{ms_per_step(p, after):.2f} | {1 - after / before:.1%} | {b.throughput['ms_per_step']:.1f} | "
