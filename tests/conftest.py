@@ -15,6 +15,10 @@ from dsv4opt.numerics import nan_poisoned_allocations
 # interpreted on a machine without a GPU.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# ... and define the model's kernels now, under that setting: a module first imported inside a test
+# that switches the interpreter off (the `torch_path` fixture) would otherwise keep compiled kernels
+# for the rest of the session, whatever order the tests run in.
+import dsv4opt.workload.model  # noqa: E402,F401
 
 _empty = torch.empty  # the unpoisoned allocators, for tests that count launches
 _empty_like = torch.empty_like

@@ -125,14 +125,9 @@ def render(result: BenchResult):
     from rich.table import Table
 
     if not result.check.passed:
-        table = Table(title=f"grouped-moe check FAILED on {result.device}: no timing, no speed-up")
-        table.add_column("case")
-        table.add_column("rel err", justify="right")
-        table.add_column("baseline rel err", justify="right")
-        for c in result.check.details["cases"]:
-            if not c["passed"]:
-                table.add_row(c["case"], f"{c['rel_err']:.2e}", f"{c['baseline_rel_err']:.2e}")
-        return table
+        from dsv4opt.optimizations.gate_table import failed_table
+
+        return failed_table("grouped-moe", result.check, ("rel_err", "baseline_rel_err"))
     table = Table(title=(f"grouped-moe on {result.device}: d {_CFG.hidden}, I {_CFG.expert_width}, "
                          f"{_CFG.experts // _CFG.expert_parallel} experts a rank, top-{_CFG.experts_per_token}; "
                          f"copy {result.copy_gbps:.0f} GB/s; check: {result.check.summary}"))

@@ -8,14 +8,12 @@ kernels forget (a token whose slots are all on other ranks, padding of a tile) f
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import asdict
 
 import torch
 
-from dsv4opt.errors import DsvOptError
 from dsv4opt.numerics import error_report, nan_poisoned_allocations
+from dsv4opt.optimizations.gate_table import gate_device, table_result
 from dsv4opt.optimizations.grouped_moe.cases import MoeCase, gpu_cases, interpreter_cases, make_inputs
 from dsv4opt.optimizations.registry import CheckResult
 
@@ -24,18 +22,6 @@ NAME = "grouped-moe"
 # 1e-3 in the norm; a slot dropped, doubled or sent to the wrong expert moves a row by O(1).
 REL_TOL = 1e-2
 _KERNEL_MODULES = ("dsv4opt.optimizations.grouped_moe.kernel", "dsv4opt.workload.kernels.moe")
-
-
-def _use_interpreter() -> None:
-    """Triton decides interpreter or compiler when a kernel is defined, so set it before import."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    if any(m in sys.modules for m in _KERNEL_MODULES):
-        raise DsvOptError(
-            "the CPU check runs Triton's interpreter, but the kernels were already loaded without it: "
-            "rerun with TRITON_INTERPRET=1 set in the environment"
-        )
-    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def run_case(case: MoeCase, device: torch.device, dtype: torch.dtype, seed: int = 0, impl=None) -> dict:
@@ -64,34 +50,8 @@ def run_case(case: MoeCase, device: torch.device, dtype: torch.dtype, seed: int 
 
 def check(device: str | None = None, cases: list[MoeCase] | None = None, impl=None) -> CheckResult:
     """Run the table on `device` (default: CUDA if present, else the CPU interpreter)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise DsvOptError("no CUDA device is visible: run the check with --device cpu (interpreter)")
-    if dev.type == "cpu":
-        _use_interpreter()
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float16
+    dev, dtype = gate_device(device, _KERNEL_MODULES)
     cases = cases if cases is not None else (gpu_cases() if dev.type == "cuda" else interpreter_cases())
     rows = [run_case(c, dev, dtype, seed=i, impl=impl) for i, c in enumerate(cases)]
-    figures = {
-        "rel_err": max(r["rel_err"] for r in rows),
-        "baseline_rel_err": max(r["baseline_rel_err"] for r in rows),
-        "nonfinite": float(sum(r["nonfinite"] for r in rows)),
-        "cases": float(len(rows)),
-    }
-    bounds = {"rel_err": REL_TOL, "baseline_rel_err": REL_TOL, "nonfinite": 0.0}
-    failed = [r["case"] for r in rows if not r["passed"]]
-    worst = max(rows, key=lambda r: r["rel_err"])
-    summary = (
-        f"{len(rows) - len(failed)}/{len(rows)} cases within rel {REL_TOL:g} in {str(dtype).removeprefix('torch.')} "
-        f"on {dev.type}; worst rel {worst['rel_err']:.2e} ({worst['case']})"
-        + (f"; FAILED: {', '.join(failed)}" if failed else "")
-    )
-    return CheckResult(
-        name=NAME,
-        passed=not failed,
-        device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton interpreter)",
-        figures=figures,
-        bounds=bounds,
-        summary=summary,
-        details={"dtype": str(dtype), "cases": rows, "table": [asdict(c) for c in cases]},
-    )
+    return table_result(NAME, rows, dev, dtype, REL_TOL, ("rel_err", "baseline_rel_err"),
+                        {"table": [asdict(c) for c in cases]})

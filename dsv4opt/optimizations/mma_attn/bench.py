@@ -230,14 +230,9 @@ def render(result: BenchResult):
     from rich.table import Table
 
     if not result.check.passed:
-        table = Table(title=f"mma-attn check FAILED on {result.device}: no timing, no speed-up")
-        table.add_column("case")
-        table.add_column("rel err o", justify="right")
-        table.add_column("rel err lse", justify="right")
-        for c in result.check.details["cases"]:
-            if not c["passed"]:
-                table.add_row(c["case"], f"{c['rel_err_o']:.2e}", f"{c['rel_err_lse']:.2e}")
-        return table
+        from dsv4opt.optimizations.gate_table import failed_table
+
+        return failed_table("mma-attn", result.check, ("rel_err_o", "rel_err_lse"))
     table = Table(
         title=(
             f"mma-attn on {result.device}: H {HEADS}, D {DIM}, K {TOPK} + window {WINDOW}, {result.kv} KV; "
