@@ -23,6 +23,7 @@ from dsv4opt.workload.kernels import naive as workload_naive
 # The package exports the function `check`, which hides the submodule of the same name.
 check_module = importlib.import_module("dsv4opt.optimizations.bf16_gemm.check")
 interpreted = pytest.mark.skipif(not kernel._INTERPRETED, reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
+on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # Contexts 48..80 tokens: 12..20 compressed entries per request at ratio 4, above dsv4-tiny's top-6.
 SMALL_MODEL = ModelSettings(config="dsv4-tiny", concurrency=4, context=64, steps=2, layers=None)
@@ -307,6 +308,37 @@ def test_model_level_part_fails_outputs_left_unwritten(torch_path):
     impls = {"indexer_logits": indexer_unwritten, "hc_premix": premix_unwritten}
     figures, _ = check_module.model_figures(SMALL_MODEL, CPU, impls)
     assert figures == {"model_recall_loss_mean": 1.0, "model_premix_err_worst": float("inf")}
+
+
+@pytest.fixture(scope="module")
+def correct_cuda_model_figures():
+    dev = torch.device("cuda")
+    return check_module.model_figures(check_module._model_settings(dev), dev, dict(bf16_gemm.IMPLEMENTATIONS))[0]
+
+
+@on_cuda
+@pytest.mark.parametrize("slot,broken", [
+    pytest.param("indexer_logits", _lowest_first, id="indexer-lowest-first"),
+    pytest.param("indexer_logits", _scores_ignored, id="indexer-scores-ignored"),
+    pytest.param("hc_premix", _premix_negated, id="premix-negated"),
+    pytest.param("hc_premix", _premix_transposed, id="premix-weight-transposed"),
+])
+def test_model_level_part_separates_broken_implementations_on_cuda(correct_cuda_model_figures, slot, broken):
+    """The gate's own GPU run (dsv4-flash, 6 layers, bf16 activations, the Triton kernels)."""
+    dev = torch.device("cuda")
+    bad, _ = check_module.model_figures(check_module._model_settings(dev), dev,
+                                        dict(bf16_gemm.IMPLEMENTATIONS, **{slot: broken}))
+    key = "model_recall_loss_mean" if slot == "indexer_logits" else "model_premix_err_worst"
+    bound = check_module.BOUNDS[key] if key in check_module.BOUNDS else check_module.premix_rounding_bound(4)
+    good = correct_cuda_model_figures[key]
+    margin = _separation(good, bound, bad[key])
+    assert bound >= 5 * good and bad[key] >= 5 * bound, margin
+
+
+@on_cuda
+def test_registered_check_passes_on_cuda():
+    result = get("bf16-gemm").check("cuda")
+    assert result.passed, result.summary
 
 
 def test_correct_premix_in_the_model_scores_what_bf16_rounding_predicts(correct_model_figures):

@@ -228,9 +228,9 @@ def premix_figures(impl: Callable, device: torch.device, gen: torch.Generator, t
 def premix_error_vs_terms(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> float:
     """||out - x @ weight^T|| / sqrt(sum over outputs o and terms i of (x_i w_oi)^2), in float64.
 
-    The exact product is on the unrounded inputs; the denominator is the size rounding errors of
-    a dot product's terms add up to, so a correct bf16 pre-mix scores about 2^-8 whatever K or the
-    cancellation in the outputs. out: [T, N]; x: [T, K]; weight: [N, K].
+    The exact product is on the unrounded inputs; the denominator is the size that rounding errors
+    of a dot product's terms add up to, so a correct bf16 pre-mix scores a fraction of 2^-8 (about
+    0.6 of it) whatever K or the cancellation in the outputs. out: [T, N]; x: [T, K]; weight: [N, K].
     """
     x64, w64 = x.detach().double(), weight.detach().double()
     err = out.detach().double() - x64 @ w64.T
