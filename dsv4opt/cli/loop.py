@@ -29,6 +29,7 @@ def list_(
     """The optimisations dsv4opt knows, what they replace and risk, and whether they are on."""
     from dsv4opt.loop.apply import record_check
     from dsv4opt.optimizations.registry import OPTIMIZATIONS, env_enabled
+    from dsv4opt.report.decision import print_check
     from dsv4opt.state import load_state
 
     state = load_state()
@@ -38,6 +39,7 @@ def list_(
         verdict = state.checks.get(opt.name)
         if check:
             result = opt.check(None)
+            print_check(result, console)
             verdict = record_check(result)
         shown = "not run (--check)" if not verdict else (
             f"{'passes' if verdict.passed else 'FAILS'} on {verdict.device}")

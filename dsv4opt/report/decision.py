@@ -15,13 +15,23 @@ from dsv4opt.optimizations.registry import CheckResult
 def print_check(result: CheckResult, console: Console) -> None:
     colour = "green" if result.passed else "red"
     console.print(f"[bold]{result.name}[/] check on {result.device}: [{colour}]{'passed' if result.passed else 'FAILED'}[/]")
-    table = Table("figure", "measured", "bound", box=None, pad_edge=False)
+    table = Table("figure", "measured", "bound", "of bound", box=None, pad_edge=False)
     for key, figure in result.figures.items():
         bound = result.bounds.get(key)
-        table.add_row(key, _num(figure), _num(bound) if bound is not None else "")
+        table.add_row(key, _num(figure), _num(bound) if bound is not None else "", _share(figure, bound))
     if result.figures:
         console.print(table)
     console.print(result.summary, highlight=False)
+
+
+def _share(figure, bound) -> str:
+    """How much of its bound a figure uses: a percentage up to 10x, then a multiple."""
+    if bound is None or not isinstance(figure, (int, float)):
+        return ""
+    if bound == 0:
+        return pct(0.0) if figure == 0 else "over"
+    share = figure / bound
+    return pct(share) if share < 10 else f"{share:.3g}x"
 
 
 def _num(figure) -> str:

@@ -37,6 +37,15 @@ def test_list_shows_every_optimisation_and_its_gate():
         assert text in r.output
 
 
+def test_list_check_shows_each_gates_figures_against_its_bounds(failing_check):
+    r = invoke("list", "--check")
+    assert r.exit_code == 0, r.output
+    for name in ("mma-attn", "bf16-gemm"):
+        assert f"{name} check on cpu: FAILED" in r.output
+    assert "rel_err" in r.output and "50x" in r.output  # 0.5 against a bound of 0.01
+    assert "FAILS on cpu" in r.output
+
+
 def test_apply_unknown_name_lists_the_known_ones():
     r = invoke("apply", "warp-drive", "--no-reprofile")
     assert r.exit_code == 1

@@ -16,15 +16,18 @@ import torch
 import dsv4opt.optimizations.bf16_gemm as bf16_gemm
 from dsv4opt.numerics import error_report
 from dsv4opt.optimizations.bf16_gemm import kernel, naive
-from dsv4opt.optimizations.bf16_gemm.check import E2ESettings, run_check, selection_figures
+from dsv4opt.optimizations.bf16_gemm.check import ModelSettings, run_check, selection_figures
 from dsv4opt.optimizations.registry import get, implementations
 from dsv4opt.workload.kernels import naive as workload_naive
 
 # The package exports the function `check`, which hides the submodule of the same name.
 check_module = importlib.import_module("dsv4opt.optimizations.bf16_gemm.check")
 interpreted = pytest.mark.skipif(not kernel._INTERPRETED, reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
+on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-SMALL_E2E = E2ESettings(config="dsv4-tiny", concurrency=4, context=64, steps=4, layers=None)
+# Contexts 48..80 tokens: 12..20 compressed entries per request at ratio 4, above dsv4-tiny's top-6.
+SMALL_MODEL = ModelSettings(config="dsv4-tiny", concurrency=4, context=64, steps=2, layers=None)
+CPU = torch.device("cpu")
 
 
 def _indexer_inputs(B, H, D, S, seed=0):
@@ -192,7 +195,20 @@ def test_selection_figures_on_a_known_swap():
     assert figs["swap_gap"].item() == pytest.approx(1.0 / float(ref.std()))
 
 
-def _bad_indexer(q8, weights, cache, seq_lens, page_table, max_len):
+def _scores_ignored(q8, weights, cache, seq_lens, page_table, max_len):
+    """A broken indexer: random scores, so top-k keeps about k/S of the right entries."""
+    logits = naive.indexer_logits_fp32(q8, weights, cache, seq_lens, page_table, max_len)
+    noise = torch.rand(logits.shape, generator=torch.Generator().manual_seed(7)).to(logits.device)
+    return torch.where(torch.isfinite(logits), noise, logits)
+
+
+def _lowest_first(q8, weights, cache, seq_lens, page_table, max_len):
+    """A broken indexer: scores negated (a sign slip), so top-k picks the lowest-scored entries."""
+    logits = naive.indexer_logits_fp32(q8, weights, cache, seq_lens, page_table, max_len)
+    return torch.where(torch.isfinite(logits), -logits, logits)
+
+
+def _scales_as_powers_of_two(q8, weights, cache, seq_lens, page_table, max_len):
     """A plausible mistake: each key's fp32 scale read as a power of two (the attention cache's
     UE8M0 format), which moves scores by up to 2x."""
     logits = naive.indexer_logits_fp32(q8, weights, cache, seq_lens, page_table, max_len)
@@ -203,55 +219,173 @@ def _bad_indexer(q8, weights, cache, seq_lens, page_table, max_len):
     return logits / scales * torch.exp2(torch.ceil(torch.log2(scales)))
 
 
-def _bad_premix(x, weight):
-    """A plausible mistake: the pre-mix weight stored in fp8 e4m3 without a scale."""
+def _premix_negated(x, weight):
+    """A broken pre-mix: the sign of the product flipped."""
+    return -bf16_gemm.hc_premix(x, weight)
+
+
+def _premix_transposed(x, weight):
+    """A broken pre-mix: the [N, K] weight read column-major (a stride slip in the kernel)."""
+    N, K = weight.shape
+    return bf16_gemm.hc_premix(x, weight.reshape(K, N).t())
+
+
+def _premix_last_tile_dropped(x, weight):
+    """A broken pre-mix: the last 128-wide K tile of the split-K sum left out."""
+    K = weight.shape[1]
+    return bf16_gemm.hc_premix(x[:, : K - 128], weight[:, : K - 128])
+
+
+def _premix_fp8_weight(x, weight):
+    """A subtler mistake: the pre-mix weight stored in fp8 e4m3 without a scale."""
     return naive.hc_premix_ref(x, weight.to(torch.float8_e4m3fn).float())
 
 
+def _separation(good: float, bound: float, broken: float) -> str:
+    """The margins on both sides of a bound, for assertion messages."""
+    below = f"{bound / good:.3g}x" if good > 0 else "inf"
+    return f"correct {good:.3g}, bound {bound:.3g} ({below} above it), broken {broken:.3g} ({broken / bound:.3g}x the bound)"
+
+
+@pytest.fixture(scope="module")
+def correct_model_figures():
+    """The real implementations' model-level figures, measured once for the tests below."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not torch.cuda.is_available():
+            mp.setenv("TRITON_INTERPRET", "0")  # what the torch_path fixture does, at module scope
+        return check_module.model_figures(SMALL_MODEL, CPU, dict(bf16_gemm.IMPLEMENTATIONS))[0]
+
+
+def test_premix_rounding_bound_is_twice_the_rms_bf16_can_give():
+    """2 sqrt(1 + hc) u with u = 2^-8 (docs/optimizations/bf16_gemm.md derives it)."""
+    assert check_module.premix_rounding_bound(4) == pytest.approx(2 * 5**0.5 / 256)
+
+
+def test_premix_error_vs_terms_on_known_errors():
+    x = torch.tensor([[1.0, 2.0], [3.0, -1.0]])
+    weight = torch.tensor([[2.0, 1.0]])  # products 2, 2 and 6, -1: squared terms sum to 4+4+36+1 = 45
+    exact = torch.tensor([[4.0], [5.0]])
+    assert check_module.premix_error_vs_terms(exact, x, weight) == 0.0
+    off = exact + torch.tensor([[3.0], [-6.0]])
+    assert check_module.premix_error_vs_terms(off, x, weight) == pytest.approx((9 + 36) ** 0.5 / 45**0.5)
+
+
+@pytest.mark.parametrize("broken", [_lowest_first, _scores_ignored, _scales_as_powers_of_two],
+                         ids=["lowest-first", "scores-ignored", "scales-as-powers-of-two"])
+def test_model_level_part_separates_a_broken_indexer_from_the_real_one(torch_path, correct_model_figures, broken):
+    """In the model, on the same arguments as the float32 path: the real indexer selects what it
+    selects, a broken one loses recall on every ranked request, whatever the torch version (nothing
+    compounds: the model itself runs the float32 path)."""
+    bad, counts = check_module.model_figures(SMALL_MODEL, CPU, dict(bf16_gemm.IMPLEMENTATIONS, indexer_logits=broken))
+    assert counts["ranked_requests"] >= 16, counts
+    key = "model_recall_loss_mean"
+    bound, good = check_module.BOUNDS[key], correct_model_figures[key]
+    margin = _separation(good, bound, bad[key])
+    assert bound >= 5 * good and bad[key] >= 5 * bound, margin
+    # the pre-mix figure does not move with the indexer: each slot is judged on its own calls
+    assert bad["model_premix_err_worst"] == correct_model_figures["model_premix_err_worst"]
+
+
+@pytest.mark.parametrize("broken", [_premix_negated, _premix_transposed, _premix_last_tile_dropped],
+                         ids=["negated", "weight-transposed", "last-k-tile-dropped"])
+def test_model_level_part_separates_a_broken_premix_from_the_real_one(torch_path, correct_model_figures, broken):
+    bad, _ = check_module.model_figures(SMALL_MODEL, CPU, dict(bf16_gemm.IMPLEMENTATIONS, hc_premix=broken))
+    key = "model_premix_err_worst"
+    bound, good = check_module.premix_rounding_bound(4), correct_model_figures[key]
+    margin = _separation(good, bound, bad[key])
+    assert bound >= 5 * good and bad[key] >= 5 * bound, margin
+    assert bad["model_recall_loss_mean"] == correct_model_figures["model_recall_loss_mean"]
+
+
+def test_model_level_part_fails_outputs_left_unwritten(torch_path):
+    """The candidate runs with NaN-poisoned allocations: an output it never writes cannot pass."""
+    def indexer_unwritten(q8, weights, cache, seq_lens, page_table, max_len):
+        return torch.empty(q8.shape[0], max_len)
+
+    def premix_unwritten(x, weight):
+        return torch.empty(x.shape[0], weight.shape[0])
+
+    impls = {"indexer_logits": indexer_unwritten, "hc_premix": premix_unwritten}
+    figures, _ = check_module.model_figures(SMALL_MODEL, CPU, impls)
+    assert figures == {"model_recall_loss_mean": 1.0, "model_premix_err_worst": float("inf")}
+
+
+@pytest.fixture(scope="module")
+def correct_cuda_model_figures():
+    dev = torch.device("cuda")
+    return check_module.model_figures(check_module._model_settings(dev), dev, dict(bf16_gemm.IMPLEMENTATIONS))[0]
+
+
+@on_cuda
+@pytest.mark.parametrize("slot,broken", [
+    pytest.param("indexer_logits", _lowest_first, id="indexer-lowest-first"),
+    pytest.param("indexer_logits", _scores_ignored, id="indexer-scores-ignored"),
+    pytest.param("hc_premix", _premix_negated, id="premix-negated"),
+    pytest.param("hc_premix", _premix_transposed, id="premix-weight-transposed"),
+])
+def test_model_level_part_separates_broken_implementations_on_cuda(correct_cuda_model_figures, slot, broken):
+    """The gate's own GPU run (dsv4-flash, 6 layers, bf16 activations, the Triton kernels)."""
+    dev = torch.device("cuda")
+    bad, _ = check_module.model_figures(check_module._model_settings(dev), dev,
+                                        dict(bf16_gemm.IMPLEMENTATIONS, **{slot: broken}))
+    key = "model_recall_loss_mean" if slot == "indexer_logits" else "model_premix_err_worst"
+    bound = check_module.BOUNDS[key] if key in check_module.BOUNDS else check_module.premix_rounding_bound(4)
+    good = correct_cuda_model_figures[key]
+    margin = _separation(good, bound, bad[key])
+    assert bound >= 5 * good and bad[key] >= 5 * bound, margin
+
+
+@on_cuda
+def test_registered_check_passes_on_cuda():
+    result = get("bf16-gemm").check("cuda")
+    assert result.passed, result.summary
+
+
+def test_correct_premix_in_the_model_scores_what_bf16_rounding_predicts(correct_model_figures):
+    """fp32 activations on the CPU: x and w both rounded, rms relative error 0.42 u each, so about
+    0.6 u = 2.3e-3 (docs); far from both 0 (no rounding at all) and the bound."""
+    assert 1.5e-3 < correct_model_figures["model_premix_err_worst"] < 4e-3, correct_model_figures
+
+
 def test_check_passes_with_the_real_implementations(torch_path):
-    result = run_check(torch.device("cpu"), dict(bf16_gemm.IMPLEMENTATIONS), e2e=SMALL_E2E)
+    result = run_check(CPU, dict(bf16_gemm.IMPLEMENTATIONS), model=SMALL_MODEL)
     assert result.passed, result.summary
     assert set(result.bounds) <= set(result.figures)
+    assert "passed" in result.summary and "model_premix_err_worst" in result.bounds
 
 
 def test_check_fails_closed_on_a_bad_indexer(torch_path):
-    impls = dict(bf16_gemm.IMPLEMENTATIONS, indexer_logits=_bad_indexer)
-    result = run_check(torch.device("cpu"), impls, e2e=SMALL_E2E)
+    impls = dict(bf16_gemm.IMPLEMENTATIONS, indexer_logits=_scales_as_powers_of_two)
+    result = run_check(CPU, impls, model=SMALL_MODEL)
     assert not result.passed
     assert result.figures["recall_loss_mean"] > result.bounds["recall_loss_mean"]
-    assert "FAILED" in result.summary and "recall_loss_mean" in result.summary
+    assert result.summary.count("FAILED") == 1 and "recall_loss_mean" in result.summary
 
 
-def test_registered_check_fails_closed_on_a_bad_premix(torch_path, monkeypatch):
-    """Through the registry, so the model-level part runs the bad pre-mix inside the model too."""
-    monkeypatch.setattr(bf16_gemm, "IMPLEMENTATIONS", dict(bf16_gemm.IMPLEMENTATIONS, hc_premix=_bad_premix))
-    monkeypatch.setattr(check_module, "_e2e_settings", lambda device: SMALL_E2E)
+def test_registered_check_fails_closed_on_a_subtly_bad_premix(torch_path, monkeypatch):
+    """Through the registry. An unscaled fp8 weight (rms error 0.42 x 2^-4) fails the scenario
+    figures by 5x and the model-level figure too, though by less (1.5x): the two parts together."""
+    monkeypatch.setattr(bf16_gemm, "IMPLEMENTATIONS", dict(bf16_gemm.IMPLEMENTATIONS, hc_premix=_premix_fp8_weight))
+    monkeypatch.setattr(check_module, "_model_settings", lambda device: SMALL_MODEL)
     result = get("bf16-gemm").check("cpu")
     assert not result.passed
-    for name in ("premix_rel_pre", "premix_rel_post", "premix_rel_comb"):
+    for name in ("premix_rel_pre", "premix_rel_post", "premix_rel_comb", "model_premix_err_worst"):
         assert result.figures[name] > result.bounds[name], (name, result.summary)
-
-
-def test_model_level_part_separates_a_broken_indexer_from_the_real_one(torch_path):
-    """Block by block in the model, an indexer that picks the lowest-scored entries fails by a wide
-    margin while the real one stays at summation-order noise (the figure the previous end-to-end
-    gate lacked: whole-step hidden states on chaotic random-weight dynamics)."""
-    def lowest_first(q8, weights, cache, seq_lens, page_table, max_len):
-        logits = naive.indexer_logits_fp32(q8, weights, cache, seq_lens, page_table, max_len)
-        return torch.where(torch.isfinite(logits), -logits, logits)
-
-    good = check_module.e2e_figures(SMALL_E2E, torch.device("cpu"), dict(bf16_gemm.IMPLEMENTATIONS))
-    bad = check_module.e2e_figures(SMALL_E2E, torch.device("cpu"), dict(bf16_gemm.IMPLEMENTATIONS, indexer_logits=lowest_first))
-    bound = check_module.BOUNDS["indexer_block_rel_worst"]
-    assert good["indexer_block_rel_worst"] < bound / 10, good
-    assert bad["indexer_block_rel_worst"] > 3 * bound, bad
 
 
 def test_check_fails_closed_without_the_model(torch_path, monkeypatch):
     def missing(settings, device, impls):
         raise ImportError("no module named dsv4opt.workload.model")
 
-    monkeypatch.setattr(check_module, "e2e_figures", missing)
-    result = run_check(torch.device("cpu"), dict(bf16_gemm.IMPLEMENTATIONS), e2e=SMALL_E2E)
+    monkeypatch.setattr(check_module, "model_figures", missing)
+    result = run_check(CPU, dict(bf16_gemm.IMPLEMENTATIONS), batch=2, model=SMALL_MODEL)
     assert not result.passed
-    assert "end-to-end not measured" in result.summary
+    assert "model-level part not measured" in result.summary
+
+
+def test_check_fails_closed_when_no_request_ranks_more_than_top_k(torch_path):
+    """Contexts of 8..12 tokens hold at most 3 entries, below top-6: any indexer would pass."""
+    short = ModelSettings(config="dsv4-tiny", concurrency=2, context=10, steps=1, layers=None)
+    result = run_check(CPU, dict(bf16_gemm.IMPLEMENTATIONS), batch=2, model=short)
+    assert not result.passed
+    assert "model-level part not measured" in result.summary and "top-6" in result.summary
