@@ -1,0 +1,20 @@
+"""dsv4opt's SGLang general plugin: SGLang's `load_plugins()` runs `load` in each of its processes
+(main, tokenizer, scheduler/model workers). It installs the drop-ins DSV4OPT_SGLANG_WITH names, which
+the launcher sets after checking the installed SGLang; with the variable unset it does nothing, so
+installing dsv4opt never changes an SGLang server by itself."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from dsv4opt.sglang.dropins import install, requested
+
+log = logging.getLogger("dsv4opt.sglang")
+
+
+def load() -> None:
+    for dropin in requested():
+        install(dropin)
+        log.info("dsv4opt: %s.%s is %s's drop-in in process %d", dropin.module, dropin.attribute,
+                 dropin.optimization, os.getpid())
