@@ -12,7 +12,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from dsv4opt.cli import app
 from dsv4opt.optimizations.mma_attn import sglang_contract as C
 from dsv4opt.sglang import dropins, launch
 from tests.helpers import REPO
@@ -200,13 +202,17 @@ def test_pyproject_registers_the_plugin():
 
 
 @pytest.mark.slow
-def test_launcher_runs_sglangs_server_with_the_drop_in_in_its_workers(tmp_path):
-    # The real command line, the stand-in's launch_server __main__, a spawned worker as SGLang's.
+def test_written_launcher_runs_sglangs_server_with_the_drop_in_in_its_workers(tmp_path):
+    # `dsv4opt sglang-switches mma-attn` writes the script; the script runs the launcher, the
+    # stand-in's launch_server __main__ and a worker spawned as SGLang spawns its schedulers.
+    result = CliRunner().invoke(app, ["sglang-switches", "mma-attn", "--out", str(tmp_path / "deploy")])
+    assert result.exit_code == 0, result.output
+    script = tmp_path / "deploy" / "sglang-mma-attn-launch.sh"
     site = fake_sglang(tmp_path / "site")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
     env.pop(dropins.ENV_WITH, None)
     env.pop("SGLANG_PLUGINS", None)
-    run = subprocess.run([sys.executable, "-m", "dsv4opt.sglang.launch", *ARGV], env=env, cwd=tmp_path,
+    run = subprocess.run([str(script), "--model-path", "m"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "server args: --model-path m" in run.stdout
