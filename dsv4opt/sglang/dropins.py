@@ -23,6 +23,7 @@ from dsv4opt.errors import DsvOptError
 from dsv4opt.optimizations.mma_attn import sglang_contract as attn
 
 ENV_WITH = "DSV4OPT_SGLANG_WITH"  # comma-separated drop-in names, read by the plugin in every process
+ENV_FORCE_SM120 = "DSV4OPT_SGLANG_FORCE_SM120"  # 1: SGLang's sm_120 attention path on any GPU (sm120_path.py)
 PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "dsv4opt"
 PLUGIN_TARGET = "dsv4opt.sglang.plugin:load"
@@ -61,7 +62,8 @@ DROPINS: dict[str, DropIn] = {
         gpu_check=("sglang.srt.utils.common", "is_sm120_supported"),
         gpu_hint=(
             "SGLang's DeepSeek-V4 backend calls it only on sm_120 GPUs (deepseek_v4_backend.py `_is_sm120`) "
-            "and runs FlashMLA elsewhere, so on this GPU the drop-in would never run"
+            "and runs FlashMLA elsewhere, so on this GPU the drop-in would never run; --force-sm120-path "
+            "sends decode attention through SGLang's sm_120 path here too"
         ),
     ),
 }
@@ -132,10 +134,12 @@ def check_entry(d: DropIn, version: str | None = None):
     return module
 
 
-def preflight(d: DropIn) -> str:
-    """Everything that must hold for SGLang's server to run `d`, checked in this process; the version."""
+def preflight(d: DropIn, force_sm120: bool = False, entry: bool = True) -> str:
+    """Everything that must hold for SGLang's server to run `d` (its entry point replaced unless
+    entry=False; on any GPU with force_sm120), checked in this process; returns SGLang's version."""
     version = _version()
-    check_entry(d, version)
+    if entry:
+        check_entry(d, version)
     module, name, wanted = d.dispatcher
     selected = getattr(_import(d, module, version), name, None)
     if selected != wanted:
@@ -143,10 +147,14 @@ def preflight(d: DropIn) -> str:
             f"SGLang's dispatcher {module}.{name} is {selected!r}, not {wanted!r}, so it never calls "
             f"{d.attribute}: {d.dispatcher_hint}"
         )
-    mod_name, fn_name = d.gpu_check
-    gpu_ok = getattr(_import(d, mod_name, version), fn_name, None)
-    if gpu_ok is None or not gpu_ok():
-        raise DropInRefused(f"{fn_name}() is false here: {d.gpu_hint}")
+    if force_sm120:
+        if importlib.util.find_spec(attn.BACKEND_MODULE) is None:
+            raise _refuse(d, f"SGLang {version} has no module {attn.BACKEND_MODULE} to route through the sm_120 path")
+    else:
+        mod_name, fn_name = d.gpu_check
+        gpu_ok = getattr(_import(d, mod_name, version), fn_name, None)
+        if gpu_ok is None or not gpu_ok():
+            raise DropInRefused(f"{fn_name}() is false here: {d.gpu_hint}")
     _check_plugin()
     return version
 

@@ -41,13 +41,25 @@ def load_plugins():
     for ep in entry_points(group="sglang.srt.plugins"):
         ep.load()()
 """
-# Mirrors scheduler.py:4070-4083: a worker process loads the plugins first.
+# Mirrors deepseek_v4_backend.py:74 and :1419-1436: the sm_120 dispatcher only where _is_sm120.
+BACKEND = """
+from sglang.srt.utils.common import is_sm120_supported
+
+_is_sm120 = is_sm120_supported()
+
+def decode_attention():
+    if _is_sm120:
+        from sglang.srt.layers.attention.flash_mla_sm120 import flash_mla_with_kvcache_sm120
+        return flash_mla_with_kvcache_sm120()
+    return "flashmla"
+"""
+# Mirrors scheduler.py:4070-4083: a worker process loads the plugins first, the model after.
 SCHEDULER = """
 def run_scheduler_process():
     from sglang.srt.plugins import load_plugins
     load_plugins()
-    from sglang.srt.layers.attention.flash_mla_sm120 import flash_mla_with_kvcache_sm120
-    return flash_mla_with_kvcache_sm120()
+    from sglang.srt.layers.attention.deepseek_v4_backend import decode_attention
+    return decode_attention()
 """
 # Mirrors launch_server.py:58-72 and engine.py:1325 (spawned workers).
 LAUNCH_SERVER = """
@@ -56,9 +68,9 @@ import sys
 if __name__ == "__main__":
     from sglang.srt.plugins import load_plugins
     load_plugins()
-    from sglang.srt.layers.attention.flash_mla_sm120 import flash_mla_with_kvcache_sm120
+    from sglang.srt.layers.attention.deepseek_v4_backend import decode_attention
     print("server args:", " ".join(sys.argv[1:]))
-    print("main process calls:", flash_mla_with_kvcache_sm120())
+    print("main process calls:", decode_attention())
     import multiprocessing as mp
     from sglang.srt.managers.scheduler import run_scheduler_process
     with mp.get_context("spawn").Pool(1) as pool:
@@ -74,6 +86,7 @@ def fake_sglang(root: Path, entry: str | None = ENTRY, backend: str = "triton", 
         "sglang/srt/plugins/__init__.py": PLUGINS,
         "sglang/srt/managers/scheduler.py": SCHEDULER,
         "sglang/srt/layers/attention/flash_mla_sm120.py": DISPATCHER.format(backend=backend),
+        "sglang/srt/layers/attention/deepseek_v4_backend.py": BACKEND,
         "sglang/srt/utils/common.py": f"def is_sm120_supported():\n    return {sm120}\n",
     }
     if entry_module:
@@ -146,7 +159,36 @@ def test_refuses_when_sglangs_dispatcher_would_not_call_it(use_fake, capsys):
 
 def test_refuses_off_sm120(use_fake, capsys):
     use_fake(sm120=False)
-    assert "runs FlashMLA elsewhere" in refusal(capsys, ARGV)
+    err = refusal(capsys, ARGV)
+    assert "runs FlashMLA elsewhere" in err and "--force-sm120-path" in err
+
+
+def test_force_sm120_path_alone_routes_sglangs_own_kernel(use_fake, monkeypatch):
+    # no drop-in: SGLang's own Triton kernel on a non-sm_120 GPU, the baseline to compare with
+    use_fake(sm120=False)
+    monkeypatch.setattr(launch, "run_sglang_server", lambda args: None)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the import hook stays in this test
+    for var in (dropins.ENV_WITH, dropins.ENV_FORCE_SM120):
+        monkeypatch.delenv(var, raising=False)
+    assert launch.main(["--force-sm120-path", "--", "x"]) == 0
+    from sglang.srt.layers.attention.deepseek_v4_backend import decode_attention
+
+    assert decode_attention() == "sglang.srt.layers.attention.flash_mla_sm120_triton.flash_mla_sparse_decode_triton"
+    assert os.environ[dropins.ENV_FORCE_SM120] == "1" and os.environ[dropins.ENV_WITH] == ""
+
+
+def test_the_sm120_flag_is_set_whether_the_backend_loads_before_or_after(use_fake, monkeypatch):
+    from dsv4opt.sglang import sm120_path
+
+    use_fake(sm120=False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    sm120_path.force()  # before: set as the module loads
+    from sglang.srt.layers.attention import deepseek_v4_backend as backend
+
+    assert backend._is_sm120 is True
+    backend._is_sm120 = False
+    sm120_path.force()  # after: set at once
+    assert backend._is_sm120 is True and not any(isinstance(f, sm120_path._AfterImport) for f in sys.meta_path)
 
 
 def test_refuses_when_the_plugin_is_not_registered(use_fake, capsys, monkeypatch):
@@ -169,6 +211,11 @@ def test_refuses_when_sglang_plugins_leaves_it_out(use_fake, capsys, monkeypatch
 )
 def test_refuses_bad_arguments(capsys, argv, says):
     assert says in refusal(capsys, argv)
+
+
+def test_refuses_to_do_nothing(capsys):
+    says = "nothing to do: name a drop-in with --with (mma-attn) or pass --force-sm120-path"
+    assert says in refusal(capsys, ["--", "x"])
 
 
 def test_patch_lands_where_the_dispatcher_looks(use_fake, monkeypatch):
@@ -219,3 +266,16 @@ def test_written_launcher_runs_sglangs_server_with_the_drop_in_in_its_workers(tm
     assert f"main process calls: {OURS}" in run.stdout
     assert f"worker process calls: {OURS}" in run.stdout
     assert "dsv4opt: mma-attn replaces sglang.srt.layers.attention.flash_mla_sm120_triton" in run.stderr
+
+
+@pytest.mark.slow
+def test_force_sm120_path_puts_the_drop_in_under_a_hopper_servers_workers(tmp_path):
+    site = fake_sglang(tmp_path / "site", sm120=False)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    for var in (dropins.ENV_WITH, dropins.ENV_FORCE_SM120, "SGLANG_PLUGINS"):
+        env.pop(var, None)
+    argv = ["--with", "mma-attn", "--force-sm120-path", "--", "--model-path", "m"]
+    run = subprocess.run([sys.executable, "-m", "dsv4opt.sglang.launch", *argv], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert f"main process calls: {OURS}" in run.stdout and f"worker process calls: {OURS}" in run.stdout
