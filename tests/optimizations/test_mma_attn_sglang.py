@@ -25,6 +25,7 @@ from dsv4opt.optimizations.mma_attn import sglang_contract as C
 from dsv4opt.optimizations.mma_attn.sglang_entry import DropInInputError, flash_mla_sparse_decode_triton
 from dsv4opt.workload.attention import sparse_attention_ref
 from dsv4opt.workload.kvcache import KVCache
+from tests.helpers import needs_gpu
 
 INTERPRETED = type(kernel._mma_sparse_decode_kernel).__name__ == "InterpretedFunction"
 on_cpu = pytest.mark.skipif(not INTERPRETED, reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
@@ -149,6 +150,19 @@ def test_empty_requests_give_zero_and_the_sink():
     # request 0 has only -1 slots in both caches (the sink goes through base 2 and back)
     assert torch.all(out[0] == 0)
     torch.testing.assert_close(lse[0, :, 0], call.sink, rtol=1e-6, atol=1e-6)
+
+
+@on_cpu
+def test_padded_heads_of_garbage_leave_the_real_heads_alone():
+    # Under attention TP the caller pads q to 64 heads with new_empty (deepseek_v4.py:914-926) and
+    # slices the real ones back out: NaN in the padding must not reach them.
+    call = build_call(Case("tp-padded", batch=2, heads=16, topk=64), seed=10)
+    real = 6
+    call.kwargs["q"][:, :, real:] = float("nan")
+    call.kwargs["attn_sink"][real:] = 0.0
+    out, lse = flash_mla_sparse_decode_triton(**call.kwargs)
+    ref_o, ref_lse = reference(call)
+    assert_close(out[:, :, :real], lse[:, :real], ref_o[:, :, :real], ref_lse[:, :real])
 
 
 @on_cpu
@@ -292,3 +306,27 @@ def test_drop_in_matches_sglangs_own_function(case):
         assert out.dtype == torch.bfloat16 and lse.shape == ref_lse.shape and lse.stride() == ours[1].stride()
         assert_close(out, lse, ref_o, ref_lse)
     assert error_report(ours[0], theirs[0]).ok(TOL["o"])
+
+
+def on_device(call: Call, device: str, dtype: torch.dtype) -> dict:
+    """The call's arguments on `device`, the pools moved whole and viewed again as the backend does."""
+    kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in call.kwargs.items()}
+    kw["q"] = kw["q"].to(dtype)
+    for key, (cache, _, _) in zip(("k_cache", "extra_k_cache"), call.caches):
+        kw[key] = C.caller_k_cache(cache.data.to(device), cache.layout.page_size)
+    return kw
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", CASES + [Case("flash-b64-h64", batch=64, heads=64)], ids=lambda c: c.name)
+def test_drop_in_on_gpu_in_bf16(case):
+    call = build_call(case, seed=11)
+    out, lse = flash_mla_sparse_decode_triton(**on_device(call, "cuda", torch.bfloat16))
+    assert_close(out, lse, *reference(call))
+    try:
+        theirs = getattr(_sglang_kernel_module(), C.ENTRY_NAME)
+    except pytest.skip.Exception:
+        return
+    t_out, t_lse = theirs(**on_device(call, "cuda", torch.bfloat16))
+    assert_close(t_out, t_lse, *reference(call))
+    assert error_report(out, t_out).ok(TOL["o"])
