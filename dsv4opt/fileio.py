@@ -14,9 +14,10 @@ def _umask() -> int:
     return mask
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes, make_dirs: bool = True) -> Path:
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, make_dirs: bool = True, executable: bool = False) -> Path:
     """Write `data` to `path` atomically, with the permissions a plain open() would give (mkstemp's
-    are 0600). make_dirs=False refuses a missing folder instead of creating it (a user's --out)."""
+    are 0600), plus the execute bits for a script. make_dirs=False refuses a missing folder instead
+    of creating it (a user's --out)."""
     path = Path(path)
     if make_dirs:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -30,7 +31,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, make_dirs: bool = T
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, (0o777 if executable else 0o666) & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         # KeyboardInterrupt included: leave no temporary file behind.
@@ -39,8 +40,8 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, make_dirs: bool = T
     return path
 
 
-def write_text_atomic(path: str | os.PathLike, text: str, make_dirs: bool = True) -> Path:
-    return write_bytes_atomic(path, text.encode("utf-8"), make_dirs)
+def write_text_atomic(path: str | os.PathLike, text: str, make_dirs: bool = True, executable: bool = False) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"), make_dirs, executable)
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> Path:

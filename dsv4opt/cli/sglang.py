@@ -13,12 +13,13 @@ from dsv4opt.cli import app
 @app.command("sglang-switches")
 def sglang_switches(
     name: Annotated[str, typer.Argument(help="Optimisation to map onto SGLang (see `dsv4opt list`).")],
-    out: Annotated[Path, typer.Option(help="Directory for sglang-NAME.env and sglang-NAME.flags.")] = Path("."),
+    out: Annotated[Path, typer.Option(help="Directory for sglang-NAME.env, sglang-NAME.flags and, with a drop-in, sglang-NAME-launch.sh.")] = Path("."),
+    force: Annotated[bool, typer.Option("--force", help="Replace files of those names that hold something else.")] = False,
 ) -> None:
-    """Write the SGLang environment and launch flags for NAME, and say what to restart."""
+    """Write the SGLang environment, launch flags and drop-in launcher for NAME, and say what to restart."""
     from dsv4opt.capture.sglang import apply_to_sglang, sglang_summary
 
-    paths = apply_to_sglang(name, out)
+    paths = apply_to_sglang(name, out, force=force)
     for path in paths:
         typer.echo(f"wrote {path}")
     typer.echo(sglang_summary(name))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from dsv4opt.errors import DsvOptError
 from dsv4opt.fileio import write_text_atomic
+from dsv4opt.optimizations.mma_attn.sglang_contract import SGLANG_VERSION, WRITTEN_FOR
 from dsv4opt.optimizations.registry import get as get_optimization
 
 
@@ -44,6 +45,7 @@ class SGLangMapping:
     launch_flags: tuple[str, ...]  # extra `python -m sglang.launch_server` flags (none needed so far)
     restart: str
     older_versions: str
+    dropin: bool = False  # dsv4opt's own kernel can replace SGLang's (python -m dsv4opt.sglang.launch)
 
 
 SOURCES: tuple[Source, ...] = (
@@ -111,8 +113,11 @@ MAPPINGS: dict[str, SGLangMapping] = {
             restart="restart the SGLang server (the backend is read when it starts)",
             older_versions=(
                 "versions before SGLANG_SM120_FLASHMLA_BACKEND offer only SGLANG_SM120_TRITON_FLASHMLA "
-                "(1 = Triton CUDA-core kernel, 0 = torch): neither uses tensor cores, so upgrade SGLang"
+                "(1 = Triton CUDA-core kernel, 0 = torch): neither uses tensor cores; on SGLang "
+                f"{SGLANG_VERSION} start the server with sglang-mma-attn-launch.sh instead, which puts "
+                "dsv4opt's kernel in place of the Triton one"
             ),
+            dropin=True,
         ),
         SGLangMapping(
             optimization="bf16-gemm",
@@ -187,10 +192,15 @@ def describe(name: str) -> str:
     sets = ", ".join(f"{s.name}={s.value}" for s in m.env)
     unconfirmed = [s.name for s in m.env if s.caveat.startswith("UNCONFIRMED")]
     doubts = f"\nUnconfirmed on sm_120: {', '.join(unconfirmed)} (see the notes in the env file)." if unconfirmed else ""
+    dropin = (
+        f"\nOr, on {WRITTEN_FOR}: start the server with {launcher_name(m)} ARGS (dsv4opt's kernel in place "
+        "of SGLang's; not yet run on a live server)."
+        if m.dropin else ""
+    )
     return (
         f"{m.optimization} on SGLang: {m.summary}.\n"
         f"Sets {sets}; {m.restart}.\n"
-        f"Mapping read from {READ_FROM}; not verified on a live server.{doubts}"
+        f"Mapping read from {READ_FROM}; not verified on a live server.{doubts}{dropin}"
     )
 
 
@@ -226,10 +236,28 @@ def render_flags_file(m: SGLangMapping) -> str:
     return "\n".join(lines) + "\n"
 
 
-def apply_to_sglang(name: str, out_dir: Path) -> list[Path]:
-    """Write `sglang-NAME.env` and `sglang-NAME.flags` into out_dir; returns their paths.
+def launcher_name(m: SGLangMapping) -> str:
+    return f"sglang-{m.optimization}-launch.sh"
 
-    An existing file with other content is never replaced: the user gets an error instead.
+
+def render_launcher_script(m: SGLangMapping) -> str:
+    """A shell script that starts SGLang's own server with dsv4opt's drop-in (dsv4opt/sglang/launch.py)."""
+    return "\n".join([
+        "#!/bin/sh",
+        f"# dsv4opt {m.optimization}: SGLang's own server, with dsv4opt's kernel in place of SGLang's.",
+        f"# Written for {WRITTEN_FOR}; the launcher checks the installed SGLang and refuses another.",
+        f"# Usage: ./{launcher_name(m)} <python -m sglang.launch_server arguments>",
+        "# PYTHON: the interpreter of the environment that has SGLang and dsv4opt (default: python).",
+        f'exec "${{PYTHON:-python}}" -m dsv4opt.sglang.launch --with {m.optimization} -- "$@"',
+    ]) + "\n"
+
+
+def apply_to_sglang(name: str, out_dir: Path, force: bool = False) -> list[Path]:
+    """Write `sglang-NAME.env`, `sglang-NAME.flags` and, where dsv4opt has a drop-in,
+    `sglang-NAME-launch.sh` into out_dir; returns their paths.
+
+    An existing file with other content is replaced only with force; otherwise the user gets an
+    error and no file is written.
     """
     m = mapping_for(name)
     out_dir = Path(out_dir)
@@ -237,11 +265,16 @@ def apply_to_sglang(name: str, out_dir: Path) -> list[Path]:
         out_dir / f"sglang-{m.optimization}.env": render_env_file(m),
         out_dir / f"sglang-{m.optimization}.flags": render_flags_file(m),
     }
+    if m.dropin:
+        files[out_dir / launcher_name(m)] = render_launcher_script(m)
     for path, text in files.items():
-        if path.exists() and _read_or_none(path) != text:
-            raise DsvOptError(f"{path} exists with other content; move it away or pass another --out")
+        if not force and path.exists() and _read_or_none(path) != text:
+            raise DsvOptError(
+                f"{path} exists with other content; move it away or choose another --out "
+                "(sglang-switches --force replaces it)"
+            )
     for path, text in files.items():
-        write_text_atomic(path, text)
+        write_text_atomic(path, text, executable=path.suffix == ".sh")
     return list(files)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -48,7 +49,7 @@ def _assignments(text: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("name", sorted(MAPPINGS))
 def test_apply_writes_env_and_flags(tmp_path, name):
-    env_path, flags_path = apply_to_sglang(name, tmp_path / "out")
+    env_path, flags_path, *_ = apply_to_sglang(name, tmp_path / "out")
     assert env_path.name == f"sglang-{name}.env" and flags_path.name == f"sglang-{name}.flags"
     assert _assignments(env_path.read_text()) == {s.name: s.value for s in MAPPINGS[name].env}
     flags = [ln for ln in flags_path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
@@ -65,6 +66,38 @@ def test_same_files_again_are_fine_but_a_users_file_is_kept(tmp_path):
         apply_to_sglang("bf16-gemm", tmp_path)
     assert mine.read_text() == "MY_SETTING=1\n"
     assert not (tmp_path / "sglang-bf16-gemm.flags").exists()
+
+
+def test_mma_attn_also_gets_the_drop_in_launcher(tmp_path):
+    paths = apply_to_sglang("mma-attn", tmp_path)
+    script = tmp_path / "sglang-mma-attn-launch.sh"
+    assert paths[-1] == script and script.stat().st_mode & 0o111 == 0o111 & ~_umask()
+    lines = script.read_text().splitlines()
+    assert lines[0] == "#!/bin/sh"
+    assert lines[-1] == 'exec "${PYTHON:-python}" -m dsv4opt.sglang.launch --with mma-attn -- "$@"'
+    assert any("SGLang 0.5.14 (sgl-project/sglang@37ef295c7)" in ln for ln in lines)
+    assert len(apply_to_sglang("bf16-gemm", tmp_path)) == 2  # no drop-in there
+
+
+def test_force_replaces_a_users_file_and_nothing_else_does(tmp_path):
+    script = tmp_path / "sglang-mma-attn-launch.sh"
+    script.write_text("#!/bin/sh\nmy own\n")
+    with pytest.raises(DsvOptError, match="sglang-switches --force replaces it"):
+        apply_to_sglang("mma-attn", tmp_path)
+    assert script.read_text() == "#!/bin/sh\nmy own\n" and not (tmp_path / "sglang-mma-attn.env").exists()
+    runner = CliRunner()
+    refused = runner.invoke(app, ["sglang-switches", "mma-attn", "--out", str(tmp_path)])
+    assert refused.exit_code == 1 and "Traceback" not in refused.output
+    forced = runner.invoke(app, ["sglang-switches", "mma-attn", "--out", str(tmp_path), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert "dsv4opt.sglang.launch --with mma-attn" in script.read_text()
+    assert "sglang-mma-attn-launch.sh" in forced.output
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_unknown_name():

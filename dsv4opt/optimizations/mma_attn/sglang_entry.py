@@ -1,0 +1,153 @@
+"""mma-attn behind SGLang's sm_120 sparse-decode entry point: same signature, same tensors, same result.
+
+`flash_mla_sparse_decode_triton` below stands for the function of that name in
+`sglang/srt/layers/attention/flash_mla_sm120_triton.py:325-370` (sgl-project/sglang@37ef295c7, the
+contract in sglang_contract.py). SGLang runs its CUDA-core kernel once per cache, then merges the two
+results and folds in the sink in eager torch; here one `mma_attention` call does all of it.
+
+SGLang's tensors go to the kernel as views, nothing copied: q [B, 1, H, D] is squeezed, k_cache's
+pages are our FP8 layout byte for byte (`KVCache` over the same memory), indices [B, 1, K] are
+reshaped. Copies happen only off SGLang's path: indices or lengths not int32, a pool whose page
+stride is not ceil(page_size * 584 / 576) * 576 (copied into that geometry on every call), and an
+fp16 q (the output is bf16, as SGLang's).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from dsv4opt.errors import DsvOptError
+from dsv4opt.optimizations.mma_attn import sglang_contract as C
+from dsv4opt.workload.kvcache import KVCache
+
+log = logging.getLogger("dsv4opt.sglang")
+
+# The sink stands for "no sink" when attn_sink is None: far below any score, so exp(sink) vanishes
+# next to every used slot, yet finite so a request with no used slot gets 0 / exp(sink) = 0.
+_NO_SINK = -1.0e20
+_first_call_logged = False
+
+
+class DropInInputError(DsvOptError):
+    """A tensor the drop-in cannot take the way SGLang's entry point would."""
+
+
+def flash_mla_sparse_decode_triton(
+    q,
+    k_cache,
+    indices,
+    topk_length,
+    attn_sink,
+    head_dim_v,
+    softmax_scale,
+    extra_k_cache=None,
+    extra_indices=None,
+    extra_topk_length=None,
+):
+    """SGLang's sm_120 sparse MLA decode over the window cache and, when given, the compressed cache.
+
+    q: [B, 1, H, 512] bf16; k_cache, extra_k_cache: [pages, page_size, 1, 584] e4m3 (or uint8) views
+    of SGLang's FP8 pools; indices, extra_indices: [B, ..., K] int32 token numbers (-1 unused);
+    topk_length, extra_topk_length: [B] int32 or None (all K slots); attn_sink: [H] fp32 or None;
+    head_dim_v: not read (nor is it by SGLang's Triton path); softmax_scale: float or None (D ** -0.5).
+    Returns (out [B, 1, H, 512] bf16, lse [B, H, 1] fp32), flash_mla_sm120_triton.py:340-370.
+    CUDA-graph safe: no host synchronisation.
+    """
+    from dsv4opt.optimizations.mma_attn.kernel import mma_attention
+
+    if softmax_scale is None:
+        softmax_scale = q.shape[-1] ** (-0.5)  # :342-343
+    q3 = _queries(q)
+    B, H, _ = q3.shape
+    parts = [(_cache(k_cache, "k_cache"), *_slots(indices, topk_length, B, "indices"))]
+    if extra_k_cache is not None and extra_indices is not None:  # :355, both or neither
+        parts.append((_cache(extra_k_cache, "extra_k_cache"), *_slots(extra_indices, extra_topk_length, B, "extra_indices")))
+    sink = _sink(attn_sink, H, q3.device)
+    _log_first_call(q, parts)
+    (swa, swa_idx, swa_len), *extra = parts
+    extra_cache, extra_idx, extra_len = extra[0] if extra else (None, None, None)
+    o, lse = mma_attention(q3, swa, swa_idx, swa_len, extra_cache, extra_idx, extra_len, sink, float(softmax_scale))
+    if attn_sink is None:
+        # SGLang's lse is -inf where nothing is used (:199); used slots make the stand-in sink vanish.
+        lse = torch.where(_any_used(parts)[:, None], lse, torch.full_like(lse, float("-inf")))
+    out = o.to(torch.bfloat16)  # SGLang's output is bf16 whatever q's dtype (:240)
+    return out.unsqueeze(1), lse.unsqueeze(1).permute(0, 2, 1)  # :278-279, :369-370
+
+
+def _queries(q: torch.Tensor) -> torch.Tensor:
+    """[B, 1, H, 512] -> the [B, H, 512] view the kernel reads (`q.squeeze(1)`, :235-238)."""
+    if q.dim() != 4 or q.shape[1] != 1 or q.shape[-1] != C.DIM:
+        raise DropInInputError(
+            f"q must be [B, 1, H, {C.DIM}] (one query per request, {C.NOPE} nope + {C.ROPE} rope), got {list(q.shape)}"
+        )
+    q3 = q.squeeze(1)
+    return q3 if q3.stride(-1) == 1 else q3.contiguous()
+
+
+def _cache(k_cache: torch.Tensor, name: str) -> KVCache:
+    """SGLang's [pages, page_size, 1, 584] view -> a KVCache over the same pages (as_strided, :225-233)."""
+    if k_cache.dim() != 4 or k_cache.shape[2] != 1 or k_cache.shape[3] != C.TOKEN_BYTES:
+        raise DropInInputError(f"{name} must be [pages, page_size, 1, {C.TOKEN_BYTES}], got {list(k_cache.shape)}")
+    if k_cache.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise DropInInputError(f"{name} must be float8_e4m3fn or uint8 (SGLang's FP8 pool), got {k_cache.dtype}")
+    pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    L = C.layout(page_size)
+    stride = k_cache.stride(0)  # bytes between pages, as SGLang's kernel takes it (:219)
+    raw = k_cache.view(torch.uint8).as_strided((pages, stride), (stride, 1))
+    if stride == L.page_bytes:
+        return KVCache(L, raw)
+    # Another page stride: the same records, moved into the geometry the kernel's layout describes.
+    used = page_size * (L.data_bytes + L.scale_bytes)
+    if stride < used:
+        raise DropInInputError(f"{name}: pages {stride} bytes apart cannot hold {page_size} tokens of {C.TOKEN_BYTES} bytes")
+    data = torch.zeros(pages, L.page_bytes, dtype=torch.uint8, device=k_cache.device)
+    data[:, :used] = raw[:, :used]
+    return KVCache(L, data)
+
+
+def _slots(indices: torch.Tensor, lengths, B: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, ..., K] indices -> [B, K] int32 rows (`indices.reshape(B, -1)`, :222); lengths [B] int32,
+    all K when None (:104-107). Lengths above K mean K, as SGLang clamps them."""
+    if indices.shape[0] != B:
+        raise DropInInputError(f"{name} has {indices.shape[0]} rows for {B} queries")
+    flat = indices.reshape(B, -1)
+    if flat.dtype != torch.int32:
+        flat = flat.to(torch.int32)
+    if flat.stride(-1) != 1:
+        flat = flat.contiguous()
+    if lengths is None:
+        return flat, torch.full((B,), flat.shape[1], dtype=torch.int32, device=flat.device)
+    lengths = lengths.reshape(-1)
+    if lengths.shape[0] != B:
+        raise DropInInputError(f"the lengths for {name} have {lengths.shape[0]} entries for {B} queries")
+    return flat, lengths.to(torch.int32).contiguous()
+
+
+def _sink(attn_sink, H: int, device) -> torch.Tensor:
+    if attn_sink is None:
+        return torch.full((H,), _NO_SINK, dtype=torch.float32, device=device)
+    if attn_sink.numel() != H:
+        raise DropInInputError(f"attn_sink has {attn_sink.numel()} values for {H} heads")
+    return attn_sink.reshape(H).contiguous()
+
+
+def _any_used(parts) -> torch.Tensor:
+    """[B] bool: some slot of some cache is used (index >= 0 at a position below its length)."""
+    used = None
+    for _, idx, lengths in parts:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        u = ((idx >= 0) & (positions[None, :] < lengths[:, None])).any(dim=1)
+        used = u if used is None else used | u
+    return used
+
+
+def _log_first_call(q, parts) -> None:
+    """One line in the server log per process: proof that SGLang called this function, with what."""
+    global _first_call_logged
+    if _first_call_logged:
+        return
+    _first_call_logged = True
+    caches = ", ".join(f"{c.data.shape[0]} pages of {c.layout.page_size} tokens, K {idx.shape[1]}" for c, idx, _ in parts)
+    log.info("dsv4opt mma-attn drop-in: first call, q %s %s, caches: %s", list(q.shape), q.dtype, caches)

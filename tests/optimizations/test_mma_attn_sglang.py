@@ -1,0 +1,326 @@
+"""The SGLang drop-in (mma_attn/sglang_entry.py) against the float64 reference and, where the PyPI
+release it pins is installed, against SGLang's own Triton function, on tensors built as SGLang's
+DeepSeek-V4 backend builds them (sglang_contract.py: pools, page sizes 256 / 64 / 2, views, -1 padded
+index rows). fp16 queries under the interpreter (it cannot multiply bf16 in tl.dot); outputs bf16 as
+SGLang's; torch.empty NaN-poisoned (tests/conftest.py).
+
+SGLang's function runs here from its file in `pip install --no-deps sglang==0.5.14`: the package's
+__init__ needs server dependencies a CPU test does not have, the kernel module only torch and Triton.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsv4opt.numerics import error_report
+from dsv4opt.optimizations.mma_attn import kernel
+from dsv4opt.optimizations.mma_attn import sglang_contract as C
+from dsv4opt.optimizations.mma_attn.sglang_entry import DropInInputError, flash_mla_sparse_decode_triton
+from dsv4opt.workload.attention import sparse_attention_ref
+from dsv4opt.workload.kvcache import KVCache
+from tests.helpers import needs_gpu
+
+INTERPRETED = type(kernel._mma_sparse_decode_kernel).__name__ == "InterpretedFunction"
+on_cpu = pytest.mark.skipif(not INTERPRETED, reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
+TOL = {"o": 1e-2, "lse": 1e-5}  # relative: o is rounded to bf16 once, lse stays fp32
+SCALE = C.DIM**-0.5
+
+
+@dataclass(frozen=True)
+class Case:
+    """One layer's call: B queries, H heads, the window cache and a compressed cache of `ratio`
+    (0: a window-only layer), the pattern of unused slots."""
+
+    name: str
+    batch: int = 3
+    heads: int = 8
+    ratio: int = 4  # 0, 4 (C4) or 128 (C128)
+    topk: int = 100  # CSA layers select 512 (the GPU table); fewer keeps the interpreter quick
+    pattern: str = "mixed"  # mixed | empty | all
+    sink: bool = True
+    lengths: bool = True  # False: topk_length None (every slot counts)
+
+
+# Each call takes a few seconds in the interpreter: few rows, each covering several things at once.
+CASES = [
+    Case("csa-c4-mixed", batch=5),  # B > 4: the kernel's whole-width tiles
+    Case("hca-c128-mixed", batch=2, ratio=128, topk=37),  # B <= 4: its value-split tiles
+    Case("window-only-b1-64-heads", batch=1, heads=64, ratio=0),
+    Case("empty-requests", pattern="empty", heads=4),
+    Case("no-sink-empty-requests", pattern="empty", heads=4, sink=False),
+    Case("no-lengths", batch=2, heads=4, lengths=False, topk=70),
+]
+
+
+@dataclass
+class Call:
+    """SGLang's arguments, plus what the reference needs to read the same bytes."""
+
+    kwargs: dict
+    caches: list  # [(KVCache over the pool, indices [B, K], lengths [B])]
+    q: torch.Tensor  # [B, H, D] as given (fp16)
+    sink: torch.Tensor | None
+
+
+def _pool(tokens: int, page_size: int, gen) -> KVCache:
+    """A pool as SGLang allocates it, every token written with a random row in its layout."""
+    cache = KVCache(C.layout(page_size), C.pool_buffer(tokens, page_size))
+    cache.write(torch.arange(cache.tokens), torch.randn(cache.tokens, C.DIM, generator=gen))
+    return cache
+
+
+def _selection(B: int, width: int, pool_tokens: int, pattern: str, gen) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, width] distinct token numbers with -1 holes, and [B] lengths, some past the used slots."""
+    idx = torch.stack([torch.randperm(pool_tokens, generator=gen)[:width] for _ in range(B)]).to(torch.int32)
+    lengths = torch.randint(1, width + 1, (B,), generator=gen, dtype=torch.int32)
+    if pattern == "mixed":
+        idx[torch.rand(B, width, generator=gen) < 0.3] = -1
+        lengths[0] = width + 5  # above K: SGLang reads K slots
+    elif pattern == "empty":
+        idx[0] = -1  # request 0: every slot -1
+        lengths[-1] = 0  # last request: nothing counts
+    return idx, lengths
+
+
+def build_call(case: Case, seed: int = 0) -> Call:
+    gen = torch.Generator().manual_seed(seed)
+    B, H = case.batch, case.heads
+    q = torch.randn(B, H, C.DIM, generator=gen).to(torch.bfloat16).to(torch.float16)  # exact in both
+    sink = torch.randn(H, generator=gen) if case.sink else None
+    window = _pool(B * 2 * C.SWA_WINDOW, C.KV_PAGE, gen)
+    w_idx, w_len = _selection(B, C.SWA_WINDOW, window.tokens, case.pattern, gen)
+    caches = [(window, w_idx, w_len)]
+    kwargs = dict(
+        q=q.unsqueeze(1), k_cache=C.caller_k_cache(window.data, C.KV_PAGE), indices=C.pad_indices(w_idx),
+        topk_length=w_len if case.lengths else None, attn_sink=sink, head_dim_v=C.DIM, softmax_scale=SCALE,
+    )
+    if case.ratio:
+        page = C.KV_PAGE // case.ratio
+        extra = _pool(max(4 * case.topk, 3 * page), page, gen)
+        e_idx, e_len = _selection(B, case.topk, extra.tokens, case.pattern, gen)
+        caches.append((extra, e_idx, e_len))
+        kwargs.update(extra_k_cache=C.caller_k_cache(extra.data, page), extra_indices=C.pad_indices(e_idx),
+                      extra_topk_length=e_len if case.lengths else None)
+    if not case.lengths:
+        caches = [(c, idx, torch.full_like(lens, idx.shape[1])) for c, idx, lens in caches]
+    return Call(kwargs, caches, q, sink)
+
+
+def reference(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 (out [B, 1, H, D], lse [B, H, 1]); without a sink: -inf lse and 0 out where nothing is used."""
+    (w, w_idx, w_len), *extra = call.caches
+    e, e_idx, e_len = extra[0] if extra else (None, None, None)
+    H = call.q.shape[1]
+    sink = call.sink if call.sink is not None else torch.full((H,), float("-inf"))
+    o, lse = sparse_attention_ref(call.q, w, w_idx, w_len, e, e_idx, e_len, sink, SCALE)
+    o = torch.nan_to_num(o, nan=0.0)  # no sink and nothing used: 0 / 0
+    return o.unsqueeze(1), lse.unsqueeze(2)
+
+
+def assert_close(out, lse, ref_o, ref_lse):
+    assert out.shape == ref_o.shape and lse.shape == ref_lse.shape
+    assert error_report(out, ref_o).ok(TOL["o"]), error_report(out, ref_o)
+    assert error_report(lse, ref_lse).ok(TOL["lse"]), error_report(lse, ref_lse)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))  # error_report skips -inf references
+
+
+@on_cpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_drop_in_matches_reference_on_sglangs_tensors(case):
+    call = build_call(case, seed=1)
+    out, lse = flash_mla_sparse_decode_triton(**call.kwargs)
+    B, H = call.q.shape[:2]
+    # SGLang's result: bf16 [B, 1, H, D] and the [B, H, 1] permuted view of a [B, 1, H] fp32 tensor
+    assert out.dtype == torch.bfloat16 and out.shape == (B, 1, H, C.DIM) and out.is_contiguous()
+    assert lse.dtype == torch.float32 and lse.shape == (B, H, 1) and lse.stride() == (H, 1, H)
+    assert_close(out, lse, *reference(call))
+    if case.pattern == "empty":  # request 0 has only -1 slots in both caches: 0, and the sink's lse
+        assert torch.all(out[0] == 0)
+        expected = call.sink if case.sink else torch.full((H,), float("-inf"))
+        torch.testing.assert_close(lse[0, :, 0], expected, rtol=1e-6, atol=1e-6)
+
+
+@on_cpu
+def test_padded_heads_of_garbage_leave_the_real_heads_alone():
+    # Under attention TP the caller pads q to 64 heads with new_empty (deepseek_v4.py:914-926) and
+    # slices the real ones back out: NaN in the padding must not reach them.
+    call = build_call(Case("tp-padded", batch=2, heads=16, ratio=0), seed=10)
+    real = 6
+    call.kwargs["q"][:, :, real:] = float("nan")
+    call.kwargs["attn_sink"][real:] = 0.0
+    out, lse = flash_mla_sparse_decode_triton(**call.kwargs)
+    ref_o, ref_lse = reference(call)
+    assert_close(out[:, :, :real], lse[:, :real], ref_o[:, :, :real], ref_lse[:, :real])
+
+
+@on_cpu
+def test_extra_indices_without_extra_cache_are_ignored():
+    # SGLang reads the compressed cache only when both the cache and its indices are given (:355)
+    call = build_call(Case("c4", batch=2, heads=4, topk=64), seed=3)
+    window_only = dict(call.kwargs, extra_k_cache=None)
+    out, lse = flash_mla_sparse_decode_triton(**window_only)
+    call.caches = call.caches[:1]
+    assert_close(out, lse, *reference(call))
+
+
+@on_cpu
+def test_another_page_stride_is_copied_into_the_layout():
+    # a pool with pages further apart than SGLang's: same records, read through a copy
+    call = build_call(Case("window", batch=2, heads=4, ratio=0), seed=4)
+    k = call.kwargs["k_cache"]
+    pages, page = k.shape[0], k.shape[1]
+    wide = torch.zeros(pages, C.page_bytes(page) + 576, dtype=torch.uint8)
+    wide[:, : C.page_bytes(page)] = k.view(torch.uint8).as_strided((pages, k.stride(0)), (k.stride(0), 1))
+    spread = wide.view(torch.float8_e4m3fn)[:, : page * C.TOKEN_BYTES].view(pages, page, 1, C.TOKEN_BYTES)
+    out, lse = flash_mla_sparse_decode_triton(**dict(call.kwargs, k_cache=spread))
+    assert_close(out, lse, *reference(call))
+
+
+@on_cpu
+def test_int64_indices_and_uint8_cache_are_taken():
+    call = build_call(Case("window", batch=2, heads=4, ratio=0), seed=5)
+    kw = dict(call.kwargs, indices=call.kwargs["indices"].long(), k_cache=call.kwargs["k_cache"].view(torch.uint8))
+    out, lse = flash_mla_sparse_decode_triton(**kw)
+    assert_close(out, lse, *reference(call))
+
+
+@on_cpu
+def test_comparison_fails_when_scales_are_read_from_the_wrong_place():
+    # The test can fail: shift the window pool's scale records by one token and the result moves.
+    call = build_call(Case("window", batch=2, heads=4, ratio=0), seed=6)
+    ref = reference(call)
+    buf = call.caches[0][0].data
+    at = C.KV_PAGE * 576
+    buf[:, at + 8 : at + C.KV_PAGE * 8] = buf[:, at : at + (C.KV_PAGE - 1) * 8].clone()
+    out, lse = flash_mla_sparse_decode_triton(**call.kwargs)
+    assert not error_report(out, ref[0]).ok(TOL["o"])
+
+
+def test_signature_is_the_entry_points():
+    params = list(inspect.signature(flash_mla_sparse_decode_triton).parameters.values())
+    assert [p.name for p in params] == [name for name, _ in C.ENTRY_PARAMETERS]
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+    for p, (_, default) in zip(params, C.ENTRY_PARAMETERS):
+        assert p.default is (inspect.Parameter.empty if default is C.REQUIRED else default)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(q=torch.zeros(2, 2, 8, 512)), r"q must be \[B, 1, H, 512\]"),
+        (dict(q=torch.zeros(2, 1, 8, 576)), r"q must be"),
+        (dict(k_cache=torch.zeros(3, 256, 1, 576, dtype=torch.uint8)), "k_cache must be"),
+        (dict(k_cache=torch.zeros(3, 256, 1, 584, dtype=torch.bfloat16)), "float8_e4m3fn or uint8"),
+        (dict(attn_sink=torch.zeros(5)), "5 values for 8 heads"),
+        (dict(indices=torch.zeros(3, 1, 64, dtype=torch.int32)), "3 rows for 2 queries"),
+    ],
+    ids=["two-queries-per-request", "wide-q", "no-scale-bytes", "bf16-cache", "sink-heads", "index-rows"],
+)
+def test_inputs_sglang_could_not_take_are_refused(change, message):
+    call = build_call(Case("w", ratio=0, batch=2), seed=7)
+    with pytest.raises(DropInInputError, match=message):
+        flash_mla_sparse_decode_triton(**dict(call.kwargs, **change))
+
+
+def _independent_rows(buffer: torch.Tensor, page_size: int, tokens: torch.Tensor) -> torch.Tensor:
+    """Rows decoded straight from the bytes, as flash_mla_sm120.py:_gather_and_dequant describes the
+    page (data records of 576 B, then 8-byte scale records at page_size * 576), not through KVCache."""
+    pages = buffer.view(torch.uint8)
+    out = []
+    for t in tokens.tolist():
+        page = pages[t // page_size]
+        rec = page[(t % page_size) * 576 : (t % page_size + 1) * 576]
+        scales = page[page_size * 576 + (t % page_size) * 8 :][:7].double()
+        nope = rec[:448].view(torch.float8_e4m3fn).double().view(7, 64) * torch.exp2(scales - 127)[:, None]
+        out.append(torch.cat([nope.reshape(-1), rec[448:].clone().view(torch.bfloat16).double()]))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("page_size", [C.KV_PAGE, C.KV_PAGE // 4, C.KV_PAGE // 128], ids=["window", "c4", "c128"])
+def test_our_fp8_layout_is_sglangs_page(page_size):
+    gen = torch.Generator().manual_seed(8)
+    cache = _pool(3 * page_size, page_size, gen)
+    assert cache.data.shape[1] == C.page_bytes(page_size) == cache.layout.page_bytes
+    tokens = torch.tensor([0, 1, page_size - 1, page_size, cache.tokens - 1])
+    assert torch.equal(cache.read(tokens), _independent_rows(cache.data, page_size, tokens))
+
+
+# --- against SGLang's own function (pip install --no-deps sglang==0.5.14) --------------------------
+
+PINNED = C.SGLANG_VERSION
+
+
+def _sglang_kernel_module():
+    try:
+        installed = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"SGLang not installed: pip install --no-deps sglang=={PINNED}")
+    if installed != PINNED:
+        pytest.skip(f"SGLang {installed} installed; this comparison is pinned to {PINNED}")
+    root = Path(list(importlib.util.find_spec("sglang").submodule_search_locations)[0])
+    path = root / "srt" / "layers" / "attention" / "flash_mla_sm120_triton.py"
+    spec = importlib.util.spec_from_file_location("sglang_flash_mla_sm120_triton", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # Its autotuner benchmarks on a GPU; with one config left it runs that config, no benchmark.
+    module._tiled_sparse_decode_kernel.configs = module._tiled_sparse_decode_kernel.configs[:1]
+    return module
+
+
+def test_signature_matches_sglangs():
+    module = _sglang_kernel_module()
+    theirs = inspect.signature(getattr(module, C.ENTRY_NAME)).parameters.values()
+    ours = inspect.signature(flash_mla_sparse_decode_triton).parameters.values()
+    assert [(p.name, p.kind, p.default) for p in theirs] == [(p.name, p.kind, p.default) for p in ours]
+
+
+# Smaller than CASES: SGLang's kernel runs one interpreted program per (request, head).
+SGLANG_CASES = [
+    Case("csa-c4-mixed", batch=2, heads=4, topk=64),
+    Case("hca-c128-no-sink-empty-requests", batch=3, heads=4, ratio=128, topk=37, pattern="empty", sink=False),
+]
+
+
+@on_cpu
+@pytest.mark.parametrize("case", SGLANG_CASES, ids=lambda c: c.name)
+def test_drop_in_matches_sglangs_own_function(case):
+    module = _sglang_kernel_module()
+    call = build_call(case, seed=9)
+    theirs = getattr(module, C.ENTRY_NAME)(**dict(call.kwargs, q=call.kwargs["q"].to(torch.bfloat16)))
+    ours = flash_mla_sparse_decode_triton(**call.kwargs)
+    ref_o, ref_lse = reference(call)
+    for out, lse in (theirs, ours):  # SGLang's function meets the same reference: the contract holds
+        assert out.dtype == torch.bfloat16 and lse.shape == ref_lse.shape and lse.stride() == ours[1].stride()
+        assert_close(out, lse, ref_o, ref_lse)
+    assert error_report(ours[0], theirs[0]).ok(TOL["o"])
+
+
+def on_device(call: Call, device: str, dtype: torch.dtype) -> dict:
+    """The call's arguments on `device`, the pools moved whole and viewed again as the backend does."""
+    kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in call.kwargs.items()}
+    kw["q"] = kw["q"].to(dtype)
+    for key, (cache, _, _) in zip(("k_cache", "extra_k_cache"), call.caches):
+        kw[key] = C.caller_k_cache(cache.data.to(device), cache.layout.page_size)
+    return kw
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", CASES + [Case("flash-b64-h64-k512", batch=64, heads=64, topk=512)], ids=lambda c: c.name)
+def test_drop_in_on_gpu_in_bf16(case):
+    call = build_call(case, seed=11)
+    out, lse = flash_mla_sparse_decode_triton(**on_device(call, "cuda", torch.bfloat16))
+    assert_close(out, lse, *reference(call))
+    try:
+        theirs = getattr(_sglang_kernel_module(), C.ENTRY_NAME)
+    except pytest.skip.Exception:
+        return
+    t_out, t_lse = theirs(**on_device(call, "cuda", torch.bfloat16))
+    assert_close(t_out, t_lse, *reference(call))
+    assert error_report(out, t_out).ok(TOL["o"])
