@@ -58,13 +58,13 @@ class ProcessGroupRanks:
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """x: [C, ...] -> [ranks * C, ...], rank-major (every rank's rows, this rank's among them)."""
-        out = x.new_empty((self.ranks * x.shape[0], *x.shape[1:]))
+        out = torch.empty((self.ranks * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
         self._gather(out, x.contiguous())
         return out
 
     def reduce_scatter(self, y: torch.Tensor) -> torch.Tensor:
         """y: [ranks * C, ...] -> [C, ...]: the sum over ranks of this rank's rows."""
-        out = y.new_empty((y.shape[0] // self.ranks, *y.shape[1:]))
+        out = torch.empty((y.shape[0] // self.ranks, *y.shape[1:]), dtype=y.dtype, device=y.device)
         self._scatter(out, y.contiguous())
         return out
 

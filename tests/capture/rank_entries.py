@@ -17,7 +17,7 @@ def sum_of_ranks(ctx) -> dict:
     ctx.join()
     x = torch.tensor([float(ctx.rank + 1)])
     dist.all_reduce(x)
-    return {"rank": ctx.rank, "sum": float(x), "pid": os.getpid()}
+    return {"rank": ctx.rank, "sum": float(x), "pid": os.getpid(), "nvls": os.environ.get("NCCL_NVLS_ENABLE")}
 
 
 def rank_one_fails(ctx, how: str, pid_dir: str) -> None:
