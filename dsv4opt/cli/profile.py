@@ -56,6 +56,8 @@ def profile(
 
     if kv not in ("fp8", "bf16"):
         raise DsvOptError(f"--kv must be fp8 or bf16, not {kv!r}")
+    if ranks != 1 and target != "embedded":
+        raise DsvOptError("--ranks is for the embedded target; an SGLang server's ranks are its own")
     if target == "embedded":
         from dsv4opt.loop.profiles import profile_embedded
         from dsv4opt.report.progress import rich_progress
