@@ -39,8 +39,8 @@ class Fp8Linear:
 class Mxfp4Experts:
     """Expert weight sets [R, N, K] in MXFP4: e2m1 nibbles [R, N, K/2] and fp32 group scales [R, N, K/32]."""
 
-    def __init__(self, packed: torch.Tensor, scales: torch.Tensor):
-        self.packed, self.scales = packed, scales
+    def __init__(self, sets: int, out_features: int, in_features: int, generator: torch.Generator, device):
+        self.packed, self.scales = quant.random_mxfp4((sets, out_features, in_features), in_features, generator, device)
 
     @classmethod
     def drawn(cls, seeds: list[int], out_features: int, in_features: int, device) -> "Mxfp4Experts":
@@ -48,7 +48,9 @@ class Mxfp4Experts:
         so a rank holding some experts has exactly the sets a process holding all of them has."""
         sets = [quant.random_mxfp4((out_features, in_features), in_features,
                                    torch.Generator(device=device).manual_seed(s), device) for s in seeds]
-        return cls(torch.stack([p for p, _ in sets]), torch.stack([q for _, q in sets]))
+        experts = cls.__new__(cls)
+        experts.packed, experts.scales = torch.stack([p for p, _ in sets]), torch.stack([q for _, q in sets])
+        return experts
 
     def dense(self, index: int) -> torch.Tensor:
         """Weight set `index` as [N, K] float64 on the CPU."""
