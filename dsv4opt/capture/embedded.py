@@ -292,6 +292,7 @@ def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
         "config": config_name,
         "layers": wl.cfg.layers,
         "experts_resident": wl.experts_resident,
+        "expert_parallel": wl.cfg.expert_parallel,  # the DP + EP ranks the MoE gathers tokens from
         # the contract's `device` is the GPU's name ("cpu" without one); device_kind re-creates the run
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "device_kind": device.type,
