@@ -11,7 +11,7 @@ import pytest
 
 from dsv4opt.analysis.rank_balance import length, overlap, rank_balance, rank_timeline, union
 from dsv4opt.trace import read_trace
-from tests.helpers import SHARED_TRACES
+from tests.helpers import SHARED_TRACES, merged_intervals
 
 A100 = SHARED_TRACES / "hta_a100_train_control.json.gz"  # rank 3 of 8, NCCL kernels on their own stream
 
@@ -41,16 +41,6 @@ def test_empty_sets():
     assert length(empty) == 0.0 and overlap(empty, union(np.array([0.0]), np.array([1.0]))) == 0.0
 
 
-def _merge(intervals):
-    out = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
 def _intersection(a, b):
     i = j = 0
     total = 0.0
@@ -68,8 +58,8 @@ def test_nccl_overlap_on_a_real_training_trace():
     """DDP overlaps its all-reduces with the backward pass: communication partly hidden behind compute."""
     events = [e for e in json.loads(gzip.open(A100).read())["traceEvents"]
               if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    comm = _merge([(e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" in e["name"].lower()])
-    work = _merge([(e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" not in e["name"].lower()])
+    comm = merged_intervals([(e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" in e["name"].lower()])
+    work = merged_intervals([(e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" not in e["name"].lower()])
     got = rank_timeline(read_trace(A100))
     assert got["basis"] == "gpu"
     assert got["comm_us"] == pytest.approx(sum(e - s for s, e in comm), rel=1e-9)

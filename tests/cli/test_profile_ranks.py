@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.cli import app
 from dsv4opt.trace.files import SGLANG_TRACE_NAME, rank_from_name
+from tests.helpers import merged_intervals
 
 runner = CliRunner()
 RUN = ["profile", "--config", "dsv4-tiny", "--device", "cpu", "--concurrency", "2", "--context", "24",
@@ -67,16 +68,6 @@ def test_each_rank_writes_a_trace_named_as_sglang_names_its_ranks(two_ranks):
         assert {"moe", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_"} <= names
 
 
-def _merged(intervals):
-    out = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
 def _plain_timeline(path: Path) -> dict:
     """Independently of the analysis: communication = gloo ranges and c10d operators; compute = the
     other operators that no operator on their thread encloses."""
@@ -95,7 +86,7 @@ def _plain_timeline(path: Path) -> dict:
                 end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
             else:
                 end = max(end, e["ts"] + e["dur"])
-    c, w = _merged(comm), _merged(work)
+    c, w = merged_intervals(comm), merged_intervals(work)
     both = sum(max(0.0, min(a[1], b[1]) - max(a[0], b[0])) for a in c for b in w)
     return {"comm": sum(e - s for s, e in c), "compute": sum(e - s for s, e in w), "overlap": both}
 
