@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from dsv4opt.analysis.profile import RankRow, RankTimeline
 from dsv4opt.analysis.rank_balance import length, overlap, rank_balance, rank_timeline, union
 from dsv4opt.trace import read_trace
 from tests.helpers import SHARED_TRACES, merged_intervals
@@ -61,29 +62,30 @@ def test_nccl_overlap_on_a_real_training_trace():
     comm = merged_intervals([(e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" in e["name"].lower()])
     work = merged_intervals([(e["ts"], e["ts"] + e["dur"]) for e in events if "nccl" not in e["name"].lower()])
     got = rank_timeline(read_trace(A100))
-    assert got["basis"] == "gpu"
-    assert got["comm_us"] == pytest.approx(sum(e - s for s, e in comm), rel=1e-9)
-    assert got["compute_us"] == pytest.approx(sum(e - s for s, e in work), rel=1e-9)
-    assert got["overlap_us"] == pytest.approx(_intersection(comm, work), rel=1e-9)
-    assert 0 < got["overlap_us"] < got["comm_us"]
+    assert got.basis == "gpu"
+    assert got.comm_us == pytest.approx(sum(e - s for s, e in comm), rel=1e-9)
+    assert got.compute_us == pytest.approx(sum(e - s for s, e in work), rel=1e-9)
+    assert got.overlap_us == pytest.approx(_intersection(comm, work), rel=1e-9)
+    assert 0 < got.overlap_us < got.comm_us
     first, last = min(e["ts"] for e in events), max(e["ts"] + e["dur"] for e in events)
-    assert got["window_us"] == pytest.approx(last - first, rel=1e-12)
+    assert got.window_us == pytest.approx(last - first, rel=1e-12)
 
 
 def _summary(rank, compute, comm, overlap_us, window):
-    return {"rank": rank, "timeline": {"basis": "gpu", "steps": 2, "window_us": window, "compute_us": compute,
-                                       "comm_us": comm, "overlap_us": overlap_us}}
+    return RankRow(rank=rank, file=f"r{rank}.json", gpu_time_us=compute + comm,
+                   timeline=RankTimeline(basis="gpu", steps=2, window_us=window, compute_us=compute, comm_us=comm,
+                                         overlap_us=overlap_us))
 
 
 def test_balance_names_the_slowest_rank_and_the_spread():
     ranks = [_summary(0, 80.0, 30.0, 10.0, 100.0), _summary(1, 100.0, 10.0, 0.0, 100.0),
              _summary(2, 90.0, 20.0, 5.0, 100.0)]
     b = rank_balance(ranks)
-    assert b["slowest_rank"] == 1
-    assert b["imbalance"] == pytest.approx(100 / 90 - 1)
-    assert b["comm_share"] == pytest.approx(0.2) and b["comm_share_max"] == pytest.approx(0.3)
-    assert b["exposed_comm_share"] == pytest.approx((20 + 10 + 15) / 300)
-    assert b["compute_us_spread"] == pytest.approx(20.0)
+    assert b.slowest_rank == 1
+    assert b.imbalance == pytest.approx(100 / 90 - 1)
+    assert b.comm_share == pytest.approx(0.2) and b.comm_share_max == pytest.approx(0.3)
+    assert b.exposed_comm_share == pytest.approx((20 + 10 + 15) / 300)
+    assert b.compute_us_spread == pytest.approx(20.0)
 
 
 def test_no_balance_without_two_timed_ranks():

@@ -52,7 +52,7 @@ def test_two_ranks_write_one_profile_of_two_ranks(two_ranks):
     assert t["ms_per_step"] >= min(t["ms_per_step_by_rank"])  # each window at its slowest rank's pace
     assert abs(t["tokens_per_s"] - 2 * 2 * 1000 / t["ms_per_step"]) < 1e-6
     assert abs(t["tokens_per_s_per_rank"] - 2 * 1000 / t["ms_per_step"]) < 1e-6
-    assert [r["rank"] for r in prof.extra["ranks"]] == [0, 1]
+    assert [r.rank for r in prof.ranks] == [0, 1]
     assert prof.category_share("communication") > 0
     for line in ("2 ranks over gloo", "per rank", "slowest rank"):
         assert line in result.output
@@ -95,16 +95,16 @@ def test_rank_balance_matches_plain_sums_over_the_traces(two_ranks):
     _, saved, traces = two_ranks
     prof = Profile.load(saved[0])
     plain = [_plain_timeline(f) for f in sorted(traces.glob("*.trace.json.gz"))]
-    for row, want in zip(prof.extra["ranks"], plain):
-        got = row["timeline"]
-        assert got["comm_us"] == pytest.approx(want["comm"], rel=1e-9)
-        assert got["compute_us"] == pytest.approx(want["compute"], rel=1e-9)
-        assert got["overlap_us"] == pytest.approx(want["overlap"], rel=1e-9, abs=1e-6)
+    for row, want in zip(prof.ranks, plain):
+        got = row.timeline
+        assert got.comm_us == pytest.approx(want["comm"], rel=1e-9)
+        assert got.compute_us == pytest.approx(want["compute"], rel=1e-9)
+        assert got.overlap_us == pytest.approx(want["overlap"], rel=1e-9, abs=1e-6)
     compute = [p["compute"] for p in plain]
-    balance = prof.extra["rank_balance"]
-    assert balance["slowest_rank"] == compute.index(max(compute))
-    assert balance["imbalance"] == pytest.approx(max(compute) / (sum(compute) / 2) - 1, rel=1e-9)
-    assert 0 < balance["comm_share"] < 1
+    balance = prof.rank_balance
+    assert balance.slowest_rank == compute.index(max(compute))
+    assert balance.imbalance == pytest.approx(max(compute) / (sum(compute) / 2) - 1, rel=1e-9)
+    assert 0 < balance.comm_share < 1
 
 
 @pytest.mark.slow
@@ -113,8 +113,8 @@ def test_four_ranks_run(tmp_path, monkeypatch):
     r = runner.invoke(app, RUN[:-4] + ["--steps", "1", "--warmup", "0", "--repeat", "1", "--layers", "4", "--ranks", "4"])
     assert r.exit_code == 0, r.output
     prof = Profile.load(next((tmp_path / "profiles").glob("*-r4-*.json")))
-    assert [row["rank"] for row in prof.extra["ranks"]] == [0, 1, 2, 3]
-    assert prof.meta["expert_parallel"] == 4 and prof.extra["rank_balance"]["comm_share"] > 0
+    assert [row.rank for row in prof.ranks] == [0, 1, 2, 3]
+    assert prof.meta["expert_parallel"] == 4 and prof.rank_balance.comm_share > 0
 
 
 @pytest.mark.parametrize("extra, said", [
