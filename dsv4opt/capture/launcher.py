@@ -155,6 +155,7 @@ def _watch(procs: list, store, workdir: Path, rendezvous_timeout_s: float, relay
             if all(c is not None for c in codes) or time.monotonic() - first_failure > FAILURE_GRACE_S:
                 raise CaptureError(_failure_line(failed, codes, workdir))
         elif all(c == 0 for c in codes):
+            relay.poll()  # the steps rank 0 reported since the last poll
             return
         if not joined:
             joined = store.check([f"joined/{r}" for r in range(ranks)])
@@ -205,38 +206,44 @@ def _stop(procs: list) -> None:
 
 
 class _StoreProgress(Progress):
-    """Rank 0's progress, written to the rendezvous store for the parent to relay."""
+    """Rank 0's progress, written to the rendezvous store for the parent to relay: one key per stage
+    (so a stage shorter than the parent's poll is still seen) and its steps done."""
 
     def __init__(self, store):
         self._store, self._stage, self._done = store, 0, 0
-        self._description, self._total = "", None
 
     def stage(self, description: str, total: int | None) -> None:
-        self._stage, self._done, self._description, self._total = self._stage + 1, 0, description, total
-        self._publish()
+        self._stage, self._done = self._stage + 1, 0
+        self._store.set(f"progress/{self._stage}/done", "0")
+        self._store.set(f"progress/{self._stage}", json.dumps({"description": description, "total": total}))
 
     def advance(self) -> None:
         self._done += 1
-        self._publish()
-
-    def _publish(self) -> None:
-        self._store.set("progress", json.dumps({"stage": self._stage, "description": self._description,
-                                                "total": self._total, "done": self._done}))
+        self._store.set(f"progress/{self._stage}/done", str(self._done))
 
 
 class _ProgressRelay:
-    """The parent's side: replays rank 0's stages and steps into the caller's Progress."""
+    """The parent's side: replays rank 0's stages and steps, in order, into the caller's Progress."""
 
     def __init__(self, store, progress: Progress):
         self._store, self._progress, self._stage, self._done = store, progress, 0, 0
 
     def poll(self) -> None:
-        if self._progress is no_progress or not self._store.check(["progress"]):
+        if self._progress is no_progress:
             return
-        now = json.loads(self._store.get("progress"))
-        if now["stage"] != self._stage:
-            self._stage, self._done = now["stage"], 0
-            self._progress.stage(now["description"], now["total"])
-        for _ in range(now["done"] - self._done):
+        while True:
+            self._catch_up()
+            following = f"progress/{self._stage + 1}"
+            if not self._store.check([following]):
+                return
+            stage = json.loads(self._store.get(following))
+            self._stage, self._done = self._stage + 1, 0
+            self._progress.stage(stage["description"], stage["total"])
+
+    def _catch_up(self) -> None:
+        if not self._stage:
+            return
+        done = int(self._store.get(f"progress/{self._stage}/done"))
+        for _ in range(done - self._done):
             self._progress.advance()
-        self._done = now["done"]
+        self._done = done

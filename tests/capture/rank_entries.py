@@ -43,3 +43,18 @@ def rank_one_never_joins(ctx, pid_dir: str) -> None:
     if ctx.rank == 1:
         time.sleep(600)
     ctx.join()
+
+
+def reports_progress(ctx) -> None:
+    """Rank 0 reports two stages, faster than the parent polls; every rank reports, only rank 0 is heard."""
+    import torch.distributed as dist
+
+    ctx.join()
+    progress = ctx.progress()
+    progress.stage("building", 2)
+    progress.advance()
+    progress.advance()
+    progress.stage("profiling", 3)
+    for _ in range(3):
+        progress.advance()
+    dist.barrier()

@@ -76,3 +76,23 @@ def test_rank_env_keeps_nvlink_multicast_off_and_the_users_other_settings():
     assert env["NVSHMEM_DISABLE_NVLS"] == "1" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert env["NCCL_DEBUG"] == "INFO" and env["PATH"] == "/bin"
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("3", "8", "3")
+
+
+def test_rank_zeros_progress_reaches_the_caller(tmp_path):
+    from dsv4opt.capture.result import Progress
+
+    class Recorded(Progress):
+        def __init__(self):
+            self.seen = []
+
+        def stage(self, description, total):
+            self.seen.append((description, total))
+
+        def advance(self):
+            self.seen.append("+")
+
+    progress = Recorded()
+    run_ranks(rank_entries.reports_progress, 2, "gloo", tmp_path, progress=progress, preload=PRELOAD)
+    stages = [s for s in progress.seen if s != "+"]
+    assert stages == [("building", 2), ("profiling", 3)]
+    assert progress.seen.index(("profiling", 3)) < len(progress.seen) - 3 and progress.seen[-3:] == ["+"] * 3
