@@ -17,4 +17,15 @@ def shared_traces() -> list[Path]:
     return sorted(SHARED_TRACES.glob("*.json*")) if SHARED_TRACES.is_dir() else []
 
 
+def merged_intervals(intervals) -> list[list[float]]:
+    """Plain Python union of (start, end) pairs, for expected values of the interval analyses."""
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

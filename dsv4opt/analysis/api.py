@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsv4opt.analysis import attribute, cpu_ops, parts, rank, steps
+from dsv4opt.analysis import attribute, cpu_ops, parts, rank, rank_balance, steps
 from dsv4opt.analysis.profile import CaptureMatch, CategoryRow, KernelRow, PartRow, Profile, RankRow, is_profile_file
 from dsv4opt.analysis.sweep import SWEEP_SCHEMA, summary_rows
 from dsv4opt.errors import ProfileError, TraceError
@@ -74,6 +74,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     # How many graph-replayed kernels found their launch in the capture trace: a reader judges the
     # replay's operators and parts by this.
     found = {"has_stacks": has_stacks, "ranks": per_rank if len(per_rank) > 1 else None,
+             "rank_balance": rank_balance.rank_balance(per_rank) if len(per_rank) > 1 else None,
              "capture_match": CaptureMatch(**capture_match) if capture is not None else None}
 
     if kernels.empty:
@@ -144,7 +145,8 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
     attributor = attribute.Attributor(trace)
     out: dict[str, Any] = {"attribution": {}, "steps": None, "parts": pd.DataFrame(), "cpu_table": None,
                            "has_stacks": attributor.has_stacks, "capture_match": {}}
-    summary: dict[str, Any] = {"rank": trace.rank, "file": str(trace.path), "device": trace.device}
+    summary: dict[str, Any] = {"rank": trace.rank, "file": str(trace.path), "device": trace.device,
+                               "timeline": rank_balance.rank_timeline(trace)}
     if k.empty:
         cpu = cpu_ops.analyze_cpu_ops(trace.cpu_ops, trace.annotations)
         out.update({"cpu_table": cpu.table, "steps": cpu.steps, "parts": cpu.parts})

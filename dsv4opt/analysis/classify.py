@@ -106,6 +106,10 @@ def _aten(*ops: str) -> str:
 
 
 CPU_RULES: tuple[Rule, ...] = (
+    Rule(COMMUNICATION, r"^c10d::|^(?:gloo|nccl|ucc|mpi):",
+         "c10d::_allgather_base_",
+         "torch.distributed collectives: the c10d operator a rank calls (from `dsv4opt profile --ranks 2 --device cpu`); "
+         "the backend's own ranges (gloo:all_gather) run on its threads"),
     Rule(ATTENTION, _aten(r"_?scaled_dot_product\w*", r"_?flash_attention\w*", r"_efficient_attention\w*", r"\w*_attention\w*"),
          "aten::scaled_dot_product_attention",
          "fused attention operators; the embedded workload's attention is spelled out in bmm/softmax instead"),

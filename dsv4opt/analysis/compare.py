@@ -39,7 +39,8 @@ class Comparison:
 
 # Settings two profiles must share to be compared: what was run, where, at what load. Optimisations
 # may differ (that is the point); a key either profile lacks is not checked.
-SETTINGS_KEYS = ("target", "device", "config", "layers", "kv", "concurrency", "context", "steps", "experts_resident")
+SETTINGS_KEYS = ("target", "device", "config", "layers", "kv", "concurrency", "context", "steps", "experts_resident",
+                 "ranks")
 
 
 def setting_differences(a: Profile, b: Profile) -> list[str]:

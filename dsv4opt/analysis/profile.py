@@ -86,6 +86,29 @@ class PartRow(msgspec.Struct, kw_only=True):
     share: float
 
 
+class RankTimeline(msgspec.Struct, kw_only=True):
+    """One rank's work over its window, the whole trace (analysis/rank_balance.py)."""
+
+    basis: str  # "gpu": its kernels; "cpu": its top-level operators and the backend's ranges, wall time
+    steps: int  # profiler steps in the trace (0: none found)
+    window_us: float  # the first interval's start to the last one's end
+    compute_us: float  # covered by work other than communication
+    comm_us: float  # covered by communication
+    overlap_us: float  # covered by both: communication hidden behind compute
+
+
+class RankBalance(msgspec.Struct, kw_only=True):
+    """The ranks of one run side by side (analysis/rank_balance.py)."""
+
+    basis: str
+    slowest_rank: int  # the most compute: the others wait for it inside their collectives
+    imbalance: float  # its compute over the mean compute, minus 1
+    comm_share: float  # communication over the rank's window, mean over ranks
+    comm_share_max: float
+    exposed_comm_share: float  # communication not hidden behind compute, mean over ranks
+    compute_us_spread: float  # most minus least compute
+
+
 class RankRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One trace file of a multi-file profile."""
 
@@ -98,6 +121,7 @@ class RankRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     graph_replay_share: float | None = None
     categories: list[CategoryRow] = []
     kernels: list[KernelRow] = []  # its top 10
+    timeline: RankTimeline | None = None
 
 
 class CaptureMatch(msgspec.Struct):
@@ -121,6 +145,7 @@ class Profile(msgspec.Struct, kw_only=True):
     throughput: dict[str, Any] | None = None
     parts: list[PartRow] | None = None
     ranks: list[RankRow] | None = None
+    rank_balance: RankBalance | None = None
     has_stacks: bool | None = None
     capture_match: CaptureMatch | None = None
     note: str | None = None
@@ -249,6 +274,8 @@ class _Throughput(msgspec.Struct):
     tokens_per_s: float | None = None
     ms_per_step: float | None = None
     ms_per_step_windows: list[float] | None = None
+    tokens_per_s_per_rank: float | None = None  # profile --ranks N: tokens_per_s is all ranks' tokens
+    ms_per_step_by_rank: list[float] | None = None
 
 
 def is_profile_file(path: str | Path) -> bool:

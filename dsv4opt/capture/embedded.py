@@ -5,6 +5,7 @@ CUDA graph and replayed, as SGLang does. One eager step is profiled first so the
 the graph's kernels (which carry only the graph launch's correlation) back to model parts. The
 S profiled steps and the S timed steps are separate runs, so profiler overhead never enters ms/step.
 Capture only captures: the loop (dsv4opt/loop/profiles.py) analyses the traces and saves the profile.
+With several ranks (`settings.ranks`), dsv4opt/capture/ranks.py runs the same steps in each rank.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import statistics
 import subprocess
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -40,33 +42,83 @@ def default_config(device: str | None) -> str:
 
 def capture_embedded(settings: EmbeddedSettings, trace_dir: Path, progress: Progress = no_progress) -> Captured:
     """Build the workload, warm up, profile S steps into `trace_dir`, time S steps."""
-    device = _pick_device(settings.device)
+    if getattr(settings, "ranks", 1) != 1:
+        from dsv4opt.capture.ranks import capture_ranks
+
+        return capture_ranks(settings, trace_dir, progress)
+    plan = plan_run(settings)
+    for note in plan.notes:
+        progress.note(note)
+    refuse_if_too_big(plan, settings)
+    out = output_path(settings, plan.config_name)
+    stem = out.name[: -len(".json")]
+    run = run_rank(settings, plan, unique_path(trace_dir / f"{stem}.trace.json"),
+                   unique_path(trace_dir / f"{stem}-eager.trace.json"), progress)
+    ms_per_step = statistics.median(run.windows)
+    throughput = {"tokens_per_s": settings.concurrency * 1000.0 / ms_per_step, "ms_per_step": ms_per_step,
+                  "ms_per_step_windows": run.windows}
+    return Captured(traces=[run.trace], capture_trace=run.capture_trace, meta=run.meta, throughput=throughput, out=out,
+                    notes=plan.notes)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run resolves from its settings before building anything."""
+
+    device: torch.device
+    config_name: str
+    cfg: ModelConfig
+    dtype: torch.dtype
+    max_new: int
+    use_graph: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_run(settings: EmbeddedSettings, device: torch.device | None = None) -> RunPlan:
+    """Device (picked when None), config, dtype and graph use of a run."""
+    device = device or _pick_device(settings.device)
     config_name = settings.config or default_config(settings.device)
     cfg = ModelConfig.from_name(config_name).with_layers(settings.layers)
-    stamp = dt.datetime.now()
-    out = _output_path(settings, config_name)
     notes = []
     if device.type == "cpu":
         notes.append(f"no GPU in use: running {config_name} on the CPU; the ranking is over CPU operators by "
                      "self time, not GPU kernels")
-        progress.note(notes[-1])
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    max_new = settings.warmup + 2 * settings.steps + 8
-    _refuse_if_too_big(cfg, settings, device, dtype, max_new)
-    use_graph = settings.cuda_graph and device.type == "cuda"
+    return RunPlan(device=device, config_name=config_name, cfg=cfg,
+                   dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+                   max_new=settings.warmup + 2 * settings.steps + 8,
+                   use_graph=settings.cuda_graph and device.type == "cuda", notes=notes)
 
+
+@dataclass
+class RankRun:
+    """What one rank's run leaves: its traces, its timed windows (ms/step) and its meta."""
+
+    trace: Path
+    capture_trace: Path | None
+    windows: list[float]
+    meta: dict
+
+
+def run_rank(settings: EmbeddedSettings, plan: RunPlan, trace_path: Path, eager_path: Path,
+             progress: Progress = no_progress, comm=None) -> RankRun:
+    """Build this rank's workload, warm up, profile, time. `comm`: the ranks of a process group (None:
+    one process alone); every rank runs the same steps, so their collectives meet."""
     from dsv4opt.workload.model import DecodeWorkload
 
+    device, cfg, C = plan.device, plan.cfg, settings.concurrency
+    stamp = dt.datetime.now()
     with _cpu_threads(device):
-        progress.stage(f"building {config_name} ({cfg.layers} layers)", cfg.layers)
+        progress.stage(f"building {plan.config_name} ({cfg.layers} layers)", cfg.layers)
         wl = DecodeWorkload(
-            cfg, concurrency=settings.concurrency, context=settings.context, device=device,
+            cfg, concurrency=C, context=settings.context, device=device,
             experts_resident=settings.experts_resident, impls=implementations(settings.optimizations),
-            seed=settings.seed, dtype=dtype, kv=_kv(settings), max_new_tokens=max_new,
-            on_layer=lambda i: progress.advance(),
+            seed=settings.seed, dtype=plan.dtype, kv=_kv(settings), max_new_tokens=plan.max_new,
+            on_layer=lambda i: progress.advance(), comm=comm,
         )
-        tokens = torch.randint(cfg.vocab, (settings.concurrency,), generator=torch.Generator().manual_seed(settings.seed))
-        tokens = tokens.to(device)
+        # Every rank draws the tokens of all ranks and keeps its own, as it does its requests.
+        first = C * wl.comm.rank if wl.comm.real else 0
+        tokens = torch.randint(cfg.vocab, (first + C,), generator=torch.Generator().manual_seed(settings.seed))
+        tokens = tokens[first:].to(device)
         eager = _eager_step(wl, tokens)
 
         progress.stage("warming up", max(settings.warmup, 1))
@@ -75,26 +127,24 @@ def capture_embedded(settings: EmbeddedSettings, trace_dir: Path, progress: Prog
             _sync(device)
             progress.advance()
 
-        stem = out.name[: -len(".json")]
         capture_trace = None
         step = eager
-        if use_graph:
+        if plan.use_graph:
             progress.stage("profiling one eager step (kernel -> model part map)", None)
             # Python stacks cost little for one step and let kernels be traced to model source lines.
-            capture_trace = _profile_steps(eager, 1, device, unique_path(trace_dir / f"{stem}-eager.trace.json"),
-                                           with_stack=True)
+            capture_trace = _profile_steps(eager, 1, device, eager_path, with_stack=True)
             progress.stage("capturing the step as a CUDA graph", None)
             step = _graph_step(wl, tokens)
         progress.stage("profiling", settings.steps)
-        trace = _profile_steps(step, settings.steps, device, unique_path(trace_dir / f"{stem}.trace.json"),
-                               on_step=progress.advance)
+        trace = _profile_steps(step, settings.steps, device, trace_path, on_step=progress.advance)
         progress.stage("timing", None)
-        windows = [_time_steps(step, settings.steps, device) for _ in range(max(1, getattr(settings, "repeat", 1)))]
-    meta = _meta(settings, wl, config_name, device, use_graph, stamp)
-    ms_per_step = statistics.median(windows)
-    throughput = {"tokens_per_s": settings.concurrency * 1000.0 / ms_per_step, "ms_per_step": ms_per_step,
-                  "ms_per_step_windows": windows}
-    return Captured(traces=[trace], capture_trace=capture_trace, meta=meta, throughput=throughput, out=out, notes=notes)
+        windows = []
+        for _ in range(max(1, getattr(settings, "repeat", 1))):
+            _sync(device)
+            wl.comm.barrier()  # the ranks start each window together
+            windows.append(_time_steps(step, settings.steps, device))
+    meta = _meta(settings, wl, plan.config_name, device, plan.use_graph, stamp)
+    return RankRun(trace=trace, capture_trace=capture_trace, windows=windows, meta=meta)
 
 
 def _kv(settings: EmbeddedSettings) -> str:
@@ -112,7 +162,7 @@ def _pick_device(name: str | None) -> torch.device:
     return torch.device(name)
 
 
-def _output_path(settings: EmbeddedSettings, config_name: str) -> Path:
+def output_path(settings: EmbeddedSettings, config_name: str) -> Path:
     if settings.out is not None:
         out = Path(settings.out)
         if out.exists():
@@ -120,21 +170,25 @@ def _output_path(settings: EmbeddedSettings, config_name: str) -> Path:
         if out.suffix != ".json":
             raise CaptureError(f"{out}: a profile is a .json file; give --out a name ending in .json")
         return out
-    return profile_path("embedded", config_name, settings.concurrency, list(settings.optimizations))
+    return profile_path("embedded", config_name, settings.concurrency, list(settings.optimizations),
+                        ranks=getattr(settings, "ranks", 1))
 
 
-def _refuse_if_too_big(cfg, settings, device, dtype, max_new) -> None:
-    """Estimate weights + KV + activations and refuse before allocating anything that will not fit."""
+def refuse_if_too_big(plan: RunPlan, settings: EmbeddedSettings, ranks: int = 1, sharing: int = 1) -> None:
+    """Estimate weights + KV + activations of one of `ranks` ranks and refuse before allocating anything
+    that will not fit; `sharing` ranks share the device's memory (a CPU's RAM)."""
+    cfg, device = plan.cfg.with_expert_parallel(ranks) if ranks > 1 else plan.cfg, plan.device
     est = estimate_memory(
         cfg, settings.concurrency, settings.context, settings.experts_resident,
-        elem_bytes=dtype.itemsize, kv_fp8=_kv(settings) == "fp8", max_new_tokens=max_new,
+        elem_bytes=plan.dtype.itemsize, kv_fp8=_kv(settings) == "fp8", max_new_tokens=plan.max_new, ranks=ranks,
     )
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else _free_host_memory()
-    if free is not None and est.total > MEMORY_HEADROOM * free:
+    if free is not None and sharing * est.total > MEMORY_HEADROOM * free:
         gib = 1 << 30
+        each = f" for each of {sharing} ranks" if sharing > 1 else ""
         raise CaptureError(
             f"{cfg.name} at C={settings.concurrency}, context {settings.context}, {cfg.layers} layers needs about "
-            f"{est.total / gib:.1f} GiB (weights {est.weights / gib:.1f}, KV {est.caches / gib:.1f}, "
+            f"{est.total / gib:.1f} GiB{each} (weights {est.weights / gib:.1f}, KV {est.caches / gib:.1f}, "
             f"activations {est.activations / gib:.1f}) but {free / gib:.1f} GiB is free on the {device.type}; lower --layers, "
             "--experts-resident, --concurrency or --context"
         )
@@ -238,6 +292,7 @@ def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
         "config": config_name,
         "layers": wl.cfg.layers,
         "experts_resident": wl.experts_resident,
+        "expert_parallel": wl.cfg.expert_parallel,  # the DP + EP ranks the MoE gathers tokens from
         # the contract's `device` is the GPU's name ("cpu" without one); device_kind re-creates the run
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "device_kind": device.type,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 # Settings a profile does not carry back: where files went, and what was switched on (kept apart).
-_NOT_RECORDED = ("out", "trace_dir", "optimizations")
+_NOT_RECORDED = ("out", "trace_dir", "optimizations", "rendezvous_timeout_s")
 # Older profiles' top-level meta keys -> field names, where they differ.
 _META_ALIASES = {"device_kind": "device"}
 
@@ -30,6 +30,8 @@ class EmbeddedSettings:
     out: Path | None = None  # None: a new file under profiles/
     trace_dir: Path | None = None  # keep the raw trace here when given
     seed: int = 0
+    ranks: int = 1  # processes of a DP-attention + EP deployment on this host (1: one rank alone, no communication)
+    rendezvous_timeout_s: float = 120.0  # how long ranks may take to meet before the run is given up
 
     def to_meta(self, device: str, config: str) -> dict[str, Any]:
         """What was asked, with device and config as resolved, for a profile's meta["settings"]."""

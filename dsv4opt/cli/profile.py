@@ -37,6 +37,8 @@ def profile(
     out: Annotated[Optional[Path], typer.Option(help="Profile JSON to write (default: a new file under profiles/).")] = None,
     trace_dir: Annotated[Optional[Path], typer.Option(help="Keep the raw trace(s) here (sglang: where the server writes them).")] = None,
     seed: Annotated[int, typer.Option(help="Embedded: seed for weights and contexts.")] = 0,
+    ranks: Annotated[int, typer.Option(min=1, help="Embedded: run the deployment as N ranks on this host (1, 2, 4 or 8; one GPU each over NCCL, or the CPU over gloo): each attends for its own C requests, holds experts/N experts and all-gathers and reduce-scatters the MoE's tokens. 1: one rank alone, communication not run.")] = 1,
+    rendezvous_timeout: Annotated[float, typer.Option(min=0.1, help="Embedded, --ranks: seconds the ranks may take to meet before the run is given up.")] = 120.0,
     url: Annotated[str, typer.Option(help="SGLang: server address.")] = "http://127.0.0.1:30000",
     prompt_len: Annotated[int, typer.Option(min=1, help="SGLang: prompt length in tokens.")] = 256,
     max_new_tokens: Annotated[int, typer.Option(min=2, help="SGLang: tokens per request (large enough to outlast the window).")] = 4096,
@@ -54,6 +56,8 @@ def profile(
 
     if kv not in ("fp8", "bf16"):
         raise DsvOptError(f"--kv must be fp8 or bf16, not {kv!r}")
+    if ranks != 1 and target != "embedded":
+        raise DsvOptError("--ranks is for the embedded target; an SGLang server's ranks are its own")
     if target == "embedded":
         from dsv4opt.loop.profiles import profile_embedded
         from dsv4opt.report.progress import rich_progress
@@ -62,6 +66,7 @@ def profile(
             concurrency=concurrency, context=context, steps=steps, warmup=warmup, repeat=repeat, config=config,
             layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv,
             optimizations=enabled_optimizations(_split(with_)), out=out, trace_dir=trace_dir, seed=seed,
+            ranks=ranks, rendezvous_timeout_s=rendezvous_timeout,
         )
         with rich_progress() as progress:
             prof, path = profile_embedded(settings, progress)

@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dsv4opt.analysis.categories import GLUE, category_label
-from dsv4opt.display import MISSING, duration, pct, value
+from dsv4opt.display import duration, pct
 
 
 def headline(profile) -> str | None:
@@ -95,14 +95,9 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
         for row in profile.parts[:top]:
             p.add_row(escape(row.part), pct(row.share), duration(row.total_us), str(row.count))
         console.print(p)
-    if profile.ranks:
-        r = Table(title="per rank")
-        for col in ("rank", "GPU time", "launches", "#1 kernel"):
-            r.add_column(col)
-        for row in profile.ranks:
-            top1 = f"{row.kernels[0].display_name} {pct(row.kernels[0].share)}" if row.kernels else MISSING
-            r.add_row(str(row.rank), duration(row.gpu_time_us), value(row.launches), escape(top1))
-        console.print(r)
+    from dsv4opt.report.rank_balance import print_rank_balance
+
+    print_rank_balance(profile, console)
 
 
 def print_comparison(comparison, console: Console | None = None) -> None:

@@ -63,6 +63,20 @@ class ModelConfig:
             raise DsvOptError(f"--layers {layers} is out of range for {self.name}; use 1..{self.layers}")
         return replace(self, layers=layers)
 
+    def with_expert_parallel(self, ranks: int) -> "ModelConfig":
+        """The deployment spread over `ranks` ranks: each holds experts / ranks routed experts and a
+        1 / ranks slice of the shared expert's width (whole FP8 blocks)."""
+        if ranks == self.expert_parallel:
+            return self
+        width = self.expert_width * self.shared_experts
+        if ranks < 1 or self.experts % ranks or width % (ranks * self.fp8_block):
+            fits = [n for n in (1, 2, 4, 8) if not self.experts % n and not width % (n * self.fp8_block)]
+            raise DsvOptError(
+                f"{self.name} cannot be spread over {ranks} ranks (its {self.experts} experts and shared-expert "
+                f"width {width} must split evenly, in FP8 blocks of {self.fp8_block}); use {', '.join(map(str, fits))}"
+            )
+        return replace(self, expert_parallel=ranks)
+
     @property
     def hc_mix(self) -> int:
         """Numbers the hyper-connection pre-mix produces: pre hc, post hc, comb hc x hc (24 for hc=4)."""

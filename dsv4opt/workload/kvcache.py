@@ -80,6 +80,11 @@ class KVCache:
     def tokens(self) -> int:
         return self.data.shape[0] * (self.layout.page_size if self.layout.fp8 else 1)
 
+    def pages(self, first: int, count: int) -> "KVCache":
+        """A copy of pages [first, first + count) only (token numbers start again at 0)."""
+        rows = self.layout.page_size if not self.layout.fp8 else 1
+        return KVCache(self.layout, self.data[first * rows : (first + count) * rows].clone())
+
     def views(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The same bytes as (e4m3, uint8, bf16) flat tensors, for kernels that read the FP8 layout."""
         raw = self.data.view(-1).view(torch.uint8)
@@ -173,6 +178,10 @@ class IndexKeyCache:
     @property
     def page_bytes(self) -> int:
         return self.page_size * (self.dim + 4)
+
+    def pages(self, first: int, count: int) -> "IndexKeyCache":
+        """A copy of pages [first, first + count) only."""
+        return IndexKeyCache(self.dim, self.page_size, self.data[first : first + count].clone())
 
     def fill_random(self, generator: torch.Generator) -> None:
         """Every entry set to a random N(0, 1) key, quantised as the compressor would store it."""

@@ -40,10 +40,11 @@ def kv_cache_bytes(layout: KVLayout, pages: int, elem_bytes: int) -> int:
 
 
 def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_resident: int | None = None,
-                    elem_bytes: int = 2, kv_fp8: bool = True, max_new_tokens: int = 256) -> MemoryEstimate:
-    """Bytes for `cfg` (already cut to its layers) at C requests of up to 1.25 x context tokens.
+                    elem_bytes: int = 2, kv_fp8: bool = True, max_new_tokens: int = 256, ranks: int = 1) -> MemoryEstimate:
+    """Bytes for one rank of `cfg` (already cut to its layers) at C requests of up to 1.25 x context tokens.
 
-    Mirrors what DecodeWorkload allocates (tested on the tiny config).
+    Mirrors what DecodeWorkload allocates (tested on the tiny config). With `ranks` > 1 processes each
+    fills every cache for all ranks' requests before keeping its own: the construction transient.
     """
     C, d, e = concurrency, cfg.hidden, elem_bytes
     R = experts_resident or cfg.experts_resident_default
@@ -57,6 +58,7 @@ def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_re
     weights = 2 * cfg.vocab * d * e + cfg.hc * cfg.hc * d * FP32  # embedding, LM head, hc head
     weights += d * e  # final norm
     caches = 0
+    largest = 0  # the largest single cache: what a rank draws `ranks` times over at once
     for i in range(cfg.layers):
         kind = cfg.layer_kind(i)
         weights += fp8_linear_bytes(cfg, cfg.q_lora + D, d) + fp8_linear_bytes(cfg, H * D, cfg.q_lora)
@@ -69,13 +71,16 @@ def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_re
         if i < cfg.hash_layers:
             weights += cfg.vocab * cfg.experts_per_token * INT32
         caches += kv_cache_bytes(layout(cfg.window_page), C, e)
+        largest = max(largest, kv_cache_bytes(layout(cfg.window_page), C, e))
         if kind == WINDOW:
             continue
         ratio = cfg.ratio(kind)
         coff = 2 if kind == CSA else 1
         slots = math.ceil(max_context / ratio)
         weights += 2 * coff * D * d * e + coff * ratio * D * FP32 + D * FP32  # wkv_gate, ape, norm
-        caches += kv_cache_bytes(layout(cfg.extra_page(kind)), C * math.ceil(slots / cfg.extra_page(kind)), e)
+        extra = kv_cache_bytes(layout(cfg.extra_page(kind)), C * math.ceil(slots / cfg.extra_page(kind)), e)
+        caches += extra
+        largest = max(largest, extra)
         caches += C * coff * ratio * 2 * coff * D * FP32  # compressor state ring
         if kind == CSA:
             weights += fp8_linear_bytes(cfg, Hi * Di, cfg.q_lora) + Hi * d * e
@@ -91,4 +96,8 @@ def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_re
     step += C * H * D * 4 * FP32 + C * cfg.hc * d * 8 * FP32  # attention and hyper-connection temps
     build = cfg.vocab * cfg.experts * (FP32 + 2 * 8)  # hash-routing table: rand + argsort
     build = max(build, 2 * max(H * D * cfg.q_lora, d * G * cfg.o_lora) * FP32)  # a weight before quantisation
+    width = cfg.expert_width * cfg.shared_experts
+    build = max(build, 3 * width * d * e + 4 * cfg.shared_width * d * FP32)  # the whole shared expert, then its shard
+    if ranks > 1:
+        build = max(build, ranks * largest)
     return MemoryEstimate(weights=weights, caches=caches, activations=max(step, build) + WORKSPACE)

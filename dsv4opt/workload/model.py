@@ -10,9 +10,17 @@ One rank of a deployment with data-parallel attention and expert parallelism ove
 `cfg.expert_parallel` ranks: attention for the rank's own C requests; the MoE over the tokens of
 all ranks (SGLang gathers them when no all-to-all backend is set), the rank's share of the
 tensor-parallel shared expert, and per-slot GEMVs over every (token, expert) slot, where slots of
-experts on other ranks run on local expert 0 and are zeroed. The other ranks' tokens are copies of
-this rank's (the all-gather and the reduce-scatter themselves are not modelled), and this rank's
-own tokens are routed to resident expert set e mod R so the step computes their whole MoE.
+experts on other ranks run on local expert 0 and are zeroed; then the reduce-scatter back
+(dsv4opt/workload/collectives.py). By default one process plays rank 0 alone: the other ranks'
+tokens are copies of its own, nothing is communicated, and its own tokens are routed to resident
+expert set e mod R so the step computes their whole MoE. Given the ranks of a torch.distributed
+group (`comm`), each process is one real rank: it holds experts [rank * E/N, (rank + 1) * E/N), its
+slice of every rank's requests and of the shared expert, and gathers and combines for real.
+
+Everything random is drawn so that it does not depend on how the deployment is split: every rank
+draws the requests of all ranks and keeps its own, draws the whole shared expert and keeps its
+shard, and draws each expert from a generator of its own. N ranks of C requests therefore hold
+exactly the state of one process with N * C requests and every expert (`with_expert_parallel(1)`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from torch.profiler import record_function
 
 from dsv4opt.errors import DsvOptError
 from dsv4opt.workload.baseline import IMPLEMENTATIONS
+from dsv4opt.workload.collectives import ModelledRanks, ProcessGroupRanks
 from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
 from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_rope_store
 from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, topk_transform
@@ -37,7 +46,7 @@ from dsv4opt.workload.kernels.norm import rms_norm
 from dsv4opt.workload.kernels.rope import kv_norm_rope_store, q_norm_rope, rope_inplace
 from dsv4opt.workload.kvcache import BF16_LAYOUT, FP8_LAYOUT, IndexKeyCache, KVCache, KVLayout
 from dsv4opt.workload.slots import with_overrides
-from dsv4opt.workload.weights import Fp8Linear, Mxfp4Experts
+from dsv4opt.workload.weights import Fp8Linear, Mxfp4Experts, derived_seed
 
 PARTS = (
     "embed", "mhc_pre", "attn_norm", "qkv", "indexer", "compress", "attn", "o_proj", "mhc_post",
@@ -84,26 +93,40 @@ class DecodeWorkload:
         kv: str = FP8_LAYOUT,
         max_new_tokens: int = 256,
         on_layer: Callable[[int], None] | None = None,
+        comm: ModelledRanks | ProcessGroupRanks | None = None,
     ):
         if concurrency < 1 or context < 1:
             raise DsvOptError("concurrency and context must be at least 1")
         if kv not in (FP8_LAYOUT, BF16_LAYOUT):
             raise DsvOptError(f"unknown KV layout {kv!r}; use fp8 or bf16")
+        self.comm = comm or ModelledRanks(cfg.expert_parallel)
+        if self.comm.real:
+            cfg = cfg.with_expert_parallel(self.comm.ranks)
         self.cfg = cfg = cfg.with_layers(layers)
         self.concurrency = C = concurrency
         self.context = context
         self.device = torch.device(device)
         self.dtype = dtype
         self.kv_layout = kv
-        self.experts_resident = experts_resident or cfg.experts_resident_default
-        if not 1 <= self.experts_resident <= cfg.experts:
+        self.seed = seed
+        self.experts_resident = R = experts_resident or cfg.experts_resident_default
+        if not 1 <= R <= cfg.experts:
             raise DsvOptError(f"--experts-resident must be within 1..{cfg.experts}")
+        if self.comm.real and R != cfg.experts_resident_default:
+            raise DsvOptError(f"with {self.comm.ranks} ranks each holds {cfg.experts_resident_default} experts; "
+                              "leave --experts-resident out")
         self.impls = with_overrides(IMPLEMENTATIONS, impls or {})
+        # The requests of every rank are drawn and this rank's kept (rank-major); the global ids of
+        # the experts whose weights this rank holds.
+        self._drawn, self._first = (C * self.comm.ranks, C * self.comm.rank) if self.comm.real else (C, 0)
+        first_expert = R * self.comm.rank if self.comm.real else 0
+        self.resident_experts = range(first_expert, first_expert + R)
 
         host = torch.Generator().manual_seed(seed)
         lo, hi = max(1, round(0.75 * context)), max(1, round(1.25 * context))
-        self.contexts = torch.randint(lo, hi + 1, (C,), generator=host)  # tokens already seen
-        self.max_context = int(self.contexts.max()) + max_new_tokens
+        drawn = torch.randint(lo, hi + 1, (self._drawn,), generator=host)  # tokens already seen
+        self.contexts = self._mine(drawn)
+        self.max_context = int(drawn.max()) + max_new_tokens  # every rank's caches have the same geometry
         self.pos = self.contexts.to(self.device, copy=True)  # position of the token each request decodes next
         self.rows = torch.arange(C, device=self.device)
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
@@ -120,11 +143,16 @@ class DecodeWorkload:
         self.hc_head_base = torch.zeros(cfg.hc, device=self.device)
         self.final_norm = self._norm_weight(cfg.hidden)
         self.lm_head = self._randn(cfg.vocab, cfg.hidden)  # bf16 in production as well
-        # This rank's own rows route to resident set e mod R; rows standing for other ranks' tokens
-        # belong to experts elsewhere: -1, which the slot kernels run on local expert 0 and zero.
-        E, R, EP = cfg.experts, self.experts_resident, cfg.expert_parallel
+        # Global expert -> local weight set, by the rank whose token a gathered row is; -1 (an expert
+        # elsewhere) the slot kernels run on local expert 0 and zero. Real ranks: SGLang's
+        # local_expert_mapping for every row. One process alone: its own rows route to resident set
+        # e mod R, the rows standing for other ranks' tokens to -1.
+        E, EP = cfg.experts, cfg.expert_parallel
         owner = torch.full((EP, E), -1, dtype=torch.int32, device=self.device)
-        owner[0] = torch.arange(E, device=self.device, dtype=torch.int32) % R
+        if self.comm.real:
+            owner[:, first_expert : first_expert + R] = torch.arange(R, device=self.device, dtype=torch.int32)
+        else:
+            owner[0] = torch.arange(E, device=self.device, dtype=torch.int32) % R
         self.local_expert = owner
         self.row_rank = torch.arange(EP * C, device=self.device) // C
         self.last_hidden: torch.Tensor | None = None
@@ -146,6 +174,34 @@ class DecodeWorkload:
     def _fp8(self, out_features: int, in_features: int) -> Fp8Linear:
         return Fp8Linear(self._randn(out_features, in_features), self.cfg.fp8_block)
 
+    def _mine(self, drawn: torch.Tensor, rows_per_request: int = 1) -> torch.Tensor:
+        """This rank's rows of a tensor drawn for every rank's requests."""
+        if not self.comm.real:
+            return drawn
+        return drawn[self._first * rows_per_request : (self._first + self.concurrency) * rows_per_request].clone()
+
+    def _filled(self, cache, pages_per_request: int):
+        """A cache filled at random for every rank's requests, cut to this rank's pages."""
+        cache.fill_random(self._gen)
+        if not self.comm.real:
+            return cache
+        return cache.pages(self._first * pages_per_request, self.concurrency * pages_per_request)
+
+    def _shared_expert(self) -> tuple[Fp8Linear, Fp8Linear]:
+        """This rank's shard of the tensor-parallel shared expert (gate and up rows, down columns),
+        cut from the whole expert, which every rank draws."""
+        cfg = self.cfg
+        width, shard = cfg.expert_width * cfg.shared_experts, cfg.shared_width
+        w13, w2 = self._randn(2 * width, cfg.hidden), self._randn(cfg.hidden, width)
+        cols = slice(self.comm.rank * shard, (self.comm.rank + 1) * shard)
+        gate_up = torch.cat([w13[:width][cols], w13[width:][cols]])
+        return Fp8Linear(gate_up, cfg.fp8_block), Fp8Linear(w2[:, cols].contiguous(), cfg.fp8_block)
+
+    def _experts(self, layer: int, name: str, out_features: int, in_features: int) -> Mxfp4Experts:
+        """The resident experts' weight sets, each from a generator seeded by (seed, layer, name, expert)."""
+        seeds = [derived_seed(self.seed, layer, name, e) for e in self.resident_experts]
+        return Mxfp4Experts.drawn(seeds, out_features, in_features, self.device)
+
     def _rope_tables(self) -> None:
         """cos/sin [positions, rope/2] fp32 for every position the run can reach (SGLang's freqs_cis)."""
         cfg = self.cfg
@@ -160,9 +216,10 @@ class DecodeWorkload:
         return KVLayout(self.kv_layout == FP8_LAYOUT, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, page_size)
 
     def _build_layer(self, i: int) -> Layer:
-        cfg, C, dev = self.cfg, self.concurrency, self.device
+        cfg, dev = self.cfg, self.device
         kind = cfg.layer_kind(i)
         H, D, G, d = cfg.heads, cfg.head_dim, cfg.o_groups, cfg.hidden
+        shared_w13, shared_w2 = self._shared_expert()
         w: dict = {
             "attn_norm": self._norm_weight(d),
             "wqkv_a": self._fp8(cfg.q_lora + D, d),  # wq_a and wkv fused (SGLANG_OPT_FUSE_WQA_WKV)
@@ -175,10 +232,10 @@ class DecodeWorkload:
             "ffn_norm": self._norm_weight(d),
             "router": self._randn(cfg.experts, d),
             "router_bias": self._randn(cfg.experts, dtype=torch.float32, scale=0.1),
-            "shared_w13": self._fp8(2 * cfg.shared_width, d),
-            "shared_w2": self._fp8(d, cfg.shared_width),
-            "w13": Mxfp4Experts(self.experts_resident, 2 * cfg.expert_width, d, self._gen, dev),
-            "w2": Mxfp4Experts(self.experts_resident, d, cfg.expert_width, self._gen, dev),
+            "shared_w13": shared_w13,
+            "shared_w2": shared_w2,
+            "w13": self._experts(i, "w13", 2 * cfg.expert_width, d),
+            "w2": self._experts(i, "w2", d, cfg.expert_width),
         }
         for sub in ("attn", "ffn"):
             w[f"hc_{sub}_fn"] = self._randn(cfg.hc_mix, cfg.hc * d, dtype=torch.float32)
@@ -189,16 +246,15 @@ class DecodeWorkload:
                 :, : cfg.experts_per_token
             ].to(torch.int32).contiguous()
         layer = Layer(index=i, kind=kind, slots=0, w=w)
-        layer.swa = KVCache.allocate(self.kv_cache_layout(cfg.window_page), C, self.dtype, dev)
-        layer.swa.fill_random(self._gen)
+        layer.swa = self._filled(KVCache.allocate(self.kv_cache_layout(cfg.window_page), self._drawn, self.dtype, dev), 1)
         if kind != WINDOW:
             ratio = cfg.ratio(kind)
             overlap = kind == CSA
             layer.slots = math.ceil(self.max_context / ratio)
             page = cfg.extra_page(kind)
             layer.pages = math.ceil(layer.slots / page)
-            layer.extra = KVCache.allocate(self.kv_cache_layout(page), C * layer.pages, self.dtype, dev)
-            layer.extra.fill_random(self._gen)
+            layer.extra = self._filled(KVCache.allocate(self.kv_cache_layout(page), self._drawn * layer.pages,
+                                                        self.dtype, dev), layer.pages)
             self._add_compressor(layer, "comp", D, ratio, overlap)
         if kind == CSA:
             Hi, Di = cfg.index_heads, cfg.index_dim
@@ -206,8 +262,8 @@ class DecodeWorkload:
             w["idx_weights_proj"] = self._randn(Hi, d)  # bf16, unquantised
             self._add_compressor(layer, "idx", Di, cfg.csa_ratio, True)
             layer.index_pages = math.ceil(layer.slots / cfg.index_page)
-            layer.index_keys = IndexKeyCache.allocate(Di, cfg.index_page, C * layer.index_pages, dev)
-            layer.index_keys.fill_random(self._gen)
+            layer.index_keys = self._filled(IndexKeyCache.allocate(Di, cfg.index_page, self._drawn * layer.index_pages, dev),
+                                            layer.index_pages)
         return layer
 
     def _add_compressor(self, layer: Layer, prefix: str, hd: int, ratio: int, overlap: bool) -> None:
@@ -217,7 +273,7 @@ class DecodeWorkload:
         layer.w[f"{prefix}_wkv_gate"] = self._randn(2 * coff * hd, self.cfg.hidden)  # bf16, fp32 output
         layer.w[f"{prefix}_ape"] = self._randn(win, hd, dtype=torch.float32, scale=0.1)
         layer.w[f"{prefix}_norm"] = self._norm_weight(hd, torch.float32)
-        state = self._randn(self.concurrency, win, 2 * coff * hd, dtype=torch.float32, scale=1.0)
+        state = self._mine(self._randn(self._drawn, win, 2 * coff * hd, dtype=torch.float32, scale=1.0))
         if prefix == "idx":
             layer.index_state = state
         else:
@@ -271,7 +327,7 @@ class DecodeWorkload:
             "swa_loc": rows * page + pos % page,
             "swa_indices": torch.where(back >= 0, rows[:, None] * page + back % page, -1).int(),
             "swa_lengths": torch.clamp(pos + 1, max=W).int(),
-            "gathered_tokens": tokens.repeat(cfg.expert_parallel),
+            "gathered_tokens": self.comm.all_gather(tokens),  # for hash routing, once per step
         }
         for layer in self.layers:  # one compressed geometry per kind
             if layer.kind == WINDOW or layer.kind in meta:
@@ -368,8 +424,8 @@ class DecodeWorkload:
 
     def _moe(self, layer: Layer, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """SGLang's DeepseekV2MoE on sm_120 with DP attention and EP (deepseek_v2.py:875-958)."""
-        cfg, w, C = self.cfg, layer.w, self.concurrency
-        xg = x.repeat(cfg.expert_parallel, 1)  # stands for the all-gather of every rank's tokens
+        cfg, w = self.cfg, layer.w
+        xg = self.comm.all_gather(x)  # dispatch: every rank's tokens (alone: copies of this rank's)
         shared = w["shared_w2"](silu_mul_clamp(w["shared_w13"](xg), cfg.swiglu_limit))
         logits = mm_out_fp32(xg, w["router"])
         table = w.get("hash_experts")
@@ -377,7 +433,7 @@ class DecodeWorkload:
         local = self.local_expert[self.row_rank[:, None], ids]
         routed = self.impls["routed_experts"](xg, local, gates, w["w13"], w["w2"], cfg.swiglu_limit, cfg.routed_scale)
         shared.add_(routed, alpha=cfg.routed_scale)
-        return shared[:C]  # the reduce-scatter would sum the ranks' partials of these rows
+        return self.comm.reduce_scatter(shared)  # combine: this rank's rows, summed over the ranks
 
     # ---- accounting ---------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from dsv4opt.workload import quant
@@ -40,6 +42,16 @@ class Mxfp4Experts:
     def __init__(self, sets: int, out_features: int, in_features: int, generator: torch.Generator, device):
         self.packed, self.scales = quant.random_mxfp4((sets, out_features, in_features), in_features, generator, device)
 
+    @classmethod
+    def drawn(cls, seeds: list[int], out_features: int, in_features: int, device) -> "Mxfp4Experts":
+        """Random sets, one per seed, each from a generator of its own: a set depends on its seed only,
+        so a rank holding some experts has exactly the sets a process holding all of them has."""
+        sets = [quant.random_mxfp4((out_features, in_features), in_features,
+                                   torch.Generator(device=device).manual_seed(s), device) for s in seeds]
+        experts = cls.__new__(cls)
+        experts.packed, experts.scales = torch.stack([p for p, _ in sets]), torch.stack([q for _, q in sets])
+        return experts
+
     def dense(self, index: int) -> torch.Tensor:
         """Weight set `index` as [N, K] float64 on the CPU."""
         return quant.dequantize_mxfp4(self.packed[index].cpu(), self.scales[index].cpu())
@@ -47,3 +59,9 @@ class Mxfp4Experts:
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales.nbytes
+
+
+def derived_seed(seed: int, *keys) -> int:
+    """A seed for one named part of a workload (an expert of a layer): stable across runs and machines."""
+    digest = hashlib.blake2b(repr((seed, *keys)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1

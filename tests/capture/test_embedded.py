@@ -32,10 +32,10 @@ def test_too_big_is_refused_before_allocating(monkeypatch):
 
     settings = EmbeddedSettings(concurrency=32, context=8192)
     with pytest.raises(CaptureError, match="lower --layers") as exc:
-        embedded._refuse_if_too_big(ModelConfig.from_name("dsv4-flash"), settings, torch.device("cuda"), torch.bfloat16, 64)
+        embedded.refuse_if_too_big(_plan(ModelConfig.from_name("dsv4-flash"), "cuda", torch.bfloat16), settings)
     assert "GiB" in str(exc.value)
     # Four layers fit in the same pretend GPU.
-    embedded._refuse_if_too_big(ModelConfig.from_name("dsv4-flash").with_layers(4), settings, torch.device("cuda"), torch.bfloat16, 64)
+    embedded.refuse_if_too_big(_plan(ModelConfig.from_name("dsv4-flash").with_layers(4), "cuda", torch.bfloat16), settings)
 
 
 def test_flash_on_a_small_host_is_refused(monkeypatch):
@@ -43,4 +43,23 @@ def test_flash_on_a_small_host_is_refused(monkeypatch):
     from dsv4opt.workload.config import ModelConfig
 
     with pytest.raises(CaptureError, match="free on the cpu"):
-        embedded._refuse_if_too_big(ModelConfig.from_name("dsv4-flash"), EmbeddedSettings(), torch.device("cpu"), torch.float32, 64)
+        embedded.refuse_if_too_big(_plan(ModelConfig.from_name("dsv4-flash"), "cpu", torch.float32), EmbeddedSettings())
+
+
+def test_ranks_sharing_a_host_are_refused_together(monkeypatch):
+    """Four tiny ranks on one CPU share its RAM: a budget that holds one of them but not four is refused."""
+    from dsv4opt.workload.config import ModelConfig
+    from dsv4opt.workload.memory import estimate_memory
+
+    settings = EmbeddedSettings(concurrency=2, context=24)
+    plan = _plan(ModelConfig.from_name("dsv4-tiny"), "cpu", torch.float32)
+    one = estimate_memory(plan.cfg.with_expert_parallel(4), 2, 24, elem_bytes=4, max_new_tokens=64, ranks=4).total
+    monkeypatch.setattr(embedded, "_free_host_memory", lambda: int(2 * one / embedded.MEMORY_HEADROOM))
+    embedded.refuse_if_too_big(plan, settings, ranks=4)
+    with pytest.raises(CaptureError, match="for each of 4 ranks"):
+        embedded.refuse_if_too_big(plan, settings, ranks=4, sharing=4)
+
+
+def _plan(cfg, device: str, dtype) -> embedded.RunPlan:
+    return embedded.RunPlan(device=torch.device(device), config_name=cfg.name, cfg=cfg, dtype=dtype, max_new=64,
+                            use_graph=False)
