@@ -8,6 +8,7 @@
   `hc_pre_torch_impl`; a cuBLAS FP32 SIMT GEMM);
 - routed experts: `mxfp4_moe_forward_triton`: two per-slot MXFP4 GEMV kernels over every
   (token, expert) slot of the gathered tokens and SGLang's eager glue between and after them.
+- regions: each block as written, op by op (SGLang's eager glue).
 """
 
 from __future__ import annotations
@@ -54,9 +55,15 @@ def routed_experts_sm120(x, local_ids, gates, w13: Mxfp4Experts, w2: Mxfp4Expert
     return out
 
 
+def as_written(block, impls):
+    """The baseline `regions` slot: the block itself."""
+    return block
+
+
 IMPLEMENTATIONS = {
     "attention": sparse_decode_sm120,
     "indexer_logits": index_logits_torch,
     "hc_premix": hc_premix_fp32,
     "routed_experts": routed_experts_sm120,
+    "regions": as_written,
 }

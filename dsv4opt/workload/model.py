@@ -310,10 +310,10 @@ class DecodeWorkload:
         if self.compare_impls is not None:
             configured, self.impls = self.impls, with_overrides(self.impls, self.compare_impls)
             try:
-                other = block(layer, h, meta)
+                other = self.impls["regions"](block, self.impls)(layer, h, meta)
             finally:
                 self.impls = configured
-        out = block(layer, h, meta)
+        out = self.impls["regions"](block, self.impls)(layer, h, meta)
         if other is not None and self.on_block is not None:
             self.on_block(block.__name__.strip("_"), layer.index, out, other)
         return out

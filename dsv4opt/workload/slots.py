@@ -42,11 +42,18 @@ routed_experts(x, local_ids, gates, w13, w2, limit, scale) -> out
     out:           [M, d] in x's dtype = scale * sum_j gates[m, j] * w2[e] @ act(w13[e] @ x[m]) over the
                    slots j with e = local_ids[m, j] >= 0 (SGLang's path multiplies by scale inside)
     reference:     dsv4opt.workload.kernels.naive.routed_experts (float64 inputs)
+
+regions(block, impls) -> run
+    How each block of the step (one layer's attention or FFN block) runs.
+    block:         the workload's bound method (layer, h, meta) -> h
+    impls:         the slot implementations the block calls
+    run:           a callable with block's signature computing what block computes
+    reference:     dsv4opt.workload.baseline.as_written (the block itself, op by op)
 """
 
 from __future__ import annotations
 
-SLOTS = ("attention", "indexer_logits", "hc_premix", "routed_experts")
+SLOTS = ("attention", "indexer_logits", "hc_premix", "routed_experts", "regions")
 
 
 def with_overrides(base: dict, overrides: dict) -> dict:

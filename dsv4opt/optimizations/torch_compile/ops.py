@@ -1,0 +1,488 @@
+"""The workload's kernels and GEMMs as opaque torch ops, so torch.compile traces the glue between them.
+
+Dynamo cannot trace a Triton launcher (host-side tile choice, `data_ptr` arithmetic, the torch path
+picked on a CPU) and would break the graph at every one. Each kernel the model calls is therefore a
+`torch.library` custom op here, with a fake implementation that gives its outputs' shapes, dtypes
+and (contiguous) strides, and a stand-in with the kernel's own signature that Dynamo puts in the
+kernel's place when it meets it (`torch.compiler.substitute_in_graph`). Outside Dynamo nothing
+changes: the model calls its kernels as before. Caches travel as their data tensor and layout
+numbers (a custom op takes tensors and scalars only); kernels that store into a cache declare it
+mutated, so functionalisation keeps the store before the reads and Inductor writes it in place.
+
+Slot implementations other than the baseline's (an optimisation's kernels) become opaque by their
+slot's contract (`dsv4opt/workload/slots.py`): one op per slot, the implementation named by a key.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from dsv4opt.workload import baseline
+from dsv4opt.workload.attention.sm120 import one_cache
+from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_rope_store
+from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, topk_transform
+from dsv4opt.workload.kernels.linear import block_fp8_matmul, group_quant_fp8, mm_out_fp32
+from dsv4opt.workload.kernels.mhc import hc_post, hc_prenorm, hc_split_sinkhorn
+from dsv4opt.workload.kernels.moe import moe_gate, mxfp4_slot_gemv, silu_mul_clamp
+from dsv4opt.workload.kernels.norm import rms_norm
+from dsv4opt.workload.kernels.rope import kv_norm_rope_store, q_norm_rope, rope_inplace
+from dsv4opt.workload.kvcache import FP8, IndexKeyCache, KVCache, KVLayout
+
+LIB = "dsv4opt"
+
+
+def _own(*outs: Tensor, inputs: tuple) -> tuple[Tensor, ...]:
+    """Outputs as a custom op must return them: contiguous (what the fakes declare) and sharing no
+    storage with an input (a plain-torch path may return an input when no conversion is needed)."""
+    storages = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, Tensor) and t.numel()}
+    fixed = []
+    for out in outs:
+        out = out.contiguous()
+        if out.numel() and out.untyped_storage().data_ptr() in storages:
+            out = out.clone()
+        fixed.append(out)
+    return tuple(fixed)
+
+
+def _kv(data: Tensor, fp8: bool, nope: int, rope_dim: int, tile: int, page_size: int) -> KVCache:
+    return KVCache(KVLayout(fp8, nope, rope_dim, tile, page_size), data)
+
+
+def _kv_args(cache: KVCache) -> tuple:
+    L = cache.layout
+    return cache.data, L.fp8, L.nope, L.rope, L.tile, L.page_size
+
+
+def _acc(t: Tensor) -> torch.dtype:
+    """The dtype the plain-torch paths compute in (float64 stays float64, the rest is fp32)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+# ---- the workload's kernels --------------------------------------------------------------------
+
+@torch.library.custom_op(f"{LIB}::rms_norm", mutates_args=())
+def rms_norm_op(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+    return _own(rms_norm(x, weight, eps), inputs=(x, weight))[0]
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op(f"{LIB}::hc_prenorm", mutates_args=())
+def hc_prenorm_op(h: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return _own(*hc_prenorm(h, eps), inputs=(h,))
+
+
+@hc_prenorm_op.register_fake
+def _(h, eps):
+    T = h.shape[0]
+    return h.new_empty(T, h[0].numel(), dtype=_acc(h)), h.new_empty(T, dtype=_acc(h))
+
+
+@torch.library.custom_op(f"{LIB}::hc_split_sinkhorn", mutates_args=())
+def hc_split_sinkhorn_op(mix: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int,
+                         eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    return _own(*hc_split_sinkhorn(mix, scale, base, hc, iters, eps), inputs=(mix, scale, base))
+
+
+@hc_split_sinkhorn_op.register_fake
+def _(mix, scale, base, hc, iters, eps):
+    T, dt = mix.shape[0], _acc(mix)
+    return mix.new_empty(T, hc, dtype=dt), mix.new_empty(T, hc, dtype=dt), mix.new_empty(T, hc, hc, dtype=dt)
+
+
+@torch.library.custom_op(f"{LIB}::hc_post", mutates_args=())
+def hc_post_op(y: Tensor, residual: Tensor, post: Tensor, comb: Tensor) -> Tensor:
+    return _own(hc_post(y, residual, post, comb), inputs=(y, residual, post, comb))[0]
+
+
+@hc_post_op.register_fake
+def _(y, residual, post, comb):
+    return residual.new_empty(residual.shape)
+
+
+@torch.library.custom_op(f"{LIB}::group_quant_fp8", mutates_args=())
+def group_quant_fp8_op(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
+    return _own(*group_quant_fp8(x, group), inputs=(x,))
+
+
+@group_quant_fp8_op.register_fake
+def _(x, group):
+    M, K = x.shape
+    return x.new_empty(M, K, dtype=FP8), x.new_empty(M, K // group, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{LIB}::block_fp8_matmul", mutates_args=())
+def block_fp8_matmul_op(a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor, block: int,
+                        out_dtype: torch.dtype) -> Tensor:
+    return _own(block_fp8_matmul(a, a_scale, w, w_scale, block, out_dtype), inputs=(a, a_scale, w, w_scale))[0]
+
+
+@block_fp8_matmul_op.register_fake
+def _(a, a_scale, w, w_scale, block, out_dtype):
+    return a.new_empty(a.shape[0], w.shape[0], dtype=out_dtype)
+
+
+@torch.library.custom_op(f"{LIB}::mm_out_fp32", mutates_args=())
+def mm_out_fp32_op(x: Tensor, w: Tensor) -> Tensor:
+    return _own(mm_out_fp32(x, w), inputs=(x, w))[0]
+
+
+@mm_out_fp32_op.register_fake
+def _(x, w):
+    dt = torch.float64 if torch.float64 in (x.dtype, w.dtype) else torch.float32
+    return x.new_empty(x.shape[0], w.shape[0], dtype=dt)
+
+
+@torch.library.custom_op(f"{LIB}::q_norm_rope", mutates_args=())
+def q_norm_rope_op(q: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor, rope: int, tile: int) -> Tensor:
+    return _own(q_norm_rope(q, eps, cos, sin, pos, rope, tile), inputs=(q,))[0]
+
+
+@q_norm_rope_op.register_fake
+def _(q, eps, cos, sin, pos, rope, tile):
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op(f"{LIB}::kv_norm_rope_store", mutates_args=("data",))
+def kv_norm_rope_store_op(kv: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor,
+                          data: Tensor, fp8: bool, nope: int, rope_dim: int, tile: int, page_size: int,
+                          loc: Tensor) -> None:
+    kv_norm_rope_store(kv, weight, eps, cos, sin, pos, _kv(data, fp8, nope, rope_dim, tile, page_size), loc)
+
+
+@kv_norm_rope_store_op.register_fake
+def _(kv, weight, eps, cos, sin, pos, data, fp8, nope, rope_dim, tile, page_size, loc):
+    return None
+
+
+@torch.library.custom_op(f"{LIB}::rope_inplace", mutates_args=("x",))
+def rope_inplace_op(x: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, rope_dim: int, inverse: bool) -> None:
+    rope_inplace(x, cos, sin, pos, rope_dim, inverse)
+
+
+@rope_inplace_op.register_fake
+def _(x, cos, sin, pos, rope_dim, inverse):
+    return None
+
+
+@torch.library.custom_op(f"{LIB}::compress_forward", mutates_args=("state",))
+def compress_forward_op(state: Tensor, kv_score: Tensor, ape: Tensor, pos: Tensor, ratio: int,
+                        overlap: bool) -> Tensor:
+    return _own(compress_forward(state, kv_score, ape, pos, ratio, overlap), inputs=(state, kv_score, ape))[0]
+
+
+@compress_forward_op.register_fake
+def _(state, kv_score, ape, pos, ratio, overlap):
+    return state.new_empty(state.shape[0], ape.shape[1], dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{LIB}::compress_store_kv", mutates_args=("data",))
+def compress_store_kv_op(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor,
+                         loc: Tensor, ratio: int, rope_dim: int, model_dtype: torch.dtype, data: Tensor,
+                         fp8: bool, nope: int, layout_rope: int, tile: int, page_size: int) -> None:
+    cache = _kv(data, fp8, nope, layout_rope, tile, page_size)
+    compress_norm_rope_store(x, weight, eps, cos, sin, pos, loc, ratio, rope_dim, model_dtype, cache)
+
+
+@compress_store_kv_op.register_fake
+def _(x, weight, eps, cos, sin, pos, loc, ratio, rope_dim, model_dtype, data, fp8, nope, layout_rope, tile,
+      page_size):
+    return None
+
+
+@torch.library.custom_op(f"{LIB}::compress_store_index", mutates_args=("data",))
+def compress_store_index_op(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor,
+                            loc: Tensor, ratio: int, rope_dim: int, model_dtype: torch.dtype, data: Tensor,
+                            dim: int, page_size: int) -> None:
+    cache = IndexKeyCache(dim, page_size, data)
+    compress_norm_rope_store(x, weight, eps, cos, sin, pos, loc, ratio, rope_dim, model_dtype, cache)
+
+
+@compress_store_index_op.register_fake
+def _(x, weight, eps, cos, sin, pos, loc, ratio, rope_dim, model_dtype, data, dim, page_size):
+    return None
+
+
+@torch.library.custom_op(f"{LIB}::index_q_rope_hadamard_quant", mutates_args=())
+def index_q_op(q: Tensor, w: Tensor, weight_scale: float, cos: Tensor, sin: Tensor, pos: Tensor, heads: int,
+               rope_dim: int) -> tuple[Tensor, Tensor]:
+    return _own(*index_q_rope_hadamard_quant(q, w, weight_scale, cos, sin, pos, heads, rope_dim), inputs=(q, w))
+
+
+@index_q_op.register_fake
+def _(q, w, weight_scale, cos, sin, pos, heads, rope_dim):
+    B = q.shape[0]
+    return q.new_empty(B, heads, q.shape[1] // heads, dtype=FP8), q.new_empty(B, heads, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{LIB}::topk_transform", mutates_args=())
+def topk_transform_op(logits: Tensor, seq_lens: Tensor, base: Tensor, topk: int) -> Tensor:
+    return _own(topk_transform(logits, seq_lens, base, topk), inputs=(logits, seq_lens, base))[0]
+
+
+@topk_transform_op.register_fake
+def _(logits, seq_lens, base, topk):
+    return logits.new_empty(logits.shape[0], topk, dtype=torch.int32)
+
+
+@torch.library.custom_op(f"{LIB}::moe_gate", mutates_args=())
+def moe_gate_op(logits: Tensor, bias: Tensor, topk: int, tokens: Optional[Tensor],
+                table: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    return _own(*moe_gate(logits, bias, topk, tokens, table), inputs=(logits, bias, tokens, table))
+
+
+@moe_gate_op.register_fake
+def _(logits, bias, topk, tokens, table):
+    M = logits.shape[0]
+    return logits.new_empty(M, topk, dtype=torch.int32), logits.new_empty(M, topk, dtype=_acc(logits))
+
+
+@torch.library.custom_op(f"{LIB}::silu_mul_clamp", mutates_args=())
+def silu_mul_clamp_op(x: Tensor, limit: float) -> Tensor:
+    return _own(silu_mul_clamp(x, limit), inputs=(x,))[0]
+
+
+@silu_mul_clamp_op.register_fake
+def _(x, limit):
+    return x.new_empty(x.shape[0], x.shape[1] // 2)
+
+
+@torch.library.custom_op(f"{LIB}::mxfp4_slot_gemv", mutates_args=())
+def mxfp4_slot_gemv_op(a: Tensor, rows: Tensor, experts: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
+    return _own(mxfp4_slot_gemv(a, rows, experts, w, w_scale), inputs=(a, rows, experts, w, w_scale))[0]
+
+
+@mxfp4_slot_gemv_op.register_fake
+def _(a, rows, experts, w, w_scale):
+    return a.new_empty(rows.shape[0], w.shape[1])
+
+
+@torch.library.custom_op(f"{LIB}::attention_one_cache", mutates_args=())
+def one_cache_op(q: Tensor, data: Tensor, fp8: bool, nope: int, rope_dim: int, tile: int, page_size: int,
+                 indices: Tensor, lengths: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    cache = _kv(data, fp8, nope, rope_dim, tile, page_size)
+    return _own(*one_cache(q, cache, indices, lengths, scale), inputs=(q, data))
+
+
+@one_cache_op.register_fake
+def _(q, data, fp8, nope, rope_dim, tile, page_size, indices, lengths, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+# ---- the stand-ins Dynamo traces in the kernels' place (same signatures as the kernels) ---------
+
+def _rms_norm(x, weight, eps):
+    return torch.ops.dsv4opt.rms_norm(x, weight, eps)
+
+
+def _hc_prenorm(h, eps):
+    return torch.ops.dsv4opt.hc_prenorm(h, eps)
+
+
+def _hc_split_sinkhorn(mix, scale, base, hc, iters, eps):
+    return torch.ops.dsv4opt.hc_split_sinkhorn(mix, scale, base, hc, iters, eps)
+
+
+def _hc_post(y, residual, post, comb):
+    return torch.ops.dsv4opt.hc_post(y, residual, post, comb)
+
+
+def _group_quant_fp8(x, group):
+    return torch.ops.dsv4opt.group_quant_fp8(x, group)
+
+
+def _block_fp8_matmul(a, a_scale, w, w_scale, block, out_dtype):
+    return torch.ops.dsv4opt.block_fp8_matmul(a, a_scale, w, w_scale, block, out_dtype)
+
+
+def _mm_out_fp32(x, w):
+    return torch.ops.dsv4opt.mm_out_fp32(x, w)
+
+
+def _q_norm_rope(q, eps, cos, sin, pos, rope, tile):
+    return torch.ops.dsv4opt.q_norm_rope(q, eps, cos, sin, pos, rope, tile)
+
+
+def _kv_norm_rope_store(kv, weight, eps, cos, sin, pos, cache, loc):
+    torch.ops.dsv4opt.kv_norm_rope_store(kv, weight, eps, cos, sin, pos, *_kv_args(cache), loc)
+
+
+def _rope_inplace(x, cos, sin, pos, rope, inverse=False):
+    torch.ops.dsv4opt.rope_inplace(x, cos, sin, pos, rope, inverse)
+
+
+def _compress_forward(state, kv_score, ape, pos, ratio, overlap):
+    return torch.ops.dsv4opt.compress_forward(state, kv_score, ape, pos, ratio, overlap)
+
+
+def _compress_norm_rope_store(x, weight, eps, cos, sin, pos, loc, ratio, rope, model_dtype, cache):
+    if isinstance(cache, IndexKeyCache):
+        torch.ops.dsv4opt.compress_store_index(x, weight, eps, cos, sin, pos, loc, ratio, rope, model_dtype,
+                                               cache.data, cache.dim, cache.page_size)
+    else:
+        torch.ops.dsv4opt.compress_store_kv(x, weight, eps, cos, sin, pos, loc, ratio, rope, model_dtype,
+                                            *_kv_args(cache))
+
+
+def _index_q_rope_hadamard_quant(q, w, weight_scale, cos, sin, pos, heads, rope):
+    return torch.ops.dsv4opt.index_q_rope_hadamard_quant(q, w, weight_scale, cos, sin, pos, heads, rope)
+
+
+def _topk_transform(logits, seq_lens, base, topk):
+    return torch.ops.dsv4opt.topk_transform(logits, seq_lens, base, topk)
+
+
+def _moe_gate(logits, bias, topk, tokens=None, table=None):
+    return torch.ops.dsv4opt.moe_gate(logits, bias, topk, tokens, table)
+
+
+def _silu_mul_clamp(x, limit):
+    return torch.ops.dsv4opt.silu_mul_clamp(x, limit)
+
+
+def _mxfp4_slot_gemv(a, rows, experts, w, w_scale):
+    return torch.ops.dsv4opt.mxfp4_slot_gemv(a, rows, experts, w, w_scale)
+
+
+def _one_cache(q, cache, indices, lengths, scale):
+    return torch.ops.dsv4opt.attention_one_cache(q, *_kv_args(cache), indices, lengths, scale)
+
+
+KERNELS: dict[str, Callable] = {fn.__name__: fn for fn in (
+    rms_norm, hc_prenorm, hc_split_sinkhorn, hc_post, group_quant_fp8, block_fp8_matmul, mm_out_fp32, q_norm_rope,
+    kv_norm_rope_store, rope_inplace, compress_forward, compress_norm_rope_store, index_q_rope_hadamard_quant,
+    topk_transform, moe_gate, silu_mul_clamp, mxfp4_slot_gemv, one_cache,
+)}
+# kernel name -> its stand-in; a test may swap one (a wrong stand-in must fail the gate)
+STAND_INS: dict[str, Callable] = {name: globals()[f"_{name}"] for name in KERNELS}
+
+
+# ---- slot implementations Dynamo does not trace: opaque by their slot's contract ---------------
+
+_SLOT_IMPLS: dict[str, Callable] = {}  # key -> implementation, for the slot ops below
+
+
+@torch.library.custom_op(f"{LIB}::attention_slot", mutates_args=())
+def attention_slot_op(impl: str, q: Tensor, swa_data: Tensor, swa_fp8: bool, swa_nope: int, swa_rope: int,
+                      swa_tile: int, swa_page: int, swa_indices: Tensor, swa_lengths: Tensor,
+                      extra_data: Optional[Tensor], extra_fp8: bool, extra_nope: int, extra_rope: int,
+                      extra_tile: int, extra_page: int, extra_indices: Optional[Tensor],
+                      extra_lengths: Optional[Tensor], sink: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    swa = _kv(swa_data, swa_fp8, swa_nope, swa_rope, swa_tile, swa_page)
+    extra = None if extra_data is None else _kv(extra_data, extra_fp8, extra_nope, extra_rope, extra_tile, extra_page)
+    o, lse = _SLOT_IMPLS[impl](q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale)
+    return _own(o, lse, inputs=(q, swa_data, extra_data))
+
+
+@attention_slot_op.register_fake
+def _(impl, q, *rest):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{LIB}::indexer_logits_slot", mutates_args=())
+def indexer_logits_slot_op(impl: str, q8: Tensor, weights: Tensor, data: Tensor, dim: int, page_size: int,
+                           seq_lens: Tensor, page_table: Tensor, max_len: int) -> Tensor:
+    cache = IndexKeyCache(dim, page_size, data)
+    return _own(_SLOT_IMPLS[impl](q8, weights, cache, seq_lens, page_table, max_len), inputs=(q8, weights, data))[0]
+
+
+@indexer_logits_slot_op.register_fake
+def _(impl, q8, weights, data, dim, page_size, seq_lens, page_table, max_len):
+    return q8.new_empty(q8.shape[0], max_len, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{LIB}::hc_premix_slot", mutates_args=())
+def hc_premix_slot_op(impl: str, x: Tensor, weight: Tensor) -> Tensor:
+    return _own(_SLOT_IMPLS[impl](x, weight).float(), inputs=(x, weight))[0]
+
+
+@hc_premix_slot_op.register_fake
+def _(impl, x, weight):
+    return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+
+
+def _attention_stand_in(key: str) -> Callable:
+    def attention(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale):
+        if extra is None:
+            extra_args = (None, False, 0, 0, 1, 1)
+        else:
+            extra_args = _kv_args(extra)
+        return torch.ops.dsv4opt.attention_slot(key, q, *_kv_args(swa), swa_indices, swa_lengths, *extra_args,
+                                                extra_indices, extra_lengths, sink, scale)
+    return attention
+
+
+def _indexer_logits_stand_in(key: str) -> Callable:
+    def indexer_logits(q8, weights, cache, seq_lens, page_table, max_len):
+        return torch.ops.dsv4opt.indexer_logits_slot(key, q8, weights, cache.data, cache.dim, cache.page_size,
+                                                     seq_lens, page_table, max_len)
+    return indexer_logits
+
+
+def _hc_premix_stand_in(key: str) -> Callable:
+    def hc_premix(x, weight):
+        return torch.ops.dsv4opt.hc_premix_slot(key, x, weight)
+    return hc_premix
+
+
+SLOT_STAND_INS: dict[str, Callable[[str], Callable]] = {
+    "attention": _attention_stand_in,
+    "indexer_logits": _indexer_logits_stand_in,
+    "hc_premix": _hc_premix_stand_in,
+}
+# The baseline's slot implementations are torch code around the kernels above: traced, so their
+# glue (the attention merge and sink, the indexer's torch path) is what gets compiled.
+TRACED_SLOTS = {fn for slot, fn in baseline.IMPLEMENTATIONS.items() if slot in SLOT_STAND_INS}
+
+
+# ---- telling Dynamo ------------------------------------------------------------------------------
+
+_substituted: set[int] = set()
+
+
+def _substitute(fn: Callable, stand_in: Callable) -> None:
+    """Have Dynamo trace `stand_in` wherever it meets `fn` (once per process: Dynamo keeps it)."""
+    if id(fn) in _substituted:
+        return
+    torch.compiler.substitute_in_graph(fn, skip_signature_check=True)(stand_in)
+    _substituted.add(id(fn))
+
+
+def _dispatch_kernel(name: str) -> Callable:
+    """What Dynamo traces for kernel `name`: the stand-in STAND_INS holds for it when traced."""
+    def traced(*args, **kwargs):
+        return STAND_INS[name](*args, **kwargs)
+    return traced
+
+
+def install_kernels() -> None:
+    """Register every kernel's stand-in with Dynamo (idempotent)."""
+    for name, kernel in KERNELS.items():
+        _substitute(kernel, _dispatch_kernel(name))
+
+
+def slot_key(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def install_slots(impls: dict[str, Callable]) -> list[str]:
+    """Make the slot implementations Dynamo should not trace opaque; returns those it will trace
+    although they are not the baseline's (a slot without a contract op here, or a non-function)."""
+    traced = []
+    for slot, fn in impls.items():
+        if slot not in SLOT_STAND_INS or fn in TRACED_SLOTS or isinstance(fn, torch._ops.OpOverloadPacket):
+            continue
+        if not inspect.isfunction(fn):
+            traced.append(slot)
+            continue
+        key = slot_key(fn)
+        _SLOT_IMPLS[key] = fn
+        _substitute(fn, SLOT_STAND_INS[slot](key))
+    return traced
