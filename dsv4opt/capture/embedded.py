@@ -25,6 +25,7 @@ import torch
 from dsv4opt.capture.naming import profile_path
 from dsv4opt.capture.result import Captured, Progress, no_progress
 from dsv4opt.capture.settings import EmbeddedSettings
+from dsv4opt.compilestats import CompileCounters
 from dsv4opt.errors import CaptureError
 from dsv4opt.fileio import unique_path
 from dsv4opt.optimizations.registry import implementations
@@ -107,6 +108,7 @@ def run_rank(settings: EmbeddedSettings, plan: RunPlan, trace_path: Path, eager_
 
     device, cfg, C = plan.device, plan.cfg, settings.concurrency
     stamp = dt.datetime.now()
+    compiled_before = CompileCounters.now()
     with _cpu_threads(device):
         progress.stage(f"building {plan.config_name} ({cfg.layers} layers)", cfg.layers)
         wl = DecodeWorkload(
@@ -122,9 +124,12 @@ def run_rank(settings: EmbeddedSettings, plan: RunPlan, trace_path: Path, eager_
         eager = _eager_step(wl, tokens)
 
         progress.stage("warming up", max(settings.warmup, 1))
+        first_step_s = None  # the first step compiles whatever is compiled (torch-compile's blocks)
         for _ in range(settings.warmup):
+            t0 = time.perf_counter()
             eager()
             _sync(device)
+            first_step_s = first_step_s if first_step_s is not None else time.perf_counter() - t0
             progress.advance()
 
         capture_trace = None
@@ -144,6 +149,11 @@ def run_rank(settings: EmbeddedSettings, plan: RunPlan, trace_path: Path, eager_
             wl.comm.barrier()  # the ranks start each window together
             windows.append(_time_steps(step, settings.steps, device))
     meta = _meta(settings, wl, plan.config_name, device, plan.use_graph, stamp)
+    compiled = CompileCounters.now().since(compiled_before)
+    if compiled.graphs or compiled.graph_breaks:
+        meta["compile"] = {**compiled.as_meta(), "first_step_s": first_step_s}
+        progress.note(f"torch.compile: {compiled.graphs} graphs, {compiled.graph_breaks} graph breaks, "
+                      f"{compiled.compile_s:.1f} s compiling (first step {first_step_s or 0:.1f} s)")
     return RankRun(trace=trace, capture_trace=capture_trace, windows=windows, meta=meta)
 
 

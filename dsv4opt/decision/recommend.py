@@ -3,7 +3,7 @@
 Each candidate gets its target's share of GPU time, an Amdahl bound on the step speed-up (with the
 candidate's measured kernel speed-up when one is on record, else as if its target took no time),
 the fragmentation of its target, and its risk. Optimisations the tool can apply behind a
-correctness gate are preferred over generic levers (fusing glue, torch.compile, fp8 weights) unless
+correctness gate are preferred over generic levers (fusing glue by hand, fp8 weights) unless
 they promise too little: a lever is advice, its bound is an upper limit nobody has measured here.
 """
 
@@ -13,13 +13,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 
-from dsv4opt.analysis.categories import CATEGORIES, GEMM_TC, GLUE, category_label
+from dsv4opt.analysis.categories import GEMM_TC, GLUE, category_label
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.decision.fragmentation import Fragmentation, fragmentation
 from dsv4opt.optimizations.registry import OPTIMIZATIONS, Optimization
 
 MIN_SHARE = 0.02  # below this a target is noise, not a bottleneck
 MIN_GAIN = 1.05  # an applicable optimisation must promise at least this to beat a lever
+GLUE_TARGET = "glue"  # a target that is every glue category (an optimisation's target_category may name it)
 
 
 @dataclass
@@ -98,7 +99,7 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
     out: list[Candidate] = []
     model = profile_model(profile)
     for opt in OPTIMIZATIONS.values():
-        frag = fragmentation(profile, [opt.target_category])
+        frag = fragmentation(profile, GLUE if opt.target_category == GLUE_TARGET else [opt.target_category])
         if frag.share <= 0 and opt.name not in enabled:
             continue
         if model is not None and model != opt.model:
@@ -123,31 +124,18 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
 
 def _levers(profile: Profile) -> list[Candidate]:
     glue = fragmentation(profile, GLUE)
-    custom = fragmentation(profile, [c for c in CATEGORIES if c not in GLUE])
     levers: list[Candidate] = []
     if glue.share > 0:
         speculative = "speculative: " if glue.tiny else ""
         levers.append(
             Candidate(
-                name="fuse-glue", kind="lever", target="glue", share=glue.share,
+                name="fuse-glue", kind="lever", target=GLUE_TARGET, share=glue.share,
                 amdahl_bound=amdahl(glue.share, None), kernel_speedup=None,
                 speedup_source="upper limit: all glue time removed",
                 fragmentation=glue,
                 risk=f"{speculative}hand fusion of {glue.kernels} kernels over "
                 f"{glue.launches_per_step:.0f} launches/step; numerics unchanged if done right",
                 changes_selection=False, needs_graph=False,
-            )
-        )
-        levers.append(
-            Candidate(
-                name="torch-compile", kind="lever", target="glue", share=glue.share,
-                amdahl_bound=amdahl(glue.share, None), kernel_speedup=None,
-                speedup_source="upper limit: all glue time removed",
-                fragmentation=glue,
-                risk=f"{speculative}graph breaks at each custom kernel "
-                f"(~{custom.launches_per_step:.0f} launches/step outside the glue) leave short regions; "
-                "needs CUDA-graph re-capture",
-                changes_selection=False, needs_graph=True,
             )
         )
     dense = fragmentation(profile, [GEMM_TC])
@@ -170,13 +158,23 @@ def _runs(profile: Profile, opt: Optimization) -> bool:
     return any(k.category == opt.target_category and opt.target_kernels in k.name for k in profile.kernels[:5])
 
 
+def speculative(c: Candidate) -> bool:
+    """An unmeasured bound over thousands of tiny glue launches: fusing or compiling them removes
+    launches, not all their time, so the bound ranks nothing until a measurement is on record."""
+    return c.target == GLUE_TARGET and c.kernel_speedup is None and c.fragmentation.tiny
+
+
 def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendation:
     cands = candidates(profile, enabled)
     open_ = [c for c in cands if not c.enabled and c.share >= MIN_SHARE]
     applicable = [c for c in open_ if c.kind == "optimisation" and c.fits]
     unsure = [c for c in open_ if c.kind == "optimisation" and c.fits is None]
     levers = [c for c in open_ if c.kind == "lever"]
-    best_opt = max(applicable, key=lambda c: c.amdahl_bound, default=None)
+    firm = [c for c in applicable if not speculative(c)]
+    best_opt = max(firm, key=lambda c: c.amdahl_bound, default=None)
+    best_guess = max([c for c in applicable if speculative(c)], key=lambda c: c.amdahl_bound, default=None)
+    if best_guess is not None and (best_opt is None or best_opt.amdahl_bound < MIN_GAIN):
+        best_opt, best_guess = best_guess, None
     best_lever = max(levers, key=lambda c: c.amdahl_bound, default=None)
 
     lines: list[str] = []
@@ -189,6 +187,13 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
             f"step speed-up at most {chosen.amdahl_bound:.2f}x ({chosen.speedup_source})."
         )
         lines.append(f"risk: {chosen.risk}; `dsv4opt apply {chosen.name}` runs its correctness gate first.")
+        if best_guess is not None and best_guess.amdahl_bound > chosen.amdahl_bound:
+            f = best_guess.fragmentation
+            lines.append(
+                f"{best_guess.name} bounds higher ({best_guess.amdahl_bound:.2f}x on {best_guess.share:.1%} glue) but "
+                f"nothing measured backs it on {f.launches_per_step:.0f} launches/step with a median kernel of "
+                f"{f.median_kernel_us:.1f} µs; `dsv4opt apply {best_guess.name}` measures it behind its gate."
+            )
         if best_lever is not None and best_lever.amdahl_bound > chosen.amdahl_bound:
             f = best_lever.fragmentation
             lines.append(

@@ -101,6 +101,19 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             module="dsv4opt.optimizations.grouped_moe",
             target_kernels="slot_gemv",
         ),
+        Optimization(
+            name="torch-compile",
+            target_category="glue",
+            replaces="the eager glue between the kernels: each block compiled by torch.compile (Inductor, default "
+            "mode) with the kernels, GEMMs and other optimisations' slots as opaque ops in its graph",
+            slots=("regions",),
+            env_gate="DSV4OPT_TORCH_COMPILE",
+            risk="compiled glue rounds differently (fp32 reassociation; bf16 intermediates kept in fp32); "
+            "five graphs to compile before the first step",
+            changes_selection=False,
+            needs_graph=True,
+            module="dsv4opt.optimizations.torch_compile",
+        ),
     )
 }
 

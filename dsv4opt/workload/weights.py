@@ -52,6 +52,13 @@ class Mxfp4Experts:
         experts.packed, experts.scales = torch.stack([p for p, _ in sets]), torch.stack([q for _, q in sets])
         return experts
 
+    @classmethod
+    def of(cls, packed: torch.Tensor, scales: torch.Tensor) -> "Mxfp4Experts":
+        """Weight sets held in existing tensors (no copy)."""
+        experts = cls.__new__(cls)
+        experts.packed, experts.scales = packed, scales
+        return experts
+
     def dense(self, index: int) -> torch.Tensor:
         """Weight set `index` as [N, K] float64 on the CPU."""
         return quant.dequantize_mxfp4(self.packed[index].cpu(), self.scales[index].cpu())

@@ -31,6 +31,7 @@ from dsv4opt.workload.kernels.moe import moe_gate, mxfp4_slot_gemv, silu_mul_cla
 from dsv4opt.workload.kernels.norm import rms_norm
 from dsv4opt.workload.kernels.rope import kv_norm_rope_store, q_norm_rope, rope_inplace
 from dsv4opt.workload.kvcache import FP8, IndexKeyCache, KVCache, KVLayout
+from dsv4opt.workload.weights import Mxfp4Experts
 
 LIB = "dsv4opt"
 
@@ -408,12 +409,23 @@ def _(impl, x, weight):
     return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{LIB}::routed_experts_slot", mutates_args=())
+def routed_experts_slot_op(impl: str, x: Tensor, local_ids: Tensor, gates: Tensor, w13_packed: Tensor,
+                           w13_scales: Tensor, w2_packed: Tensor, w2_scales: Tensor, limit: float,
+                           scale: float) -> Tensor:
+    w13, w2 = Mxfp4Experts.of(w13_packed, w13_scales), Mxfp4Experts.of(w2_packed, w2_scales)
+    out = _SLOT_IMPLS[impl](x, local_ids, gates, w13, w2, limit, scale)
+    return _own(out, inputs=(x, local_ids, gates, w13_packed, w13_scales, w2_packed, w2_scales))[0]
+
+
+@routed_experts_slot_op.register_fake
+def _(impl, x, local_ids, gates, w13_packed, w13_scales, w2_packed, w2_scales, limit, scale):
+    return x.new_empty(x.shape)
+
+
 def _attention_stand_in(key: str) -> Callable:
     def attention(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale):
-        if extra is None:
-            extra_args = (None, False, 0, 0, 1, 1)
-        else:
-            extra_args = _kv_args(extra)
+        extra_args = (None, False, 0, 0, 1, 1) if extra is None else _kv_args(extra)
         return torch.ops.dsv4opt.attention_slot(key, q, *_kv_args(swa), swa_indices, swa_lengths, *extra_args,
                                                 extra_indices, extra_lengths, sink, scale)
     return attention
@@ -432,13 +444,21 @@ def _hc_premix_stand_in(key: str) -> Callable:
     return hc_premix
 
 
+def _routed_experts_stand_in(key: str) -> Callable:
+    def routed_experts(x, local_ids, gates, w13, w2, limit, scale):
+        return torch.ops.dsv4opt.routed_experts_slot(key, x, local_ids, gates, w13.packed, w13.scales, w2.packed,
+                                                     w2.scales, limit, scale)
+    return routed_experts
+
+
 SLOT_STAND_INS: dict[str, Callable[[str], Callable]] = {
     "attention": _attention_stand_in,
     "indexer_logits": _indexer_logits_stand_in,
     "hc_premix": _hc_premix_stand_in,
+    "routed_experts": _routed_experts_stand_in,
 }
 # The baseline's slot implementations are torch code around the kernels above: traced, so their
-# glue (the attention merge and sink, the indexer's torch path) is what gets compiled.
+# glue (the attention merge and sink, the indexer's torch path, the per-slot MoE glue) is compiled.
 TRACED_SLOTS = {fn for slot, fn in baseline.IMPLEMENTATIONS.items() if slot in SLOT_STAND_INS}
 
 

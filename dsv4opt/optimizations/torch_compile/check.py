@@ -1,0 +1,205 @@
+"""The gate for torch-compile: do the compiled blocks compute what the eager ones do?
+
+Three passes over a short decode, each on a fresh workload (bounds and why: docs/optimizations/torch_compile.md):
+- contracts: the blocks traced by Dynamo and run op by op, every opaque op's real outputs held against
+  what its fake implementation told the compiler (shape, dtype, strides), every block call checked
+  to have run inside a compiled graph; graph breaks counted;
+- blocks: each block run eagerly and compiled on the same input and state (compare_impls), in
+  float32, where the two differ only by the order of fp32 operations, except when that moves an
+  activation across an e4m3 rounding boundary of the FP8 quantisation that follows;
+- step: the logits of a compiled workload against an uncompiled twin (same weights, caches and tokens).
+On a GPU the block figures are also measured in bf16 and reported: compiled glue keeps fp32
+intermediates where eager bf16 rounds after every op, so the two differ by design there.
+Every bounded figure is "bad when large": pass iff each is <= its bound and nothing raised.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from dsv4opt.compilestats import CompileCounters
+from dsv4opt.numerics import error_report
+from dsv4opt.optimizations.registry import CheckResult, get
+
+NAME = "torch-compile"
+
+BOUNDS: dict[str, float] = {
+    "fake_mismatches": 0,  # an opaque op whose fake disagrees with its kernel miscompiles the graph around it
+    "blocks_uncompiled": 0,  # a block that ran eagerly would make every figure below vacuous
+    # fp32 reassociation moves a block by ~1e-7; one e4m3 flip of a tiny-config activation by ~1e-2
+    # (the model's own float32 tests bound a step at 3e-2 for that reason); a wrong op moves it by 0.1+.
+    "block_rel_worst": 3e-2,
+    # most blocks see no flip: their median stays at fp32 rounding; a systematic bf16-sized error
+    # (4e-3) anywhere in the glue would lift it far above this.
+    "block_rel_median": 1e-4,
+    "step_rel_worst": 3e-2,
+}
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    config: str
+    concurrency: int
+    context: int
+    steps: int
+    layers: int  # four layers hold every kind of block: window, CSA (hash-routed FFN), HCA
+    bf16_report: bool
+
+
+def gate_settings(device: torch.device) -> GateSettings:
+    if device.type == "cuda":
+        return GateSettings(config="dsv4-flash", concurrency=16, context=8192, steps=2, layers=4, bf16_report=True)
+    return GateSettings(config="dsv4-tiny", concurrency=3, context=40, steps=2, layers=4, bf16_report=False)
+
+
+class ContractCheck:
+    """A Dynamo backend that runs each graph op by op, holding every custom op's real outputs
+    against the fake values Dynamo traced with; counts the graphs and their calls."""
+
+    def __init__(self):
+        self.mismatches: list[str] = []
+        self.graphs = 0
+        self.calls = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        self.graphs += 1
+        check = self
+
+        class OpByOp(torch.fx.Interpreter):
+            def run_node(self, node):
+                out = super().run_node(node)
+                if node.op == "call_function" and _custom_op(node.target):
+                    check.compare(str(node.target), node.meta.get("example_value"), out)
+                return out
+
+        def run(*args):
+            check.calls += 1
+            return OpByOp(gm).run(*args)
+
+        return run
+
+    def compare(self, op: str, fake, real) -> None:
+        fakes = fake if isinstance(fake, (tuple, list)) else (fake,)
+        reals = real if isinstance(real, (tuple, list)) else (real,)
+        if len(fakes) != len(reals):
+            self.mismatches.append(f"{op}: {len(reals)} outputs, fake says {len(fakes)}")
+            return
+        for i, (f, r) in enumerate(zip(fakes, reals)):
+            if not isinstance(r, torch.Tensor) or not isinstance(f, torch.Tensor):
+                if isinstance(r, torch.Tensor) != isinstance(f, torch.Tensor):
+                    self.mismatches.append(f"{op} output {i}: real {type(r).__name__}, fake {type(f).__name__}")
+                continue
+            got = (tuple(r.shape), r.dtype, r.stride())
+            said = (tuple(f.shape), f.dtype, f.stride())
+            if got != said:
+                self.mismatches.append(f"{op} output {i}: real {got}, fake {said}")
+
+
+def _custom_op(target) -> bool:
+    """A torch.library op whose fake someone wrote (ATen's and prims' come with torch)."""
+    return isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) and \
+        str(target).split(".")[0] not in ("aten", "prims")
+
+
+def _workload(settings: GateSettings, device, dtype, impls=None):
+    from dsv4opt.workload.config import ModelConfig
+    from dsv4opt.workload.model import DecodeWorkload
+
+    return DecodeWorkload(ModelConfig.from_name(settings.config), concurrency=settings.concurrency,
+                          context=settings.context, device=device, layers=settings.layers, seed=0, dtype=dtype,
+                          impls=impls, max_new_tokens=settings.steps + 2)
+
+
+def _tokens(settings: GateSettings, vocab: int, device) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(0, vocab, (settings.concurrency,), generator=gen).to(device)
+
+
+def contract_figures(settings: GateSettings, device, impls: dict[str, Callable]) -> tuple[dict, list[str], dict]:
+    """Opaque ops' fakes against their kernels, whether every block ran compiled, graph breaks:
+    (figures, the mismatches found, break reasons)."""
+    from dsv4opt.optimizations.torch_compile.regions import CompiledRegions
+
+    check = ContractCheck()
+    compiled = CompiledRegions(backend=check)
+    uncompiled = 0
+
+    def regions(block, impls_now):
+        run = compiled(block, impls_now)
+
+        def counted(*args):
+            nonlocal uncompiled
+            before = check.calls
+            out = run(*args)
+            uncompiled += check.calls == before
+            return out
+        return counted
+
+    before = CompileCounters.now()
+    wl = _workload(settings, device, torch.float32, {**impls, "regions": regions})
+    tokens = _tokens(settings, wl.cfg.vocab, device)
+    with torch.no_grad():
+        for _ in range(settings.steps):
+            tokens = wl.step(tokens).argmax(-1)
+    counted = CompileCounters.now().since(before)
+    return {"fake_mismatches": len(check.mismatches), "blocks_uncompiled": uncompiled, "graphs": check.graphs,
+            "graph_breaks": counted.graph_breaks}, check.mismatches, counted.break_reasons
+
+
+def numeric_figures(settings: GateSettings, device, impls: dict[str, Callable], dtype: torch.dtype,
+                    prefix: str = "") -> dict[str, float]:
+    """Blocks compiled against eager on the same input and state, and a step against an uncompiled twin."""
+    from dsv4opt.workload.baseline import as_written
+
+    rel: list[float] = []
+    wl = _workload(settings, device, dtype, impls)
+    twin = _workload(settings, device, dtype, {k: v for k, v in impls.items() if k != "regions"})
+    wl.compare_impls = {"regions": as_written}
+    wl.on_block = lambda block, i, out, other: rel.append(error_report(out, other).rel)
+    step_rel: list[float] = []
+    tokens = _tokens(settings, wl.cfg.vocab, device)
+    with torch.no_grad():
+        for _ in range(settings.steps):
+            logits, expected = wl.step(tokens), twin.step(tokens)
+            step_rel.append(error_report(logits, expected).rel)
+            tokens = expected.argmax(-1)
+    return {f"{prefix}block_rel_worst": max(rel), f"{prefix}block_rel_median": statistics.median(rel),
+            f"{prefix}step_rel_worst": max(step_rel)}
+
+
+def run_check(device: torch.device, impls: dict[str, Callable], settings: GateSettings | None = None) -> CheckResult:
+    """Measure `impls` (their `regions` compiled) against the eager blocks; fail closed on anything raised."""
+    settings = settings or gate_settings(device)
+    figures: dict[str, float] = {}
+    details: dict = {"settings": asdict(settings)}
+    failure = ""
+    before = CompileCounters.now()
+    try:
+        contract, mismatches, breaks = contract_figures(settings, device, impls)
+        figures.update(contract)
+        details["fake_mismatches"], details["break_reasons"] = mismatches[:10], breaks
+        figures.update(numeric_figures(settings, device, impls, torch.float32))
+        if settings.bf16_report:
+            figures.update(numeric_figures(settings, device, impls, torch.bfloat16, prefix="bf16_"))
+    except Exception as exc:  # any failure of a compiled run (a compiler error, a size assert) fails the gate
+        failure = f"the compiled run raised {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}; "
+    figures["compile_s"] = CompileCounters.now().since(before).compile_s
+    crossed = [k for k, bound in BOUNDS.items() if not (k in figures and figures[k] <= bound)]
+    passed = not crossed and not failure
+    shown = ", ".join(f"{k} {figures[k]:.3g}" + (f" > {BOUNDS[k]:.3g}" if k in crossed else "") for k in figures)
+    verdict = "passed" if passed else "FAILED (" + ", ".join(crossed or ["raised"]) + ")"
+    return CheckResult(name=NAME, passed=passed, device=str(device), figures=figures, bounds=dict(BOUNDS),
+                       summary=f"torch-compile on {device.type}: {verdict}; {failure}{shown}", details=details)
+
+
+def check(device: str | None = None, others: Iterable[str] = ()) -> CheckResult:
+    """The registered gate: this package's `regions` (Inductor) on `device` (default: cuda when
+    present), over the baseline's slots or with the `others` optimisations' slots compiled in."""
+    from dsv4opt.optimizations.registry import implementations
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return run_check(dev, {**implementations(others), **get(NAME).implementations()})

@@ -1,0 +1,88 @@
+"""torch-compile: the blocks compiled with the kernels opaque, against the eager blocks.
+
+Most tests compile with Dynamo and AOTAutograd only (`aot_eager`: the graphs, the opaque ops, their
+fakes and the functionalised cache stores, run op by op), which reproduces eager numerics exactly and
+takes seconds; one slow test runs Inductor's C++ code generation on the CPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from dsv4opt.optimizations.torch_compile import ops
+from dsv4opt.optimizations.torch_compile.check import BOUNDS, GateSettings, run_check
+from dsv4opt.optimizations.torch_compile.regions import CompiledRegions
+
+# One window-only layer: an attention block and a hash-routed FFN block, two graphs.
+SMALL = GateSettings(config="dsv4-tiny", concurrency=2, context=24, steps=1, layers=1, bf16_report=False)
+# Four layers: every kind of block (window, CSA with the indexer, HCA; hash-routed and routed FFN).
+EVERY_KIND = GateSettings(config="dsv4-tiny", concurrency=3, context=40, steps=2, layers=4, bf16_report=False)
+
+
+def aot_eager(**others):
+    return {**others, "regions": CompiledRegions("aot_eager")}
+
+
+def test_every_stand_in_takes_its_kernels_arguments():
+    """Dynamo traces a stand-in wherever the model calls the kernel: same parameter names and defaults."""
+    for name, kernel in ops.KERNELS.items():
+        want = [(p.name, p.default) for p in inspect.signature(kernel).parameters.values()]
+        got = [(p.name, p.default) for p in inspect.signature(ops.STAND_INS[name]).parameters.values()]
+        assert got == want, name
+
+
+@pytest.mark.slow
+def test_every_kind_of_block_compiles_whole_and_matches_eager(torch_path):
+    r = run_check(torch.device("cpu"), aot_eager(), EVERY_KIND)
+    assert r.passed, r.summary
+    assert r.figures["graphs"] == 5 and r.figures["graph_breaks"] == 0, r.summary
+    # aot_eager runs the same ATen ops as eager: nothing but the op order may differ
+    assert r.figures["block_rel_worst"] <= 1e-6 and r.figures["step_rel_worst"] <= 1e-6, r.summary
+
+
+def test_a_wrong_stand_in_fails_the_gate(torch_path, monkeypatch):
+    """An RMS norm whose stand-in drops the weight: the compiled blocks compute something else."""
+    monkeypatch.setitem(ops.STAND_INS, "rms_norm", lambda x, weight, eps: torch.ops.dsv4opt.rms_norm(x, None, eps))
+    r = run_check(torch.device("cpu"), aot_eager(), SMALL)
+    assert not r.passed and r.figures["block_rel_worst"] > BOUNDS["block_rel_worst"], r.summary
+
+
+@torch.library.custom_op("dsv4opt_test::silu_mul_clamp_wide", mutates_args=())
+def _silu_mul_clamp_wide(x: torch.Tensor, limit: float) -> torch.Tensor:
+    from dsv4opt.workload.kernels.moe import silu_mul_clamp
+
+    return silu_mul_clamp(x, limit).contiguous()
+
+
+@_silu_mul_clamp_wide.register_fake
+def _(x, limit):
+    return x.new_empty(x.shape[0], x.shape[1] // 2 + 1)  # one column more than the kernel writes
+
+
+def test_a_fake_that_lies_about_shape_fails_the_gate(torch_path, monkeypatch):
+    monkeypatch.setitem(ops.STAND_INS, "silu_mul_clamp",
+                        lambda x, limit: torch.ops.dsv4opt_test.silu_mul_clamp_wide(x, limit))
+    r = run_check(torch.device("cpu"), aot_eager(), SMALL)
+    assert not r.passed and "fake_mismatches" in r.summary, r.summary
+    assert any("silu_mul_clamp_wide" in m for m in r.details["fake_mismatches"]), r.details
+
+
+def test_an_optimisations_slots_are_opaque_ops_in_the_graph(torch_path):
+    """bf16-gemm's kernels (their CPU emulation here) enter the compiled blocks as slot ops, not as
+    code Dynamo would trace or break at, and the blocks still match eager."""
+    from dsv4opt.optimizations.registry import implementations
+
+    seen: set[str] = set()
+
+    def recording(gm, example_inputs):
+        seen.update(str(n.target).removesuffix(".default") for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    settings = GateSettings(config="dsv4-tiny", concurrency=2, context=24, steps=1, layers=3, bf16_report=False)
+    r = run_check(torch.device("cpu"), {**implementations(["bf16-gemm"]), "regions": CompiledRegions(recording)},
+                  settings)
+    assert r.passed and r.figures["graph_breaks"] == 0, r.summary
+    assert {"dsv4opt.hc_premix_slot", "dsv4opt.indexer_logits_slot"} <= seen, seen
