@@ -29,6 +29,14 @@ class Rule:
 # Order matters: more specific rules first (a grouped GEMM is MoE before it is a GEMM; an ffma
 # xmma GEMM is SIMT before it is an xmma GEMM; a copy written as an elementwise functor is a copy).
 RULES: tuple[Rule, ...] = (
+    # Inductor's generated kernels first, by prefix: their names list the ops they were fused with,
+    # custom kernels included (triton_poi_fused_..._mxfp4_slot_gemv_...), which rows below would take.
+    Rule(REDUCTION, r"^triton_(?:red|per)_",
+         "triton_red_fused__unsafe_view_add_mean_mul_pow_rsqrt_1",
+         "Inductor reductions by their prefix, whatever they fuse (their names often say _to_copy)"),
+    Rule(ELEMENTWISE, r"^triton_poi_",
+         "triton_poi_fused__unsafe_view_mul_silu_2",
+         "Inductor pointwise kernels by their prefix"),
     Rule(COMMUNICATION, r"nccl|rccl|all_?reduce|allgather|all_gather|reduce_?scatter|all_?to_?all|cross_device_reduce|one_shot|two_shot|mscclpp|deep_ep|dispatch_combine",
          "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"),
     Rule(MOE, r"grouped_?gemm|groupproblemshape|moe|expert|topk_softmax|topkgating|moe_align|count_and_sort_expert|group_gemm|m_grouped|grouped_mm",
@@ -45,12 +53,6 @@ RULES: tuple[Rule, ...] = (
     Rule(GEMM_TC, r"(?<!fb)gemm|gemv|nvjet|tensorop|xmma|hmma|wgmma|cutlass|cublas|^cijk_|ck_tile.*gemm|matmul|triton_mm|triton_tem_|_mm_|tl_dot|bmm|splitkreduce|cudnn.*conv|implicit_convolve|dgrad|wgrad",
          "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
          "tensor-core GEMM/GEMV, tf32 included (s1688gemm), Triton tl.dot matmuls"),
-    Rule(REDUCTION, r"^triton_(?:red|per)_",
-         "triton_red_fused__unsafe_view_add_mean_mul_pow_rsqrt_1",
-         "Inductor reductions by their prefix, whatever they fuse (their names often say _to_copy)"),
-    Rule(ELEMENTWISE, r"^triton_poi_",
-         "triton_poi_fused__unsafe_view_mul_silu_2",
-         "Inductor pointwise kernels by their prefix"),
     Rule(TOPK_SORT, r"topk|top_k|sort|radix|argsort|bitonic|segmented_sort|gathertopk",
          "void cub::DeviceRadixSortOnesweepKernel<cub::DeviceRadixSortPolicy<long, int, int>::Policy800, false, long, int, int, int>(...)"),
     Rule(COPY, r"^memcpy|^memset|copy|catarray|\bcat_|gather|scatter|index|(?<!rotary_)embedding|fill|permute|transpose|store_kvcache|concat|\bstack|unfold|im2col|nchwtonhwc|nhwctonchw",

@@ -22,6 +22,10 @@ REAL = [
     ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)", "elementwise"),
     ("triton_poi_fused__unsafe_view_mul_silu_2", "elementwise"),
+    # The glue torch-compile fuses next to the per-slot MoE GEMVs, named as Inductor named it on this
+    # project's CPU (cpp_fused_...; triton_poi_ on a GPU): glue, not MoE.
+    ("triton_poi_fused__unsafe_view_arange_clamp_clone_expand_index_mul_mxfp4_slot_gemv_repeat_silu_slice_unsqueeze_view_0",
+     "elementwise"),
     ("_ZN7sgl_hip10activation18act_and_mul_kernelI14__hip_bfloat16TnPFT_RKS3_EXadL_Z4siluIS2_ES3_S5_EEEEvPS3_PS4_i", "elementwise"),
     ("void rotary_embedding_kernel<c10::BFloat16, true>(long const*, c10::BFloat16*)", "elementwise"),
     ("triton_red_fused_add_mean_mul_pow_rsqrt_0", "reduction"),

@@ -100,3 +100,24 @@ def test_a_lever_is_called_advice():
     prof = make_profile([("elementwise_kernel", "elementwise", 1000, 900.0), ("nvjet_sm90", "gemm_tc", 10, 100.0)])
     text = " ".join(recommend(prof).explanation)
     assert "advice: dsv4opt has no switch for it" in text
+
+
+def test_torch_compile_is_an_optimisation_on_the_glue_but_unmeasured_it_does_not_outrank_a_firm_bound():
+    rec = recommend(story_after_attention())
+    names = [c.name for c in rec.candidates]
+    assert names.count("torch-compile") == 1  # the optimisation, no lever of the same name
+    compiled = rec.candidates[names.index("torch-compile")]
+    assert compiled.kind == "optimisation" and compiled.target == "glue" and compiled.share == pytest.approx(0.6)
+    assert compiled.amdahl_bound == pytest.approx(1 / (1 - 0.6)) and compiled.amdahl_bound > rec.chosen.amdahl_bound
+    assert rec.chosen.name == "bf16-gemm"
+    text = " ".join(rec.explanation)
+    assert "torch-compile bounds higher" in text and "`dsv4opt apply torch-compile` measures it" in text
+
+
+def test_torch_compile_is_chosen_when_nothing_firm_promises_enough():
+    """90% glue over 2,000 tiny launches a step and no other target: the unmeasured lever is the way on."""
+    prof = make_profile([("elementwise_kernel", "elementwise", 20000, 900.0), ("nvjet_sm90", "gemm_tc", 10, 100.0)],
+                        meta={"target": "embedded", "config": "dsv4-flash", "concurrency": 32})
+    rec = recommend(prof)
+    assert rec.chosen is not None and rec.chosen.name == "torch-compile" and rec.chosen.kind == "optimisation"
+    assert rec.chosen.amdahl_bound == pytest.approx(10.0)

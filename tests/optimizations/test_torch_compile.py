@@ -86,3 +86,74 @@ def test_an_optimisations_slots_are_opaque_ops_in_the_graph(torch_path):
                   settings)
     assert r.passed and r.figures["graph_breaks"] == 0, r.summary
     assert {"dsv4opt.hc_premix_slot", "dsv4opt.indexer_logits_slot"} <= seen, seen
+
+
+@pytest.fixture
+def quick_inductor(monkeypatch):
+    """Inductor's C++ backend without its vector-ISA probes and precompiled headers: the code is
+    scalar, the compile several times faster; what is tested is correctness, not CPU speed."""
+    import torch._inductor.config as inductor
+
+    monkeypatch.setattr(inductor.cpp, "vec_isa_ok", False)
+    monkeypatch.setattr(inductor, "cpp_cache_precompile_headers", False)
+    monkeypatch.setattr(inductor, "compile_threads", 1)
+    monkeypatch.setattr(inductor, "cpp_wrapper", True)  # one C++ file per graph, not one per kernel
+
+
+@pytest.mark.slow
+def test_inductor_compiles_the_blocks_within_fp32_rounding(torch_path, quick_inductor):
+    r = run_check(torch.device("cpu"), {"regions": CompiledRegions("inductor")}, SMALL)
+    assert r.passed and r.figures["graph_breaks"] == 0, r.summary
+    # Inductor reorders and fuses fp32 arithmetic, so this is rounding, not zero
+    assert 0 < r.figures["block_rel_worst"] <= 1e-5, r.summary
+
+
+@pytest.fixture
+def compiles_quickly(monkeypatch):
+    """The lever's blocks compiled by aot_eager and its gate on one layer: what is under test here is
+    the loop around the lever, not Inductor."""
+    import importlib
+
+    import dsv4opt.optimizations.torch_compile as lever
+
+    monkeypatch.setitem(lever.IMPLEMENTATIONS, "regions", CompiledRegions("aot_eager"))
+    monkeypatch.setattr(importlib.import_module("dsv4opt.optimizations.torch_compile.check"), "gate_settings",
+                        lambda device: SMALL)
+
+
+def test_the_env_gate_switches_it_on(monkeypatch):
+    from dsv4opt.loop.enabled import enabled_optimizations
+
+    monkeypatch.setenv("DSV4OPT_TORCH_COMPILE", "1")
+    assert "torch-compile" in enabled_optimizations(use_state=False)
+
+
+@pytest.mark.slow
+def test_the_lever_goes_through_the_loop(torch_path, compiles_quickly, tmp_path, monkeypatch):
+    """list, profile, apply (gate, switch, re-profile with the blocks compiled), revert."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dsv4opt.cli import app
+    from dsv4opt.state import load_state
+
+    def invoke(*args):
+        return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+    monkeypatch.chdir(tmp_path)
+    tiny = ["--config", "dsv4-tiny", "--device", "cpu", "--steps", "1", "--warmup", "1", "--context", "24",
+            "--layers", "2", "--concurrency", "2"]
+    listed = invoke("list")
+    assert listed.exit_code == 0 and "torch-compile" in listed.output and "DSV4OPT_TORCH_COMPILE=1" in listed.output
+    assert invoke("profile", *tiny).exit_code == 0
+    before = json.loads(open(load_state().last_profile).read())
+    assert "compile" not in before["meta"]  # nothing compiled in the baseline
+    applied = invoke("apply", "torch-compile", "--keep")
+    assert applied.exit_code == 0, applied.output
+    assert "torch-compile on cpu: passed" in applied.output and load_state().enabled == ["torch-compile"]
+    after = json.loads(open(load_state().last_profile).read())
+    assert after["meta"]["optimizations"] == ["torch-compile"]
+    compiled = after["meta"]["compile"]
+    assert compiled["graphs"] >= 2 and compiled["graph_breaks"] == 0 and compiled["first_step_s"] > 0, compiled
+    assert invoke("revert", "torch-compile").exit_code == 0 and load_state().enabled == []
