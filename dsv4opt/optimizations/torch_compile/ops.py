@@ -488,21 +488,12 @@ def install_kernels() -> None:
         _substitute(kernel, _dispatch_kernel(name))
 
 
-def slot_key(fn: Callable) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def install_slots(impls: dict[str, Callable]) -> list[str]:
-    """Make the slot implementations Dynamo should not trace opaque; returns those it will trace
-    although they are not the baseline's (a slot without a contract op here, or a non-function)."""
-    traced = []
+def install_slots(impls: dict[str, Callable]) -> None:
+    """Make the slot implementations that are neither the baseline's nor torch ops opaque, by their
+    slot's contract. A slot without a contract op here (or a callable that is not a plain function)
+    is left to Dynamo: what it cannot trace shows as graph breaks in the record and the gate."""
     for slot, fn in impls.items():
-        if slot not in SLOT_STAND_INS or fn in TRACED_SLOTS or isinstance(fn, torch._ops.OpOverloadPacket):
-            continue
-        if not inspect.isfunction(fn):
-            traced.append(slot)
-            continue
-        key = slot_key(fn)
-        _SLOT_IMPLS[key] = fn
-        _substitute(fn, SLOT_STAND_INS[slot](key))
-    return traced
+        if slot in SLOT_STAND_INS and fn not in TRACED_SLOTS and inspect.isfunction(fn):
+            key = f"{fn.__module__}.{fn.__qualname__}@{id(fn):x}"  # _SLOT_IMPLS keeps fn, so its id stays its own
+            _SLOT_IMPLS[key] = fn
+            _substitute(fn, SLOT_STAND_INS[slot](key))

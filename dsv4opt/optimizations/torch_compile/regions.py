@@ -16,6 +16,7 @@ capture then records the compiled kernels and the graph replays them.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Callable
 
 import torch
@@ -24,6 +25,12 @@ import torch
 # limit Dynamo would run a block uncompiled without a word, which a gate must never mistake for
 # compiled code: the limit is raised and reaching it is an error.
 RECOMPILE_LIMIT = 64
+
+
+def _not_the_ranges_warning(record: logging.LogRecord) -> bool:
+    """Dynamo warns that it ignores the model parts' record_function ranges; Inductor would drop
+    them anyway (they block fusion), docs/optimizations/torch_compile.md says so once for all runs."""
+    return "Profiler record function" not in record.getMessage()
 
 
 class CompiledRegions:
@@ -40,14 +47,17 @@ class CompiledRegions:
     def __call__(self, block, impls):
         from dsv4opt.optimizations.torch_compile import ops
 
-        fn = block.__func__
+        fn, owner = getattr(block, "__func__", block), getattr(block, "__self__", None)
         run = self._compiled.get(fn)
         if run is None:
             ops.install_kernels()
+            logging.getLogger("torch._dynamo.variables.ctx_manager").addFilter(_not_the_ranges_warning)
+            import torch._dynamo
+
             config = torch._dynamo.config
             config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
             config.fail_on_recompile_limit_hit = True
             # dynamic=False: each layer kind gets its own static graph rather than one symbolic one
             run = self._compiled[fn] = torch.compile(fn, backend=self.backend, dynamic=False)
         ops.install_slots(impls)
-        return functools.partial(run, block.__self__)
+        return run if owner is None else functools.partial(run, owner)
