@@ -71,8 +71,8 @@ def test_a_fake_that_lies_about_shape_fails_the_gate(torch_path, monkeypatch):
 
 
 def test_an_optimisations_slots_are_opaque_ops_in_the_graph(torch_path):
-    """bf16-gemm's kernels (their CPU emulation here) enter the compiled blocks as slot ops, not as
-    code Dynamo would trace or break at, and the blocks still match eager."""
+    """bf16-gemm's and grouped-moe's kernels (their CPU paths here) enter the compiled blocks as slot
+    ops, not as code Dynamo would trace or break at, and the blocks still match eager."""
     from dsv4opt.optimizations.registry import implementations
 
     seen: set[str] = set()
@@ -82,10 +82,10 @@ def test_an_optimisations_slots_are_opaque_ops_in_the_graph(torch_path):
         return gm.forward
 
     settings = GateSettings(config="dsv4-tiny", concurrency=2, context=24, steps=1, layers=3, bf16_report=False)
-    r = run_check(torch.device("cpu"), {**implementations(["bf16-gemm"]), "regions": CompiledRegions(recording)},
-                  settings)
+    others = implementations(["bf16-gemm", "grouped-moe"])
+    r = run_check(torch.device("cpu"), {**others, "regions": CompiledRegions(recording)}, settings)
     assert r.passed and r.figures["graph_breaks"] == 0, r.summary
-    assert {"dsv4opt.hc_premix_slot", "dsv4opt.indexer_logits_slot"} <= seen, seen
+    assert {"dsv4opt.hc_premix_slot", "dsv4opt.indexer_logits_slot", "dsv4opt.routed_experts_slot"} <= seen, seen
 
 
 @pytest.fixture

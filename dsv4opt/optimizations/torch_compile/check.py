@@ -31,11 +31,13 @@ BOUNDS: dict[str, float] = {
     "fake_mismatches": 0,  # an opaque op whose fake disagrees with its kernel miscompiles the graph around it
     "blocks_uncompiled": 0,  # a block that ran eagerly would make every figure below vacuous
     # fp32 reassociation moves a block by ~1e-7; one e4m3 flip of a tiny-config activation by ~1e-2
-    # (the model's own float32 tests bound a step at 3e-2 for that reason); a wrong op moves it by 0.1+.
+    # (the model's own float32 tests bound a step at 3e-2 for that reason); dropping the weight of
+    # one RMS norm moves it by 0.1.
     "block_rel_worst": 3e-2,
-    # most blocks see no flip: their median stays at fp32 rounding; a systematic bf16-sized error
-    # (4e-3) anywhere in the glue would lift it far above this.
-    "block_rel_median": 1e-4,
+    # Most blocks see no flip, or one (~3e-4 in a 4096-wide dsv4-flash activation): the median stays
+    # below this. An error of bf16 size anywhere in the glue (1e-3 RMS) flips a few percent of the
+    # e4m3 activations after it and lifts every block to ~1e-2.
+    "block_rel_median": 1e-3,
     "step_rel_worst": 3e-2,
 }
 
