@@ -158,6 +158,13 @@ def _runs(profile: Profile, opt: Optimization) -> bool:
     return any(k.category == opt.target_category and opt.target_kernels in k.name for k in profile.kernels[:5])
 
 
+def _higher_but_unmeasured(c: Candidate) -> str:
+    f = c.fragmentation
+    return (f"{c.name} bounds higher ({c.amdahl_bound:.2f}x on {c.share:.1%} glue) but its target is "
+            f"{f.launches_per_step:.0f} launches/step with a median kernel of {f.median_kernel_us:.1f} µs spread "
+            f"over {f.kernels} kernels: an upper limit, not a measured gain")
+
+
 def speculative(c: Candidate) -> bool:
     """An unmeasured bound over thousands of tiny glue launches: fusing or compiling them removes
     launches, not all their time, so the bound ranks nothing until a measurement is on record."""
@@ -188,20 +195,10 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
         )
         lines.append(f"risk: {chosen.risk}; `dsv4opt apply {chosen.name}` runs its correctness gate first.")
         if best_guess is not None and best_guess.amdahl_bound > chosen.amdahl_bound:
-            f = best_guess.fragmentation
-            lines.append(
-                f"{best_guess.name} bounds higher ({best_guess.amdahl_bound:.2f}x on {best_guess.share:.1%} glue) but "
-                f"nothing measured backs it on {f.launches_per_step:.0f} launches/step with a median kernel of "
-                f"{f.median_kernel_us:.1f} µs; `dsv4opt apply {best_guess.name}` measures it behind its gate."
-            )
+            lines.append(f"{_higher_but_unmeasured(best_guess)}; `dsv4opt apply {best_guess.name}` measures it "
+                         "behind its gate.")
         if best_lever is not None and best_lever.amdahl_bound > chosen.amdahl_bound:
-            f = best_lever.fragmentation
-            lines.append(
-                f"{best_lever.name} bounds higher ({best_lever.amdahl_bound:.2f}x on {best_lever.share:.1%} glue) "
-                f"but its target is {f.launches_per_step:.0f} launches/step with a median kernel of "
-                f"{f.median_kernel_us:.1f} µs spread over {f.kernels} kernels: an upper limit, not a measured gain, "
-                "and dsv4opt has no gated switch for it."
-            )
+            lines.append(f"{_higher_but_unmeasured(best_lever)}, and dsv4opt has no gated switch for it.")
     elif best_lever is not None:
         chosen = best_lever
         lines.append(
