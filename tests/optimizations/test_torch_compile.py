@@ -157,3 +157,50 @@ def test_the_lever_goes_through_the_loop(torch_path, compiles_quickly, tmp_path,
     compiled = after["meta"]["compile"]
     assert compiled["graphs"] >= 2 and compiled["graph_breaks"] == 0 and compiled["first_step_s"] > 0, compiled
     assert invoke("revert", "torch-compile").exit_code == 0 and load_state().enabled == []
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+@pytest.mark.slow
+def test_compiled_blocks_replay_in_a_cuda_graph():
+    """Compiled in the warm-up, captured as the profile captures a step, replayed: the replays track
+    an eager twin token for token, hidden state within the gate's step bound."""
+    from dsv4opt.capture.embedded import _graph_step
+    from dsv4opt.numerics import error_report
+    from dsv4opt.workload.config import ModelConfig
+    from dsv4opt.workload.model import DecodeWorkload
+
+    cfg = ModelConfig.from_name("dsv4-tiny")
+    kw = dict(concurrency=4, context=40, device="cuda", dtype=torch.float32, layers=4, seed=0)
+    wl, twin = DecodeWorkload(cfg, impls={"regions": CompiledRegions()}, **kw), DecodeWorkload(cfg, **kw)
+    compiled_tokens = torch.tensor([3, 9, 11, 17], device="cuda")
+    eager_tokens = compiled_tokens.clone()
+
+    def eager_step():
+        eager_tokens.copy_(twin.step(eager_tokens).argmax(-1))
+
+    for _ in range(2):  # the first compiles
+        compiled_tokens.copy_(wl.step(compiled_tokens).argmax(-1))
+        eager_step()
+    replay = _graph_step(wl, compiled_tokens)
+    eager_step()  # _graph_step ran one step before capturing
+    for _ in range(3):
+        replay()
+        eager_step()
+        torch.cuda.synchronize()
+        assert torch.equal(compiled_tokens, eager_tokens)
+        report = error_report(wl.last_hidden, twin.last_hidden)
+        assert report.ok(BOUNDS["step_rel_worst"]), report
+
+
+@needs_cuda
+@pytest.mark.slow
+@pytest.mark.parametrize("others", [(), ("mma-attn", "bf16-gemm", "grouped-moe")], ids=["baseline", "with-the-others"])
+def test_the_gate_passes_on_the_gpu(others):
+    from dsv4opt.optimizations.torch_compile import check
+
+    r = check("cuda", others=others)
+    assert r.passed, r.summary
+    assert r.figures["graph_breaks"] == 0, r.details["break_reasons"]
