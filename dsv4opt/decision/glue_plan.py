@@ -49,6 +49,7 @@ class GluePlan:
 
     optimisation: str
     regions: list[GlueRegionRow]
+    ranks: list[int]  # the regions' places (from 1) in the profile's ranking by saving
     launches_per_step: float
     launches_saved_per_step: float
     gpu_us_per_step: float
@@ -66,7 +67,8 @@ class GluePlan:
 def glue_plan(profile: Profile, optimisation: str = FUSE_GLUE) -> GluePlan:
     summary = require_glue(profile, "profile")
     functions = set(get(optimisation).replaced_functions())
-    mine = [r for r in summary.regions if _functions(r.where) & functions]
+    ranks = [i for i, r in enumerate(summary.regions, 1) if _functions(r.where) & functions]
+    mine = [summary.regions[i - 1] for i in ranks]
     total = sum(r.gpu_us_per_step for r in mine)
     saving = sum(r.saving_us_per_step for r in mine)
     notes = []
@@ -77,7 +79,7 @@ def glue_plan(profile: Profile, optimisation: str = FUSE_GLUE) -> GluePlan:
         notes.append(f"none of the profile's regions comes from the code {optimisation} replaces "
                      f"({', '.join(sorted(functions))})")
     return GluePlan(
-        optimisation=optimisation, regions=mine,
+        optimisation=optimisation, regions=mine, ranks=ranks,
         launches_per_step=sum(r.launches_per_step for r in mine),
         launches_saved_per_step=sum(r.launches_saved_per_step for r in mine),
         gpu_us_per_step=total, fused_us_per_step=sum(r.fused_us_per_step for r in mine), saving_us_per_step=saving,

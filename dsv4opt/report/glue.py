@@ -102,9 +102,9 @@ def print_glue(summary: GlueRegions, console: Console, top: int = 15, plan: Glue
 def plan_lines(plan: GluePlan) -> list[str]:
     if not plan.regions:
         return [f"{plan.optimisation}: " + ("; ".join(plan.notes) or "fuses none of these regions")]
-    ids = ", ".join(r.part + ": " + r.where.split(" · ")[0] for r in plan.regions)
+    ids = ", ".join(f"#{i}" for i in plan.ranks)
     return [
-        f"{plan.optimisation} fuses {len(plan.regions)} of these regions ({ids}): {plan.launches_per_step:.0f} → "
+        f"{plan.optimisation} fuses {len(plan.regions)} of the regions ({ids}): {plan.launches_per_step:.0f} → "
         f"{plan.launches_per_step - plan.launches_saved_per_step:.0f} launches/step, predicted to save "
         f"{duration(plan.saving_us_per_step)}/step ({share_text(plan.saving_share)} of GPU time): the step gains at most "
         f"{plan.step_gain_bound:.4f}x",
