@@ -25,6 +25,7 @@ import pandas as pd
 
 from dsv4opt.analysis.categories import ATTENTION, COMMUNICATION, GEMM_FP32_SIMT, GEMM_TC, GLUE, MOE
 from dsv4opt.analysis.profile import GlueRegionRow, GlueRegions
+from dsv4opt.analysis.rank import records
 
 HEAVY = (ATTENTION, GEMM_TC, GEMM_FP32_SIMT, MOE, COMMUNICATION)
 # [launches] what glue_summary reads: stream code, times, category, step (-1 outside steps), part,
@@ -201,11 +202,5 @@ def glue_summary(seq: pd.DataFrame, total_us: float, steps: int, copy_gbps: floa
 
 
 def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
-    rows = table.astype(object).where(table.notna(), None).to_dict(orient="records")
-    for row in rows:
-        for key, value in row.items():
-            if isinstance(value, np.integer):
-                row[key] = int(value)
-            elif isinstance(value, np.floating):
-                row[key] = float(value)
-    return rows
+    """JSON-ready rows, a missing figure (NaN) as None."""
+    return records(table.astype(object).where(table.notna(), None))
