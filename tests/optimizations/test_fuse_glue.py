@@ -158,3 +158,28 @@ def test_flash_cases_route_like_the_model():
             continue
         down, invalid, *_ = cases.make_args(case, "cpu", torch.float32, torch.Generator().manual_seed(0))
         assert float((~invalid).float().mean()) == pytest.approx(1 / 8)
+
+
+def test_bench_sums_one_layer_and_shows_a_failed_check_instead_of_timings():
+    from rich.console import Console
+
+    from dsv4opt.errors import DsvOptError
+    from dsv4opt.optimizations.fuse_glue import bench
+    from dsv4opt.optimizations.registry import CheckResult
+
+    passed = CheckResult("fuse-glue", True, "gpu", {}, {}, "ok", {"cases": []})
+    rows = [bench.BenchRow(region=r, concurrency=32, eager_us=e, fused_us=f, bytes_moved=1, floor_us=0.1, input_sets=2)
+            for r, e, f in (("hc_split_sum", 14.0, 4.0), ("moe_local", 9.0, 1.5), ("moe_slots", 4.0, 1.2),
+                            ("moe_act", 52.0, 5.0), ("moe_combine", 48.0, 2.0))]
+    layer = bench.BenchResult(check=passed, device="gpu", copy_gbps=4000.0, rows=rows).per_layer()[32]
+    assert layer["eager_us"] == pytest.approx(2 * 14 + 9 + 4 + 52 + 48)
+    assert layer["fused_us"] == pytest.approx(2 * 4 + 1.5 + 1.2 + 5 + 2)
+    failed = CheckResult("fuse-glue", False, "gpu", {}, {}, "bad", {"cases": [
+        {"case": "moe_act:x", "passed": False, "rel_err": 0.5, "mismatches": 0, "eager_rel_err": 1e-3}]})
+    console = Console(record=True, width=120)
+    console.print(bench.render(bench.BenchResult(check=failed, device="gpu")))
+    text = console.export_text()
+    assert "FAILED" in text and "moe_act:x" in text and "x eager" not in text
+    if not torch.cuda.is_available():
+        with pytest.raises(DsvOptError, match="needs a CUDA GPU"):
+            bench.run_bench()

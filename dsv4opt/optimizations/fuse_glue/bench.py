@@ -145,13 +145,9 @@ def render(result: BenchResult):
     from rich.table import Table
 
     if not result.check.passed:
-        table = Table(title=f"fuse-glue check FAILED on {result.device}: no timing, no speed-up")
-        for col in ("case", "rel err", "mismatches", "eager rel err"):
-            table.add_column(col, justify="left" if col == "case" else "right")
-        for c in result.check.details["cases"]:
-            if not c["passed"]:
-                table.add_row(c["case"], f"{c['rel_err']:.2e}", str(c["mismatches"]), f"{c['eager_rel_err']:.2e}")
-        return table
+        from dsv4opt.optimizations.gate_table import failed_table
+
+        return failed_table("fuse-glue", result.check, ("rel_err", "mismatches", "eager_rel_err"))
     table = Table(title=f"fuse-glue on {result.device} (dsv4-flash, {FLASH.layers} layers; copy {result.copy_gbps:.0f} GB/s); "
                         f"check: {result.check.summary}")
     for col in ("C", "region", "eager µs", "fused µs", "x eager", "bytes", "floor µs", "sets"):
