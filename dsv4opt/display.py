@@ -13,10 +13,12 @@ def pct(share: float | None) -> str:
 
 
 def duration(us: float | None) -> str:
-    """Microseconds as "12.3 µs", or "1.23 ms" from a millisecond up."""
+    """Microseconds as "12.3 µs" ("0.86 µs" under one), or "1.23 ms" from a millisecond up."""
     if us is None:
         return MISSING
-    return f"{us / 1000:.2f} ms" if abs(us) >= 1000 else f"{us:.1f} µs"
+    if abs(us) >= 1000:
+        return f"{us / 1000:.2f} ms"
+    return f"{us:.1f} µs" if abs(us) >= 1 or us == 0 else f"{us:.2f} µs"
 
 
 def value(x: Any, spec: str = "", suffix: str = "") -> str:

@@ -53,12 +53,27 @@ def poison(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+INT_POISON = 0x5A  # every byte of a poisoned integer or bool tensor: no valid bool, no small index
+
+
+def poison_any(t: torch.Tensor) -> torch.Tensor:
+    """NaN for floating tensors, bytes of INT_POISON for integer and bool ones (a bool output read
+    back as uint8 then shows an unwritten element as neither 0 nor 1)."""
+    if t.is_floating_point():
+        return poison(t)
+    if t.numel() and t.is_contiguous() and not t.is_complex():
+        t.view(torch.uint8).fill_(INT_POISON)
+    return t
+
+
 @contextlib.contextmanager
-def nan_poisoned_allocations():
-    """torch.empty / empty_like return NaN-filled floating tensors while inside (gates and tests)."""
+def nan_poisoned_allocations(ints: bool = False):
+    """torch.empty / empty_like return NaN-filled floating tensors while inside (gates and tests);
+    with `ints`, integer and bool tensors too (poison_any)."""
+    fill = poison_any if ints else poison
     empty, empty_like = torch.empty, torch.empty_like
-    torch.empty = lambda *a, **k: poison(empty(*a, **k))
-    torch.empty_like = lambda *a, **k: poison(empty_like(*a, **k))
+    torch.empty = lambda *a, **k: fill(empty(*a, **k))
+    torch.empty_like = lambda *a, **k: fill(empty_like(*a, **k))
     try:
         yield
     finally:

@@ -1,5 +1,5 @@
-"""Write mma-attn's and grouped-moe's measured.json (kernel speed-up per batch / concurrency) from
-committed H200 benchmark output.
+"""Write measured.json (kernel speed-up per batch / concurrency) of mma-attn, grouped-moe and
+fuse-glue from committed H200 benchmark output.
 
     python scripts/record_measured.py
 
@@ -7,7 +7,9 @@ committed H200 benchmark output.
 the benchmark run wrote, never typed in: docs/kernels/mma_attn_h200_bench_fp8.json
 (`dsv4opt bench mma-attn --kv fp8 --json`): the baseline (SGLang's sm_120 path over both caches) /
 mma-attn time; docs/optimizations/grouped_moe_h200_bench.json (`dsv4opt bench grouped-moe --json`):
-SGLang's per-slot path / the grouped kernels. bf16-gemm has no record since its slot changed (the indexer logits); until it is
+SGLang's per-slot path / the grouped kernels; docs/optimizations/fuse_glue_h200_bench.json
+(`dsv4opt bench fuse-glue --json`): one layer's eager glue / fused glue, skipped until that file is
+committed. bf16-gemm has no record since its slot changed (the indexer logits); until it is
 benchmarked again, recommend bounds it by its target's share alone.
 """
 
@@ -43,7 +45,24 @@ def grouped_moe() -> dict:
     }
 
 
+def fuse_glue() -> dict | None:
+    src = ROOT / "docs/optimizations/fuse_glue_h200_bench.json"
+    if not src.exists():
+        print(f"{src.relative_to(ROOT)}: not committed yet, fuse-glue keeps no record")
+        return None
+    bench = json.loads(src.read_text())
+    if not bench["check"]["passed"]:
+        raise SystemExit(f"{src.relative_to(ROOT)}: its correctness check failed; no record written")
+    return {
+        "device": bench["device"],
+        "source": f"{src.relative_to(ROOT)} (dsv4opt bench fuse-glue: one layer's glue, eager / fused)",
+        "kernel_speedup": bench["kernel_speedup"],
+    }
+
+
 if __name__ == "__main__":
-    for package, record in (("mma_attn", mma_attn()), ("grouped_moe", grouped_moe())):
+    for package, record in (("mma_attn", mma_attn()), ("grouped_moe", grouped_moe()), ("fuse_glue", fuse_glue())):
+        if record is None:
+            continue
         path = write_json_atomic(ROOT / "dsv4opt/optimizations" / package / "measured.json", record)
         print(path.relative_to(ROOT), {k: round(v, 2) for k, v in record["kernel_speedup"].items()})

@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsv4opt.analysis import attribute, cpu_ops, parts, rank, rank_balance, steps
+from dsv4opt.analysis import attribute, cpu_ops, glue, launch_sites, parts, rank, rank_balance, steps
+from dsv4opt.analysis.classify import classify_names
+from dsv4opt.analysis.names import short_name
 from dsv4opt.analysis.profile import CaptureMatch, CategoryRow, KernelRow, PartRow, Profile, RankRow, is_profile_file
 from dsv4opt.analysis.sweep import SWEEP_SCHEMA, summary_rows
 from dsv4opt.errors import ProfileError, TraceError
@@ -39,6 +41,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     devices: list[str] = []
     has_stacks = False
     capture_match = {"replayed": 0, "matched": 0}
+    glue_regions = None
     for i, f in enumerate(files):
         trace = read_trace(f, rank=_rank_of(f, i))
         result = _analyze_one(trace, reference)
@@ -56,6 +59,8 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
         if result["cpu_table"] is not None:
             cpu_tables.append(result["cpu_table"])
         has_stacks = has_stacks or result["has_stacks"]
+        if glue_regions is None or (glue_regions.steps <= 1 < (result["glue"].steps if result["glue"] else 0)):
+            glue_regions = result["glue"]
         for key, value in result["capture_match"].items():
             capture_match[key] += value
         del trace, result
@@ -109,7 +114,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
         merged["share"] = merged["total_us"] / total
         part_rows = _rows(PartRow, merged.sort_values("total_us", ascending=False))
     return Profile(meta=profile_meta, total_us=total, kernels=krows, categories=_rows(CategoryRow, ctable),
-                   steps=step_info, time_basis="gpu", parts=part_rows, **found)
+                   steps=step_info, time_basis="gpu", parts=part_rows, glue=glue_regions, **found)
 
 
 def _rows(row_type, table: pd.DataFrame) -> list:
@@ -129,22 +134,25 @@ class _Reference:
     trace: Trace
     attributor: attribute.Attributor
     kernel_parts: np.ndarray | None
+    kernel_sites: pd.DataFrame | None  # launch_sites of its kernels, for an eager reference run
 
     @classmethod
     def of(cls, trace: Trace) -> "_Reference":
-        part = None
+        part = sites = None
+        attributor = attribute.Attributor(trace)
         if attribute.is_reference_run(trace):
             la = attribute.launch_info(trace)
             part = parts.kernel_parts(trace.kernels["ts_us"].to_numpy(), la["launch_ts_us"].to_numpy(),
                                       la["launch_tid"].to_numpy(), trace.annotations)
-        return cls(trace, attribute.Attributor(trace), part)
+            sites = launch_sites.launch_sites(trace, la, attributor)
+        return cls(trace, attributor, part, sites)
 
 
 def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
     k = trace.kernels
     attributor = attribute.Attributor(trace)
     out: dict[str, Any] = {"attribution": {}, "steps": None, "parts": pd.DataFrame(), "cpu_table": None,
-                           "has_stacks": attributor.has_stacks, "capture_match": {}}
+                           "has_stacks": attributor.has_stacks, "capture_match": {}, "glue": None}
     summary: dict[str, Any] = {"rank": trace.rank, "file": str(trace.path), "device": trace.device,
                                "timeline": rank_balance.rank_timeline(trace)}
     if k.empty:
@@ -172,6 +180,7 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
 
     launch_known = bool(np.isfinite(launches["launch_ts_us"].to_numpy()).mean() >= 0.95)
     source, ranges = steps.step_ranges(trace.annotations, prefer_cpu=launch_known)
+    step_of = np.zeros(len(k), np.int64)  # no step ranges: the whole trace is one step
     if not ranges.empty:
         on_gpu = bool(ranges["on_gpu"].iat[0])
         lts = launches["launch_ts_us"].to_numpy()
@@ -180,11 +189,18 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
         idx = np.searchsorted(ranges["start_us"].to_numpy(), anchor, side="right") - 1
         inside = (idx >= 0) & (anchor <= ranges["end_us"].to_numpy()[np.clip(idx, 0, None)])
         out["steps"] = steps.steps_summary(source, table, k["dur_us"].to_numpy()[inside])
+        step_of = np.where(inside, idx, -1)
     part = parts.kernel_parts(k["ts_us"].to_numpy(), launches["launch_ts_us"].to_numpy(),
                               launches["launch_tid"].to_numpy(), trace.annotations)
     if captured is not None and reference.kernel_parts is not None:
         part = parts.with_replayed_parts(part, via, captured["cap_kernel"].to_numpy(), reference.kernel_parts)
     out["parts"] = parts.part_table_of(part, k["dur_us"].to_numpy(), total)
+    sites = launch_sites.launch_sites(trace, launches, attributor)
+    if via.any():
+        sites = launch_sites.with_replayed_sites(sites, via, captured["cap_kernel"].to_numpy() if captured is not None
+                                                 else np.full(len(k), -1), reference.kernel_sites if reference else None)
+    n_steps = len(ranges) if not ranges.empty else 1
+    out["glue"] = glue.glue_summary(_glue_sequence(k, step_of, part, sites), total, n_steps, rank=trace.rank)
     if part is not None:
         for name, where in _dominant_part(k, part, top).items():
             out["attribution"].setdefault(name, {})["part"] = where
@@ -194,6 +210,23 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
         kernels=_rows(KernelRow, ktable.head(RANK_TOP)[RANK_KERNEL_COLUMNS]),
     )
     return out
+
+
+def _glue_sequence(k: pd.DataFrame, step_of: np.ndarray, part: np.ndarray | None, sites: pd.DataFrame) -> pd.DataFrame:
+    """[GPU events] glue.SEQ_COLUMNS of one trace."""
+    names = k["name"].astype(object)
+    distinct = pd.unique(names)
+    short = dict(zip(distinct, (short_name(x) for x in distinct)))
+    eager = dict(zip(distinct, (launch_sites.is_eager_kernel(x) for x in distinct)))
+    stream = pd.factorize(pd.MultiIndex.from_arrays([k["pid"].to_numpy(), k["tid"].to_numpy()]))[0]
+    return pd.DataFrame({
+        "stream": stream, "ts_us": k["ts_us"].to_numpy(), "dur_us": k["dur_us"].to_numpy(),
+        "category": classify_names(names).to_numpy(), "step": step_of,
+        "part": part if part is not None else np.full(len(k), None, object),
+        "site": sites["site"].to_numpy(), "op": sites["op"].to_numpy(), "op_call": sites["op_call"].to_numpy(),
+        "frame_call": sites["frame_call"].to_numpy(), "name": names.map(short).to_numpy(),
+        "handwritten": ~names.map(eager).to_numpy(bool), "bytes": np.full(len(k), np.nan),
+    })
 
 
 def _dominant_part(kernels: pd.DataFrame, part: np.ndarray, names: list[str]) -> dict[str, str]:

@@ -71,6 +71,14 @@ def frame_location(name: str) -> str:
     return f"{Path(m.group('file')).name}:{m.group('line')}"
 
 
+def frame_site(name: str) -> str:
+    """'/x/y/glue.py(59): moe_act_eager' -> 'glue.py:59 moe_act_eager' (the line is the function's)."""
+    m = _FRAME.match(name)
+    if not m:
+        return name
+    return f"{Path(m.group('file')).name}:{m.group('line')} {m.group('func')}"
+
+
 def is_user_frame(name: str) -> bool:
     return not _LIBRARY.search(name)
 
@@ -106,6 +114,13 @@ class Attributor:
         found = _innermost(self._frames.get((pid, tid)), ts_us)
         return None if found is None else frame_location(str(found))
 
+    def frame_call(self, pid: int, tid: int, ts_us: float) -> tuple[str | None, float]:
+        """The innermost user frame enclosing ts on that thread and when that call started (which
+        call of the function it was): (raw frame name, start) or (None, nan)."""
+        intervals = self._frames.get((pid, tid))
+        i = _innermost_index(intervals, ts_us)
+        return (None, float("nan")) if i is None else (str(intervals[2][i]), float(intervals[0][i]))
+
     def operator_at(self, pid: int, tid: int, ts_us: float) -> str | None:
         """Innermost cpu_op around ts on that thread."""
         found = _innermost(self._ops_by_thread.get((pid, tid)), ts_us)
@@ -131,13 +146,18 @@ def _intervals(table: pd.DataFrame, names: np.ndarray) -> dict[tuple[int, int], 
 
 def _innermost(intervals, ts_us: float):
     """Name of the latest-starting interval that still covers ts (the innermost one), or None."""
+    i = _innermost_index(intervals, ts_us)
+    return None if i is None else intervals[2][i]
+
+
+def _innermost_index(intervals, ts_us: float) -> int | None:
     if intervals is None or not np.isfinite(ts_us):
         return None
-    starts, ends, names = intervals
+    starts, ends, _ = intervals
     i = np.searchsorted(starts, ts_us, side="right")
     lo = max(0, i - 4096)
     cover = np.flatnonzero(ends[lo:i] >= ts_us)
-    return None if cover.size == 0 else names[lo + cover[-1]]
+    return None if cover.size == 0 else int(lo + cover[-1])
 
 
 def match_capture(kernels: pd.DataFrame, launches: pd.DataFrame, capture: Trace) -> pd.DataFrame:

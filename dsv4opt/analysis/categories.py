@@ -27,6 +27,14 @@ CATEGORIES = (
 )
 
 GLUE = (ELEMENTWISE, REDUCTION, COPY, TOPK_SORT, OTHER)
+# An optimisation's target may name the glue categories together.
+GLUE_TARGET = "glue"
+
+
+def members(target: str) -> tuple[str, ...]:
+    """The categories a target stands for: the glue ones for "glue", else the category itself."""
+    return GLUE if target == GLUE_TARGET else (target,)
+
 
 LABELS = {
     ATTENTION: "attention",

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from dsv4opt.analysis.categories import CATEGORIES, category_label
+from dsv4opt.analysis.categories import CATEGORIES, category_label, members
 from dsv4opt.analysis.profile import KernelRow, Profile
 from dsv4opt.display import pct
 from dsv4opt.errors import DsvOptError
@@ -184,11 +184,17 @@ class TargetShift:
 
 
 def target_shift(before: Profile, after: Profile, category: str) -> TargetShift:
+    """`category` may be a target standing for several categories ("glue")."""
+    wanted = members(category)
+
     def ms(p: Profile) -> float | None:
         steps = (p.steps or {}).get("count")
-        return p.category_total_us(category) / steps / 1000 if steps else None
+        return sum(p.category_total_us(c) for c in wanted) / steps / 1000 if steps else None
 
-    return TargetShift(category, before.category_share(category), after.category_share(category), ms(before), ms(after))
+    def share(p: Profile) -> float:
+        return sum(p.category_share(c) for c in wanted)
+
+    return TargetShift(category, share(before), share(after), ms(before), ms(after))
 
 
 # Without timed windows to measure the noise by, a change this small in ms/step is not called.

@@ -124,6 +124,58 @@ class RankRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     timeline: RankTimeline | None = None
 
 
+class GlueRegionRow(msgspec.Struct, kw_only=True):
+    """One glue region: the same run of glue kernels between heavy kernels, summed over the layers
+    and steps it runs in (dsv4opt/analysis/glue.py); figures per step."""
+
+    key: str  # part | where
+    part: str
+    where: str  # source sites, else operators, else kernel names, joined by " · "
+    ops: str
+    kernels: str
+    instances_per_step: float
+    launches_per_step: float
+    gpu_us_per_step: float
+    share: float  # of the profile's total_us
+    median_kernel_us: float
+    bytes_per_step: float | None = None  # None: the trace recorded no shapes
+    fused_us_per_step: float
+    saving_us_per_step: float
+    launches_saved_per_step: float
+    estimate: str  # what the fused estimate rests on: launch floor, bytes, hand-written kernel, one launch
+
+
+class GlueRegions(msgspec.Struct, kw_only=True):
+    """The glue regions of one trace (one rank) and how they were found and estimated."""
+
+    regions: list[GlueRegionRow]  # the top ones by saving
+    steps: int
+    launch_floor_us: float
+    floor_from: str
+    copy_gbps: float | None = None
+    bytes_known: bool
+    keyed_by: str  # "source sites", "operators" or "kernel names"
+    glue_launches_per_step: float
+    glue_us_per_step: float
+    glue_share: float
+    step_us: float  # GPU time per step
+    saving_us_per_step: float  # fusing every region, by the estimates
+    in_heavy_calls: dict[str, float]  # launches_per_step, gpu_us_per_step of glue a heavy kernel's call makes
+    rest: dict[str, float]  # regions beyond the kept ones: regions, launches_per_step, gpu_us_per_step, saving_us_per_step
+    notes: list[str] = []
+    rank: int | None = None
+
+    @property
+    def step_gain_bound(self) -> float:
+        """What the step can gain at most when every region is fused: 1 / (1 - saving / step)."""
+        return step_gain(self.saving_us_per_step, self.step_us)
+
+
+def step_gain(saving_us: float, step_us: float) -> float:
+    """Amdahl's bound on the step's speed-up when `saving_us` of `step_us` goes away."""
+    return 1.0 / (1.0 - saving_us / step_us) if step_us > saving_us > 0 else 1.0
+
+
 class CaptureMatch(msgspec.Struct):
     replayed: int  # GPU events from graph replays
     matched: int  # of those, mapped to a launch of the capture trace
@@ -148,6 +200,7 @@ class Profile(msgspec.Struct, kw_only=True):
     rank_balance: RankBalance | None = None
     has_stacks: bool | None = None
     capture_match: CaptureMatch | None = None
+    glue: GlueRegions | None = None  # GPU profiles analysed since glue regions exist
     note: str | None = None
     load_metrics: dict[str, Any] | None = None  # an SGLang capture's load generator figures
     run_dir: str | None = None  # an SGLang capture's trace folder

@@ -44,6 +44,7 @@ app = typer.Typer(
 from dsv4opt.cli import analyze as _analyze  # noqa: E402,F401
 from dsv4opt.cli import profile as _profile  # noqa: E402,F401
 from dsv4opt.cli import bench as _bench  # noqa: E402,F401
+from dsv4opt.cli import glue as _glue  # noqa: E402,F401
 from dsv4opt.cli import loop as _loop  # noqa: E402,F401
 from dsv4opt.cli import sglang as _sglang  # noqa: E402,F401
 

@@ -94,7 +94,9 @@ def apply(
 
 def _print_shift(result, name: str) -> None:
     from dsv4opt.analysis import compare_profiles
+    from dsv4opt.analysis.categories import GLUE_TARGET
     from dsv4opt.analysis.compare import target_shift
+    from dsv4opt.decision.glue_plan import glue_of, glue_outcome
     from dsv4opt.optimizations.registry import get
     from dsv4opt.report.tables import headline, print_comparison
 
@@ -108,6 +110,10 @@ def _print_shift(result, name: str) -> None:
     change = throughput_change(result.before, result.after)
     if change is not None:
         console.print(change.line(), highlight=False)
+    if get(name).target_category == GLUE_TARGET and glue_of(result.before) and glue_of(result.after):
+        from dsv4opt.report.glue import outcome_line
+
+        console.print(outcome_line(glue_outcome(result.before, result.after, name)), highlight=False)
     console.print(f"profiles: {result.before_path} -> {result.after_path}")
 
 

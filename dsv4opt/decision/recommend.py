@@ -3,7 +3,7 @@
 Each candidate gets its target's share of GPU time, an Amdahl bound on the step speed-up (with the
 candidate's measured kernel speed-up when one is on record, else as if its target took no time),
 the fragmentation of its target, and its risk. Optimisations the tool can apply behind a
-correctness gate are preferred over generic levers (fusing glue by hand, fp8 weights) unless
+correctness gate are preferred over generic levers (fp8 weights) unless
 they promise too little: a lever is advice, its bound is an upper limit nobody has measured here.
 """
 
@@ -13,14 +13,18 @@ import json
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 
-from dsv4opt.analysis.categories import GEMM_TC, GLUE, category_label
-from dsv4opt.analysis.profile import Profile
+import msgspec
+
+from dsv4opt.analysis.categories import GEMM_TC, GLUE_TARGET, category_label, members
+from dsv4opt.analysis.profile import GlueRegionRow, Profile
 from dsv4opt.decision.fragmentation import Fragmentation, fragmentation
+from dsv4opt.decision.glue_plan import GluePlan, glue_of, glue_plan
 from dsv4opt.optimizations.registry import OPTIMIZATIONS, Optimization
+
+GLUE_SECTION = 5  # regions the recommendation shows
 
 MIN_SHARE = 0.02  # below this a target is noise, not a bottleneck
 MIN_GAIN = 1.05  # an applicable optimisation must promise at least this to beat a lever
-GLUE_TARGET = "glue"  # a target that is every glue category (an optimisation's target_category may name it)
 
 
 @dataclass
@@ -38,7 +42,7 @@ class Candidate:
     needs_graph: bool
     enabled: bool = False
     notes: list[str] = field(default_factory=list)
-    fits: bool | None = True  # written for the profile's model (None: the profile does not say which)
+    fits: bool | None = True  # applies to this profile (None: cannot be told: which model, or which glue it fuses)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,12 +53,16 @@ class Recommendation:
     candidates: list[Candidate]
     chosen: Candidate | None
     explanation: list[str]
+    glue_regions: list[GlueRegionRow] = field(default_factory=list)  # the profile's top regions by saving
+    glue_plans: list[GluePlan] = field(default_factory=list)  # what each optimisation of glue fuses of them
 
     def to_dict(self) -> dict:
         return {
             "chosen": self.chosen.name if self.chosen else None,
             "explanation": self.explanation,
             "candidates": [c.to_dict() for c in self.candidates],
+            "glue_regions": msgspec.to_builtins(self.glue_regions),
+            "glue_plans": [p.to_dict() for p in self.glue_plans],
         }
 
 
@@ -99,45 +107,55 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
     out: list[Candidate] = []
     model = profile_model(profile)
     for opt in OPTIMIZATIONS.values():
-        frag = fragmentation(profile, GLUE if opt.target_category == GLUE_TARGET else [opt.target_category])
+        frag = fragmentation(profile, members(opt.target_category))
         if frag.share <= 0 and opt.name not in enabled:
             continue
         if model is not None and model != opt.model:
             continue  # its kernels do not fit this model
         if opt.target_kernels and opt.name not in enabled and not _runs(profile, opt):
             continue  # the target category's time is spent in kernels this optimisation does not replace
-        notes = [] if model else [f"written for {opt.model}; this profile does not say which model it is"]
+        notes = [] if model else [f"it is written for {opt.model} and this profile does not say which model it is"]
         speedup, source = measured_kernel_speedup(opt, concurrency) if profile.time_basis == "gpu" else (
             None, "no CPU measurement on record: bound assumes the target takes no time")
+        share, fits = frag.share, True if model else None
+        if opt.target_category == GLUE_TARGET:
+            share, note, known = _glue_share(profile, opt, frag)
+            if known:
+                notes.append(note)
+            else:  # what it fuses cannot be told: listed, never chosen
+                notes.insert(0, note)
+                fits = None
+            if speedup is None:
+                source = "no measurement on record: bound assumes the regions it fuses take no time"
         out.append(
             Candidate(
-                name=opt.name, kind="optimisation", target=opt.target_category, share=frag.share,
-                amdahl_bound=amdahl(frag.share, speedup), kernel_speedup=speedup, speedup_source=source,
+                name=opt.name, kind="optimisation", target=opt.target_category, share=share,
+                amdahl_bound=amdahl(share, speedup), kernel_speedup=speedup, speedup_source=source,
                 fragmentation=frag, risk=opt.risk, changes_selection=opt.changes_selection,
-                needs_graph=opt.needs_graph, enabled=opt.name in enabled, notes=notes,
-                fits=True if model else None,
+                needs_graph=opt.needs_graph, enabled=opt.name in enabled, notes=notes, fits=fits,
             )
         )
     out += _levers(profile)
     return sorted(out, key=lambda c: (c.enabled, -c.amdahl_bound))
 
 
+def _glue_share(profile: Profile, opt: Optimization, frag: Fragmentation) -> tuple[float, str, bool]:
+    """The share an optimisation of glue slots targets: the regions it fuses, when the profile's
+    regions say which (known); else all of the glue, an upper limit nobody can vouch for."""
+    if opt.fuses_all_glue:
+        return frag.share, "works on every glue region: bound by all of the glue", True
+    if glue_of(profile) is None:
+        return frag.share, "the profile holds no glue regions, so what it fuses cannot be told", False
+    plan = glue_plan(profile, opt.name)
+    if not plan.regions:
+        return frag.share, plan.notes[0] if plan.notes else "no region of the profile is one it fuses", False
+    return plan.share, (f"fuses {len(plan.regions)} glue regions, {plan.share:.2%} of GPU time: "
+                        f"{plan.launches_saved_per_step:.0f} launches/step fewer, predicted to save "
+                        f"{plan.saving_us_per_step:.1f} µs/step"), True
+
+
 def _levers(profile: Profile) -> list[Candidate]:
-    glue = fragmentation(profile, GLUE)
     levers: list[Candidate] = []
-    if glue.share > 0:
-        speculative = "speculative: " if glue.tiny else ""
-        levers.append(
-            Candidate(
-                name="fuse-glue", kind="lever", target=GLUE_TARGET, share=glue.share,
-                amdahl_bound=amdahl(glue.share, None), kernel_speedup=None,
-                speedup_source="upper limit: all glue time removed",
-                fragmentation=glue,
-                risk=f"{speculative}hand fusion of {glue.kernels} kernels over "
-                f"{glue.launches_per_step:.0f} launches/step; numerics unchanged if done right",
-                changes_selection=False, needs_graph=False,
-            )
-        )
     dense = fragmentation(profile, [GEMM_TC])
     if dense.share > 0:
         levers.append(
@@ -210,6 +228,9 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
         chosen = None
         lines.append("nothing left with a target above 2% of GPU time")
     for c in unsure:
-        lines.append(f"{c.name} would target {c.share:.1%} ({c.target}) but is written for DeepSeek-V4, and this "
-                     "profile does not say which model it is: not recommended")
-    return Recommendation(candidates=cands, chosen=chosen, explanation=lines)
+        lines.append(f"{c.name} would target {c.share:.1%} ({c.target}) but {c.notes[0]}: not recommended")
+    summary = glue_of(profile)
+    regions = summary.regions[:GLUE_SECTION] if summary else []
+    plans = [glue_plan(profile, o.name) for o in OPTIMIZATIONS.values()
+             if summary is not None and o.target_category == GLUE_TARGET]
+    return Recommendation(candidates=cands, chosen=chosen, explanation=lines, glue_regions=regions, glue_plans=plans)

@@ -10,6 +10,8 @@ from pathlib import Path
 from dsv4opt.analysis.compare import compare_profiles, setting_differences
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.analysis.sweep import SweepRow, row_for, variant_name
+from dsv4opt.analysis.profile import GlueRegions
+from dsv4opt.decision.glue_plan import GluePlan, glue_of
 from dsv4opt.decision.recommend import recommend
 
 
@@ -22,6 +24,8 @@ class Report:
     verdict: str | None
     recommendation: list[str]
     sweep_rows: list[SweepRow] = field(default_factory=list)
+    glue: GlueRegions | None = None  # the last profile's glue regions
+    glue_plans: list[GluePlan] = field(default_factory=list)  # what each optimisation of glue fuses of them
 
 
 def label(profile: Profile, path: str) -> str:
@@ -38,15 +42,17 @@ def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4op
         diffs = setting_differences(profiles[0], profiles[-1])
         verdict = (compare_profiles(profiles[0], profiles[-1]).verdict if not diffs else
                    "first and last profile not compared: run under different settings (" + "; ".join(diffs) + ")")
-    rec = recommend(profiles[-1]).explanation if profiles else []
+    rec = recommend(profiles[-1]) if profiles else None
     report = Report(
         title=title,
         generated=dt.datetime.now().isoformat(timespec="seconds"),
         names=names,
         profiles=profiles,
         verdict=verdict,
-        recommendation=rec,
+        recommendation=rec.explanation if rec else [],
         sweep_rows=_sweep_rows(paths, profiles),
+        glue=glue_of(profiles[-1]) if profiles else None,
+        glue_plans=rec.glue_plans if rec else [],
     )
     return report
 

@@ -45,12 +45,24 @@ class Optimization:
     devices: tuple[str, ...] = ("cuda", "cpu")  # where its implementations run in the workload
     model: str = "deepseek-v4"  # the model family its kernels are written for
     target_kernels: str | None = None  # substring a target kernel's name has when this is what it replaces
+    fuses_all_glue: bool = False  # a glue optimisation that works on every region (not only those it names)
 
     def implementations(self) -> dict[str, Callable]:
         return dict(importlib.import_module(self.module).IMPLEMENTATIONS)
 
     def check(self, device: str | None = None) -> CheckResult:
         return importlib.import_module(self.module).check(device)
+
+    def replaced_functions(self) -> tuple[str, ...]:
+        """Names of the baseline functions it replaces (the package's REPLACES when it names them,
+        else its slots' baseline implementations): what a profile's source sites show for the glue
+        an optimisation of glue fuses."""
+        names = getattr(importlib.import_module(self.module), "REPLACES", None)
+        if names is not None:
+            return tuple(names)
+        from dsv4opt.workload.baseline import IMPLEMENTATIONS as BASELINE
+
+        return tuple(BASELINE[slot].__name__ for slot in self.slots)
 
     @property
     def bench_module(self) -> str | None:
@@ -89,6 +101,19 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             module="dsv4opt.optimizations.bf16_gemm",
         ),
         Optimization(
+            name="fuse-glue",
+            target_category="glue",
+            replaces="eager glue between kernels (hyper-connection split and sum, local-expert map, the per-slot "
+                     "MoE path's set-up, activation and combine): one Triton launch per region",
+            slots=("hc_split_sum", "moe_local", "routed_experts"),
+            env_gate="DSV4OPT_FUSE_GLUE",
+            risk="new kernels; one rounding per region instead of several, token selection unchanged",
+            changes_selection=False,
+            needs_graph=True,
+            module="dsv4opt.optimizations.fuse_glue",
+        ),
+        # After fuse-glue: with both on, the routed experts are grouped-moe's (later wins).
+        Optimization(
             name="grouped-moe",
             target_category="moe",
             replaces="SGLang's sm_120 MXFP4 fallback: two CUDA-core GEMVs per (token, expert) slot of every "
@@ -113,6 +138,7 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             changes_selection=False,
             needs_graph=True,
             module="dsv4opt.optimizations.torch_compile",
+            fuses_all_glue=True,
         ),
     )
 }

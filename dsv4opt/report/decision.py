@@ -51,6 +51,14 @@ def print_recommendation(rec: Recommendation, console: Console) -> None:
                   "its gate; 'lever': advice, no switch in dsv4opt", highlight=False)
     for line in rec.explanation:
         console.print(f"  {line}", highlight=False)
+    if rec.glue_regions:
+        from dsv4opt.report.glue import plan_lines, print_regions
+
+        print_regions(rec.glue_regions, console, f"Glue worth fusing (top {len(rec.glue_regions)}; `dsv4opt glue` "
+                      "for all)")
+        for plan in rec.glue_plans:
+            for line in plan_lines(plan):
+                console.print(f"  {line}", highlight=False)
 
 
 def print_diagnosis(diag: Diagnosis, console: Console) -> None:

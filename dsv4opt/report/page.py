@@ -15,6 +15,7 @@ from dsv4opt.analysis.categories import CATEGORIES, category_label
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.display import pct, value
 from dsv4opt.loop.report_facts import Report
+from dsv4opt.report.glue import header_lines, launches_text, plan_lines, share_text
 from dsv4opt.report.plots import category_bars_png, throughput_chart_png
 
 META_KEYS = ("target", "device", "config", "concurrency", "context", "layers", "optimizations",
@@ -78,6 +79,22 @@ def _sweep_table(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 KERNEL_HEADER = ["#", "share", "total µs", "launches", "category", "kernel", "launched from"]
+GLUE_HEADER = ["#", "part", "where", "launches/step now → fused", "GPU µs/step", "share", "median µs",
+               "fused µs/step", "saves µs/step", "estimate"]
+GLUE_TOP = 10
+
+
+def _glue_rows(report: Report) -> list[list[str]]:
+    rows = []
+    for i, r in enumerate(report.glue.regions[:GLUE_TOP], 1):
+        rows.append([str(i), r.part or "-", r.where, launches_text(r), f"{r.gpu_us_per_step:.1f}",
+                     share_text(r.share), f"{r.median_kernel_us:.2f}", f"{r.fused_us_per_step:.1f}",
+                     f"{r.saving_us_per_step:.1f}", r.estimate])
+    return rows
+
+
+def _glue_lines(report: Report) -> list[str]:
+    return header_lines(report.glue) + [line for plan in report.glue_plans for line in plan_lines(plan)]
 
 
 def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "report") -> tuple[str, dict[Path, bytes]]:
@@ -105,6 +122,9 @@ def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "
     for name, profile in zip(report.names, report.profiles):
         out += [f"## Top kernels: {name}", ""] + _md_table(KERNEL_HEADER, _kernel_rows(profile)) + [""]
     out += ["## Recommendation for the last profile", ""] + [f"- {line}" for line in report.recommendation] + [""]
+    if report.glue is not None:
+        out += ["## Glue regions of the last profile", ""] + [f"- {line}" for line in _glue_lines(report)] + [""]
+        out += _md_table(GLUE_HEADER, _glue_rows(report)) + [""]
     out += ["## Evidence", ""] + _md_table(*_meta_rows(report)) + [""]
     return "\n".join(out), files
 
@@ -145,7 +165,13 @@ def render_html(report: Report) -> str:
         parts.append(_html_table(KERNEL_HEADER, _kernel_rows(profile)))
     parts.append("<h2>Recommendation for the last profile</h2><ul>")
     parts += [f"<li>{e(line)}</li>" for line in report.recommendation]
-    parts.append("</ul><h2>Evidence</h2>")
+    parts.append("</ul>")
+    if report.glue is not None:
+        parts.append("<h2>Glue regions of the last profile</h2><ul>")
+        parts += [f"<li>{e(line)}</li>" for line in _glue_lines(report)]
+        parts.append("</ul>")
+        parts.append(_html_table(GLUE_HEADER, _glue_rows(report)))
+    parts.append("<h2>Evidence</h2>")
     parts.append(_html_table(*_meta_rows(report)))
     parts.append("</body></html>")
     return "".join(parts)

@@ -7,7 +7,10 @@
 - hyper-connection pre-mix: float32 `F.linear` (deepseek_v4.py:1246-1252, inside the compiled
   `hc_pre_torch_impl`; a cuBLAS FP32 SIMT GEMM);
 - routed experts: `mxfp4_moe_forward_triton`: two per-slot MXFP4 GEMV kernels over every
-  (token, expert) slot of the gathered tokens and SGLang's eager glue between and after them.
+  (token, expert) slot of the gathered tokens and SGLang's eager glue before, between and after them;
+- the glue: SGLang's eager torch operations, region by region (dsv4opt/workload/glue.py): the
+  hyper-connection split and sum, the local-expert map, the per-slot path's set-up, activation and
+  combine;
 - regions: each block as written, op by op (SGLang's eager glue).
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dsv4opt.workload import glue
 from dsv4opt.workload.attention.sm120 import sparse_decode_sm120
 from dsv4opt.workload.kernels.indexer import index_logits_torch
 from dsv4opt.workload.kernels.moe import mxfp4_slot_gemv
@@ -34,25 +38,13 @@ def routed_experts_sm120(x, local_ids, gates, w13: Mxfp4Experts, w2: Mxfp4Expert
     Returns [M, d] in x's dtype, already multiplied by `scale` (SGLang's sm_120 path then adds it to
     the shared expert with alpha = scale once more).
     """
-    M, d = x.shape
-    k = local_ids.shape[1]
-    I = w13.packed.shape[1] // 2
-    flat = local_ids.reshape(-1)
-    invalid = flat < 0
-    experts = flat.clamp(min=0)
-    rows = torch.arange(M, device=x.device, dtype=torch.int32).unsqueeze(1).expand(M, k).reshape(-1).contiguous()
+    M, k = local_ids.shape
+    experts, rows, invalid = glue.moe_slots_eager(local_ids)
     inter = mxfp4_slot_gemv(x, rows, experts, w13.packed, w13.scales)
-    gate = inter[:, :I].float()
-    up = inter[:, I:].float()
-    gate = torch.clamp(gate, max=limit)
-    up = torch.clamp(up, min=-limit, max=limit)
-    act = (F.silu(gate) * up).to(x.dtype)
+    act = glue.moe_act_eager(inter, limit)
     slots = torch.arange(M * k, device=x.device, dtype=torch.int32)
     down = mxfp4_slot_gemv(act, slots, experts, w2.packed, w2.scales)
-    down = down * (~invalid).unsqueeze(1).to(x.dtype)
-    out = (down * gates.reshape(-1).unsqueeze(1).to(x.dtype)).view(M, k, d).sum(dim=1)
-    out.mul_(scale)
-    return out
+    return glue.moe_combine_eager(down, invalid, gates, scale)
 
 
 def as_written(block, impls):
@@ -66,4 +58,6 @@ IMPLEMENTATIONS = {
     "hc_premix": hc_premix_fp32,
     "routed_experts": routed_experts_sm120,
     "regions": as_written,
+    "hc_split_sum": glue.hc_split_sum_eager,
+    "moe_local": glue.moe_local_eager,
 }

@@ -40,7 +40,7 @@ from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
 from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_rope_store
 from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, topk_transform
 from dsv4opt.workload.kernels.linear import mm_out_fp32
-from dsv4opt.workload.kernels.mhc import hc_post, hc_prenorm, hc_split_sinkhorn
+from dsv4opt.workload.kernels.mhc import hc_post, hc_prenorm
 from dsv4opt.workload.kernels.moe import moe_gate, silu_mul_clamp
 from dsv4opt.workload.kernels.norm import rms_norm
 from dsv4opt.workload.kernels.rope import kv_norm_rope_store, q_norm_rope, rope_inplace
@@ -351,14 +351,12 @@ class DecodeWorkload:
 
     def _hc_pre(self, layer: Layer, sub: str, h: torch.Tensor):
         """The hyper-connection pre-mix (SGLang's hc_pre with TILELANG_MHC_PRE off, deepseek_v4.py:1234-1332)."""
-        cfg, w, C = self.cfg, layer.w, h.shape[0]
+        cfg, w = self.cfg, layer.w
         with record_function("mhc_pre"):
             flat, rsqrt = hc_prenorm(h, cfg.norm_eps)
-            mix = self.impls["hc_premix"](flat, w[f"hc_{sub}_fn"]) * rsqrt[:, None]
-            pre, post, comb = hc_split_sinkhorn(mix, w[f"hc_{sub}_scale"], w[f"hc_{sub}_base"], cfg.hc,
-                                                cfg.hc_sinkhorn_iters, cfg.hc_eps)
-            x = (pre[:, :, None] * flat.view(C, cfg.hc, cfg.hidden)).sum(1).to(self.dtype)
-        return x, post, comb
+            mix = self.impls["hc_premix"](flat, w[f"hc_{sub}_fn"])
+            return self.impls["hc_split_sum"](mix, rsqrt, flat, w[f"hc_{sub}_scale"], w[f"hc_{sub}_base"], cfg.hc,
+                                              cfg.hc_sinkhorn_iters, cfg.hc_eps, self.dtype)
 
     def _attention_block(self, layer: Layer, h: torch.Tensor, meta: dict) -> torch.Tensor:
         cfg, w, C, pos = self.cfg, layer.w, self.concurrency, self.pos
@@ -430,7 +428,7 @@ class DecodeWorkload:
         logits = mm_out_fp32(xg, w["router"])
         table = w.get("hash_experts")
         ids, gates = moe_gate(logits, w["router_bias"], cfg.experts_per_token, tokens if table is not None else None, table)
-        local = self.local_expert[self.row_rank[:, None], ids]
+        local = self.impls["moe_local"](ids, self.local_expert, self.row_rank)
         routed = self.impls["routed_experts"](xg, local, gates, w["w13"], w["w2"], cfg.swiglu_limit, cfg.routed_scale)
         shared.add_(routed, alpha=cfg.routed_scale)
         return self.comm.reduce_scatter(shared)  # combine: this rank's rows, summed over the ranks

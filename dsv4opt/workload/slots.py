@@ -49,11 +49,30 @@ regions(block, impls) -> run
     impls:         the slot implementations the block calls
     run:           a callable with block's signature computing what block computes
     reference:     dsv4opt.workload.baseline.as_written (the block itself, op by op)
+
+The glue slots: each is one run of eager operations between two kernels of the step (a region
+`dsv4opt glue` finds), SGLang's eager torch in the baseline (dsv4opt/workload/glue.py).
+
+hc_split_sum(mix, rsqrt, flat, scale, base, hc, iters, eps, dtype) -> (x, post, comb)
+    The hyper-connection pre-mix after its linear.
+    mix:           [T, 2hc + hc*hc] fp32, the pre-mix linear's output (before the RMS factor)
+    rsqrt:         [T] fp32 RMS factor of the flattened copies; flat: [T, hc * hidden] fp32 the copies
+    scale, base:   [3], [2hc + hc*hc] fp32
+    x:             [T, hidden] in `dtype` = sum_i pre_i * copy_i, pre = sigmoid(mix * rsqrt * scale0 + base) + eps
+    post, comb:    [T, hc], [T, hc, hc] fp32: hc_split_sinkhorn of mix * rsqrt
+    reference:     dsv4opt.workload.kernels.naive.hc_split_sum
+
+moe_local(ids, owner, row_rank) -> local_ids
+    SGLang's global -> local expert map of the gathered rows (token_dispatcher/standard.py:169-212).
+    ids:           [M, k] int32 global experts; owner: [EP, E] int32 local set on each rank (-1: none)
+    row_rank:      [M] int64 the rank whose token each row is
+    local_ids:     [M, k] int32 = owner[row_rank[m], ids[m, j]] (routed_experts' local_ids)
+    reference:     dsv4opt.workload.kernels.naive.moe_local
 """
 
 from __future__ import annotations
 
-SLOTS = ("attention", "indexer_logits", "hc_premix", "routed_experts", "regions")
+SLOTS = ("attention", "indexer_logits", "hc_premix", "routed_experts", "hc_split_sum", "moe_local", "regions")
 
 
 def with_overrides(base: dict, overrides: dict) -> dict:

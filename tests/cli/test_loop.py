@@ -202,3 +202,22 @@ def test_profile_then_apply_bf16_gemm_on_cpu_end_to_end(tmp_path, monkeypatch):
     assert Path(first).exists()
     r = invoke("status")
     assert "bf16-gemm" in r.output and state.last_profile in r.output
+
+
+@pytest.mark.slow
+def test_profile_then_apply_fuse_glue_on_cpu_end_to_end(tmp_path, monkeypatch):
+    """fuse-glue through the same loop on the tiny config: profile, gate, switch, re-profile, compare."""
+    monkeypatch.chdir(tmp_path)
+    r = invoke("profile", "--concurrency", "2", *TINY)
+    assert r.exit_code == 0, r.output
+    first = load_state().last_profile
+    r = invoke("apply", "fuse-glue", "--keep")
+    assert r.exit_code == 0, r.output
+    assert "fuse-glue check on" in r.output and "passed" in r.output
+    assert "targeted category glue" in r.output and "ms/step" in r.output
+    state = load_state()
+    assert state.enabled == ["fuse-glue"] and state.last_profile != first
+    after = Profile.load(state.last_profile)
+    assert after.meta["optimizations"] == ["fuse-glue"] and Path(first).exists()
+    r = invoke("revert", "fuse-glue")
+    assert r.exit_code == 0 and load_state().enabled == []

@@ -10,7 +10,6 @@ would otherwise find a B = 32 call's 21 MB of rows still in L2).
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
@@ -18,6 +17,7 @@ import torch
 
 from dsv4opt.errors import DsvOptError
 from dsv4opt.optimizations.registry import CheckResult
+from dsv4opt.optimizations.timing import L2_SPAN, MAX_SETS, copy_bandwidth_gbps, median_graph_ms, sets_needed  # noqa: F401
 from dsv4opt.workload.config import ModelConfig
 
 # dsv4-flash attention (docs/kernels/mma_attn.md): 64 heads, latent 512 (448 nope + 64 rope),
@@ -33,9 +33,7 @@ WINDOW_PAGE = _CFG.window_page
 EXTRA_PAGE = _CFG.extra_page("csa")
 BATCHES = (1, 16, 32, 64)
 POOL_GB = 4.0
-# Bytes the input sets of one rotation select together, in multiples of the L2's size.
-L2_SPAN = 3
-MAX_SETS = 256
+_median_graph_ms = median_graph_ms
 
 
 @dataclass(frozen=True)
@@ -78,25 +76,6 @@ class BenchResult:
         }
 
 
-def _median_graph_ms(fn: Callable[[], object]) -> float:
-    import triton.testing
-
-    return float(triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median"))
-
-
-def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy, counting bytes read plus bytes written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    torch.cuda.synchronize()  # the timing runs on a stream of its own
-    import triton.testing
-
-    # Captured in a graph the copy runs on the copy engines, eagerly as a kernel: the faster of
-    # the two is the ceiling (the conservative choice for a fraction of it).
-    ms = min(_median_graph_ms(lambda: dst.copy_(src)), float(triton.testing.do_bench(lambda: dst.copy_(src), rep=200, return_mode="median")))
-    return 2 * nbytes / (ms * 1e-3) / 1e9
-
-
 def matmul_tflops(n: int = 8192) -> float:
     """bf16 matrix product on random data: the tensor-core ceiling for the FLOP floor."""
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -122,11 +101,6 @@ def bench_inputs(batch: int, swa, extra, gen: torch.Generator):
     q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
     sink = torch.randn(HEADS, device="cuda", generator=gen)
     return (q, *pick(swa, WINDOW), *pick(extra, TOPK), sink)
-
-
-def sets_needed(per_call_bytes: int, l2_bytes: int) -> int:
-    """How many input sets a rotation needs so that together they select L2_SPAN L2s of rows."""
-    return min(MAX_SETS, max(2, math.ceil(L2_SPAN * l2_bytes / per_call_bytes)))
 
 
 def input_sets(batch: int, swa, extra, gen: torch.Generator) -> list[tuple]:

@@ -51,27 +51,38 @@ def hc_prenorm(h: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]
 
 
 @triton.jit
-def _hc_split_sinkhorn_kernel(p_mix, p_scale, p_base, p_pre, p_post, p_comb, stride_mix, eps,
-                              HC: tl.constexpr, ITERS: tl.constexpr):
-    i_t = tl.program_id(0).to(tl.int64)
+def hc_pre_gate(p_row, p_scale, p_base, factor, eps, HC: tl.constexpr):
+    """pre = sigmoid(mix[:HC] * factor * scale0 + base[:HC]) + eps for one token's mixing row: [HC]."""
     o_j = tl.arange(0, HC)
-    p_row = p_mix + i_t * stride_mix
-    b_s0 = tl.load(p_scale)
-    b_s1 = tl.load(p_scale + 1)
-    b_s2 = tl.load(p_scale + 2)
-    b_pre = tl.load(p_row + o_j) * b_s0 + tl.load(p_base + o_j)  # [HC]
-    tl.store(p_pre + i_t * HC + o_j, tl.sigmoid(b_pre) + eps)
-    b_post = tl.load(p_row + HC + o_j) * b_s1 + tl.load(p_base + HC + o_j)  # [HC]
-    tl.store(p_post + i_t * HC + o_j, 2.0 * tl.sigmoid(b_post))
+    return tl.sigmoid(tl.load(p_row + o_j) * factor * tl.load(p_scale) + tl.load(p_base + o_j)) + eps
+
+
+@triton.jit
+def hc_post_comb(p_row, p_scale, p_base, p_post, p_comb, factor, eps, HC: tl.constexpr, ITERS: tl.constexpr):
+    """Store post = 2 sigmoid(...) [HC] and the Sinkhorn comb [HC, HC] of one token's mixing row,
+    whose numbers are multiplied by `factor` first (the RMS factor, or 1)."""
+    o_j = tl.arange(0, HC)
+    b_post = tl.load(p_row + HC + o_j) * factor * tl.load(p_scale + 1) + tl.load(p_base + HC + o_j)  # [HC]
+    tl.store(p_post + o_j, 2.0 * tl.sigmoid(b_post))
     o_c = 2 * HC + o_j[:, None] * HC + o_j[None, :]
-    b_c = tl.load(p_row + o_c) * b_s2 + tl.load(p_base + o_c)  # [HC, HC] rows j, columns k
+    b_c = tl.load(p_row + o_c) * factor * tl.load(p_scale + 2) + tl.load(p_base + o_c)  # [HC, HC] rows j, columns k
     b_c = tl.exp(b_c - tl.max(b_c, axis=1)[:, None])
     b_c = b_c / tl.sum(b_c, axis=1)[:, None] + eps
     b_c = b_c / (tl.sum(b_c, axis=0)[None, :] + eps)
     for _ in range(ITERS - 1):
         b_c = b_c / (tl.sum(b_c, axis=1)[:, None] + eps)
         b_c = b_c / (tl.sum(b_c, axis=0)[None, :] + eps)
-    tl.store(p_comb + i_t * HC * HC + o_j[:, None] * HC + o_j[None, :], b_c)
+    tl.store(p_comb + o_j[:, None] * HC + o_j[None, :], b_c)
+
+
+@triton.jit
+def _hc_split_sinkhorn_kernel(p_mix, p_scale, p_base, p_pre, p_post, p_comb, stride_mix, eps,
+                              HC: tl.constexpr, ITERS: tl.constexpr):
+    i_t = tl.program_id(0).to(tl.int64)
+    o_j = tl.arange(0, HC)
+    p_row = p_mix + i_t * stride_mix
+    tl.store(p_pre + i_t * HC + o_j, hc_pre_gate(p_row, p_scale, p_base, 1.0, eps, HC))
+    hc_post_comb(p_row, p_scale, p_base, p_post + i_t * HC, p_comb + i_t * HC * HC, 1.0, eps, HC, ITERS)
 
 
 def hc_split_sinkhorn(mix: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, hc: int, iters: int, eps: float):

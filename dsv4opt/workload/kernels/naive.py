@@ -170,3 +170,40 @@ def index_logits(q8, weights, keys, key_scales, seq_lens) -> torch.Tensor:
     logits = (weights.to(dt)[:, :, None] * dots).sum(1) * key_scales.to(dt)
     s = torch.arange(keys.shape[1], device=keys.device)
     return logits.masked_fill(s[None, :] >= seq_lens[:, None], float("-inf"))
+
+
+def hc_split_sum(mix, rsqrt, flat, scale, base, hc: int, iters: int, eps: float, dtype: torch.dtype):
+    """The `hc_split_sum` slot: Sinkhorn split of mix * rsqrt, x = sum_i pre_i * copy_i in `dtype`."""
+    dt = _acc(mix, flat)
+    T = flat.shape[0]
+    pre, post, comb = hc_split_sinkhorn(mix.to(dt) * rsqrt.to(dt)[:, None], scale, base, hc, iters, eps)
+    x = (pre[:, :, None] * flat.to(dt).view(T, hc, -1)).sum(1)
+    return x.to(dtype), post, comb
+
+
+def moe_local(ids, owner, row_rank) -> torch.Tensor:
+    """The `moe_local` slot: owner[row_rank[m], ids[m, j]] [M, k] in owner's dtype."""
+    return owner[row_rank.long()[:, None], ids.long()]
+
+
+def moe_slots(local_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The slot set-up of the per-slot path: local set max(local, 0), row m, invalid (local < 0)
+    and slot number, each [M*k] (int32, int32, bool, int32)."""
+    M, k = local_ids.shape
+    flat = local_ids.reshape(-1)
+    s = torch.arange(M * k, device=local_ids.device)
+    return flat.clamp(min=0).to(torch.int32), (s // k).to(torch.int32), flat < 0, s.to(torch.int32)
+
+
+def moe_act(inter: torch.Tensor, limit: float) -> torch.Tensor:
+    """The SwiGLU between the two slot GEMVs: silu_mul_clamp of each slot's row."""
+    return silu_mul_clamp(inter, limit)
+
+
+def moe_combine(down, invalid, gates, scale: float) -> torch.Tensor:
+    """The per-slot path's output [M, d] in down's dtype (float64 in, float64 out): scale *
+    sum_j gates[m, j] * down[m*k + j] over the slots that are not invalid."""
+    dt = _acc(down)
+    M, k = gates.shape
+    valid = down.to(dt).masked_fill(invalid[:, None], 0.0).view(M, k, -1)
+    return (scale * (valid * gates.to(dt)[:, :, None]).sum(1)).to(down.dtype)
