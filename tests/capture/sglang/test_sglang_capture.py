@@ -132,8 +132,12 @@ def test_traces_written_on_another_machine(standin, tmp_path):
 
 
 def test_stalled_requests(standin, tmp_path):
-    standin.stall_after = 2
-    _fails(small_settings(standin.url, tmp_path), "got no token during the 0.3 s window: the server stalled")
+    # Each stream goes silent after its first token, so once all four are decoding none will ever
+    # send again: the window must find all four silent however late the loop gets to it. Timeouts
+    # long enough that only the window check can end the run, on a loaded machine too.
+    standin.stall_after = 1
+    settings = small_settings(standin.url, tmp_path, stall_timeout_s=60.0, ready_timeout_s=60.0)
+    _fails(settings, "4 of 4 requests got no token during the 0.3 s window: the server stalled")
     assert standin.wait_idle()
 
 
