@@ -1,7 +1,8 @@
 """Project state: which optimisations are applied and which profile came last.
 
-Lives in .dsv4opt/state.json under the working directory; written atomically, so an interrupted
-command leaves the previous state as it was.
+Lives in .dsv4opt/state.json of the project: the nearest folder, from the working directory up,
+that has a .dsv4opt/ (as git finds .git), else the working directory. Written atomically, so an
+interrupted command leaves the previous state as it was.
 """
 
 from __future__ import annotations
@@ -17,11 +18,25 @@ from dsv4opt.fileio import unique_path, write_json_atomic
 from dsv4opt.validate import convert, read_json
 
 STATE_SCHEMA = "dsv4opt.state/1"
+STATE_DIR = ".dsv4opt"
 RESET_HINT = "run `dsv4opt status --reset` to start afresh (the old file is kept)"
 
 
 def state_path() -> Path:
-    return Path(os.environ.get("DSV4OPT_STATE", ".dsv4opt/state.json"))
+    """The state file, absolute: DSV4OPT_STATE when set, else the project's."""
+    if os.environ.get("DSV4OPT_STATE"):
+        return Path(os.environ["DSV4OPT_STATE"]).absolute()
+    return project_root() / STATE_DIR / "state.json"
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The nearest folder from `start` (the working directory) up holding a .dsv4opt/ folder; else
+    `start` itself, where a first state file will be created."""
+    start = (start or Path.cwd()).absolute()
+    for folder in (start, *start.parents):
+        if (folder / STATE_DIR).is_dir():
+            return folder
+    return start
 
 
 class CheckVerdict(msgspec.Struct):
@@ -58,7 +73,16 @@ def load_state(path: Path | None = None) -> State:
     if isinstance(checks, dict):  # one by one, so a bad verdict is named by its optimisation
         for name, verdict in checks.items():
             convert(verdict, CheckVerdict, str(path), StateError, at=f"checks.{name}", hint=RESET_HINT)
-    return convert({k: v for k, v in data.items() if k != "schema"}, State, str(path), StateError, hint=RESET_HINT)
+    state = convert({k: v for k, v in data.items() if k != "schema"}, State, str(path), StateError, hint=RESET_HINT)
+    # Paths recorded relative were relative to the project folder (where the state was written
+    # from): make them absolute, so they hold from any subdirectory.
+    root = path.parent.parent
+    if state.last_profile is not None:
+        state.last_profile = str(root / state.last_profile)
+    for entry in state.history:
+        if entry.profile is not None:
+            entry.profile = str(root / entry.profile)
+    return state
 
 
 def save_state(state: State, path: Path | None = None) -> Path:

@@ -142,14 +142,16 @@ def status(
         console.print(f"state reset; the old state was kept as {kept}" if kept else "state reset (there was none)")
         return
     state = load_state()
-    console.print(f"state: {state_path()}")
+    path = state_path()
+    # soft_wrap: a path is never broken into lines by rich (the terminal wraps it, copy keeps it whole)
+    console.print(f"state: {path}" + ("" if path.exists() else " (not written yet)"), soft_wrap=True, highlight=False)
     console.print(f"on: {', '.join(state.enabled) or 'nothing (baseline)'}")
     if env_enabled():
         console.print(f"on by env gate: {', '.join(env_enabled())}")
     if not state.last_profile:
         console.print("last profile: none yet (`dsv4opt profile`)")
         return
-    console.print(f"last profile: {state.last_profile}")
+    console.print(f"last profile: {state.last_profile}", soft_wrap=True, highlight=False)
     if not Path(state.last_profile).exists():
         console.print("[yellow]that file is gone[/]; the next apply profiles afresh")
         return

@@ -44,8 +44,8 @@ def _default_profile_fn(settings: EmbeddedSettings) -> tuple[Profile, Path]:
 def record_profile(path: Path, action: str = "profile") -> None:
     """Remember `path` as the last profile (what apply compares against and re-profiles like)."""
     state = load_state()
-    state.last_profile = str(path)
-    state.history.append(HistoryEntry(action=action, profile=str(path), date=_now()))
+    state.last_profile = str(Path(path).absolute())  # absolute: the state is read from subfolders too
+    state.history.append(HistoryEntry(action=action, profile=state.last_profile, date=_now()))
     save_state(state)
 
 
@@ -110,14 +110,14 @@ def apply_optimisation(
     if result.switched_back:
         result.enabled = list(state.enabled)
         state.checks[name] = CheckVerdict(True, check.device, _now())
-        state.history.append(HistoryEntry(action="apply-declined", name=name, profile=str(result.after_path),
+        state.history.append(HistoryEntry(action="apply-declined", name=name, profile=str(Path(result.after_path).absolute()),
                                           date=_now()))
         save_state(state)
         return result
     state.enabled = enabled
     state.checks[name] = CheckVerdict(True, check.device, _now())
     if result.after_path is not None:
-        state.last_profile = str(result.after_path)
+        state.last_profile = str(Path(result.after_path).absolute())
     state.history.append(HistoryEntry(action="apply", name=name, profile=state.last_profile, date=_now()))
     save_state(state)
     return result
