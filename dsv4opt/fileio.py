@@ -7,11 +7,46 @@ import os
 import tempfile
 from pathlib import Path
 
+from dsv4opt.errors import DsvOptError
+
 
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _missing_folder(path: Path, option: str) -> DsvOptError:
+    return DsvOptError(f"{path}: folder {path.parent} does not exist; create it first or choose another {option}")
+
+
+def check_new_file(path: str | os.PathLike | None, force: bool, option: str) -> None:
+    """The one policy for a file a user names (--out, --json): an existing file is refused unless
+    `force`, and a missing folder is refused, never created (it is more often a typo than a wish).
+    Called before any work is done, so a refusal costs nothing."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise DsvOptError(f"{path} is a folder; give {option} a file name")
+    if path.exists() and not force:
+        raise DsvOptError(f"{path} already exists; pass --force to replace it, or choose another {option}")
+    if not path.parent.is_dir():
+        raise _missing_folder(path, option)
+
+
+def make_output_folder(path: str | os.PathLike | None, option: str) -> None:
+    """A folder a user names for dsv4opt's files (--out-dir, --trace-dir): created if its parent
+    exists, never with missing parents; the files dsv4opt puts there get names that are free."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DsvOptError(f"{path} is a file; give {option} a folder")
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise _missing_folder(path, option)
+        path.mkdir()
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, make_dirs: bool = True, executable: bool = False) -> Path:
@@ -22,9 +57,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, make_dirs: bool = T
     if make_dirs:
         path.parent.mkdir(parents=True, exist_ok=True)
     elif not path.parent.is_dir():
-        from dsv4opt.errors import DsvOptError
-
-        raise DsvOptError(f"{path}: folder {path.parent} does not exist; create it first or choose another path")
+        raise _missing_folder(path, "path")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -44,8 +77,8 @@ def write_text_atomic(path: str | os.PathLike, text: str, make_dirs: bool = True
     return write_bytes_atomic(path, text.encode("utf-8"), make_dirs, executable)
 
 
-def write_json_atomic(path: str | os.PathLike, obj) -> Path:
-    return write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=False, allow_nan=False) + "\n")
+def write_json_atomic(path: str | os.PathLike, obj, make_dirs: bool = True) -> Path:
+    return write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=False, allow_nan=False) + "\n", make_dirs)
 
 
 def unique_path(path: str | os.PathLike) -> Path:

@@ -31,10 +31,14 @@ class Comparison:
     verdict: str
     bottleneck_moved: bool
     notes: list[str] = field(default_factory=list)
+    change: ThroughputChange | None = None  # ms/step before and after, against the measured noise
+    steps: dict[str, int | None] = field(default_factory=dict)  # profiled steps the totals cover, a and b
 
     def to_dict(self) -> dict[str, Any]:
+        out = {"schema": "dsv4opt.comparison/1", **asdict(self)}
+        out["change"] = self.change.to_dict() if self.change else None
         # gpu_time_us: the name comparison/1 files have always carried total_us under
-        return {"schema": "dsv4opt.comparison/1", **asdict(self), "gpu_time_us": self.total_us}
+        return {**out, "gpu_time_us": self.total_us}
 
 
 # Settings two profiles must share to be compared: what was run, where, at what load. Optimisations
@@ -107,6 +111,7 @@ def compare_profiles(a: Profile, b: Profile) -> Comparison:
         total_us={"a": a.total_us, "b": b.total_us},
         categories=categories, moved=moved, top_kernel=top_kernel, top_category=top_category,
         throughput=_throughput(a, b), verdict=verdict, bottleneck_moved=moved_flag,
+        change=throughput_change(a, b), steps={"a": a.step_count, "b": b.step_count},
     )
 
 
@@ -188,7 +193,7 @@ def target_shift(before: Profile, after: Profile, category: str) -> TargetShift:
     wanted = members(category)
 
     def ms(p: Profile) -> float | None:
-        steps = (p.steps or {}).get("count")
+        steps = p.step_count
         return sum(p.category_total_us(c) for c in wanted) / steps / 1000 if steps else None
 
     def share(p: Profile) -> float:
@@ -203,7 +208,8 @@ UNMEASURED_NOISE = 0.05
 
 @dataclass(frozen=True)
 class ThroughputChange:
-    """ms/step before and after, and whether the change exceeds the measured run-to-run noise."""
+    """ms/step before and after, and whether the change exceeds the measured run-to-run noise:
+    the spread of the timed windows each profile took (`profile --repeat`)."""
 
     ms_before: float
     ms_after: float
@@ -231,12 +237,41 @@ class ThroughputChange:
             return max(self.windows_after) < min(self.windows_before)
         return self.ms_after < self.ms_before * (1 - UNMEASURED_NOISE)
 
+    @property
+    def verdict(self) -> str:
+        """"faster", "slower", "within noise" (inside the measured spread), or "not called" (a
+        change under UNMEASURED_NOISE where the spread is unknown)."""
+        if self.faster:
+            return "faster"
+        if self.slower:
+            return "slower"
+        return "within noise" if self.noise_measured else "not called"
+
+    def spread(self) -> str:
+        """The noise the verdict was judged against, in words."""
+        if self.noise_measured:
+            return (f"timed windows {_range(self.windows_before)} -> {_range(self.windows_after)} ms/step, "
+                    f"{len(self.windows_before)} and {len(self.windows_after)} windows")
+        once = " and ".join(w for w, n in (("before", self.windows_before), ("after", self.windows_after)) if len(n) < 2)
+        return f"spread unknown: {once} timed once; `profile --repeat` measures it"
+
     def line(self) -> str:
-        spread = (f"windows {min(self.windows_before):.2f}-{max(self.windows_before):.2f} -> "
-                  f"{min(self.windows_after):.2f}-{max(self.windows_after):.2f} ms" if self.noise_measured
-                  else f"noise not measured: changes under {UNMEASURED_NOISE:.0%} are not called")
-        verdict = "faster" if self.faster else ("SLOWER" if self.slower else "within noise")
-        return (f"ms/step {self.ms_before:.2f} -> {self.ms_after:.2f} ({self.speedup:.2f}x, {verdict}; {spread})")
+        """"ms/step A -> B: 1.02x, within noise (the spread)"."""
+        head = f"ms/step {self.ms_before:.2f} -> {self.ms_after:.2f}: {self.speedup:.2f}x"
+        if self.verdict == "not called":
+            return f"{head}, not called: under {UNMEASURED_NOISE:.0%} while the {self.spread()}"
+        shown = "SLOWER" if self.verdict == "slower" else self.verdict
+        beyond = "" if self.noise_measured else f"beyond {UNMEASURED_NOISE:.0%}; "
+        return f"{head}, {shown} ({beyond}{self.spread()})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ms_before": self.ms_before, "ms_after": self.ms_after, "windows_before": list(self.windows_before),
+                "windows_after": list(self.windows_after), "speedup": self.speedup, "verdict": self.verdict,
+                "noise_measured": self.noise_measured}
+
+
+def _range(windows: tuple[float, ...]) -> str:
+    return f"{min(windows):.2f}-{max(windows):.2f}"
 
 
 def throughput_change(before: Profile, after: Profile) -> ThroughputChange | None:

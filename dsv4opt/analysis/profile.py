@@ -21,6 +21,7 @@ from dsv4opt.validate import convert, read_json
 
 SCHEMA = "dsv4opt.profile/1"
 TIME_BASES = ("gpu", "cpu_self")
+TIME_LABELS = {"gpu": "GPU time", "cpu_self": "CPU self time"}
 # Other files dsv4opt writes, named when one is given where a profile is expected.
 OTHER_SCHEMAS = {
     "dsv4opt.sweep/1": "a sweep summary",
@@ -211,6 +212,21 @@ class Profile(msgspec.Struct, kw_only=True):
             raise ValueError(f"time_basis: expected one of {', '.join(TIME_BASES)}, got {self.time_basis!r}")
 
     @property
+    def time_label(self) -> str:
+        """What total_us and every share measure, in words: "GPU time" or "CPU self time"."""
+        return TIME_LABELS[self.time_basis]
+
+    @property
+    def step_count(self) -> int | None:
+        """Profiled steps the kernel totals cover: the steps found in the trace, else the steps the
+        capture says it profiled; None when neither says."""
+        for source, key in ((self.steps or {}, "count"), (self.meta, "steps")):
+            value = source.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1:
+                return int(value)
+        return None
+
+    @property
     def top_kernel(self) -> KernelRow | None:
         return self.kernels[0] if self.kernels else None
 
@@ -270,8 +286,9 @@ class Profile(msgspec.Struct, kw_only=True):
         profile.unknown = {k: v for k, v in data.items() if k not in _KNOWN}
         return profile
 
-    def save(self, path: str | Path) -> Path:
-        return write_json_atomic(path, finite(self.to_dict()))
+    def save(self, path: str | Path, make_dirs: bool = True) -> Path:
+        """make_dirs=False for a path the user named: a missing folder is refused, not created."""
+        return write_json_atomic(path, finite(self.to_dict()), make_dirs)
 
     @classmethod
     def load(cls, path: str | Path) -> "Profile":

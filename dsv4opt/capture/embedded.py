@@ -27,7 +27,7 @@ from dsv4opt.capture.result import Captured, Progress, no_progress
 from dsv4opt.capture.settings import EmbeddedSettings
 from dsv4opt.compilestats import CompileCounters
 from dsv4opt.errors import CaptureError
-from dsv4opt.fileio import unique_path
+from dsv4opt.fileio import check_new_file, unique_path
 from dsv4opt.optimizations.registry import implementations
 from dsv4opt.workload.config import ModelConfig
 from dsv4opt.workload.memory import estimate_memory
@@ -175,8 +175,7 @@ def _pick_device(name: str | None) -> torch.device:
 def output_path(settings: EmbeddedSettings, config_name: str) -> Path:
     if settings.out is not None:
         out = Path(settings.out)
-        if out.exists():
-            raise CaptureError(f"{out} exists; choose another --out or remove it first")
+        check_new_file(out, settings.force, "--out")
         if out.suffix != ".json":
             raise CaptureError(f"{out}: a profile is a .json file; give --out a name ending in .json")
         return out

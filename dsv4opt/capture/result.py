@@ -21,7 +21,12 @@ class Captured:
 
 
 class Progress:
-    """Progress callbacks a capture calls; the CLI renders them, tests and scripts ignore them."""
+    """Progress callbacks a capture (and the loop around several) calls; the CLI renders them,
+    tests and scripts ignore them."""
+
+    def runs(self, done: int, total: int, next_label: str | None) -> None:
+        """`done` of `total` runs (a sweep's profiles, list --check's gates) finished; the next is
+        `next_label` (None when all are done)."""
 
     def stage(self, description: str, total: int | None) -> None:
         """A new stage of `total` steps (None: unknown)."""

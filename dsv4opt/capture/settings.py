@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 # Settings a profile does not carry back: where files went, and what was switched on (kept apart).
-_NOT_RECORDED = ("out", "trace_dir", "optimizations", "rendezvous_timeout_s")
+_NOT_RECORDED = ("out", "force", "trace_dir", "optimizations", "rendezvous_timeout_s")
 # Older profiles' top-level meta keys -> field names, where they differ.
 _META_ALIASES = {"device_kind": "device"}
 
@@ -28,6 +28,7 @@ class EmbeddedSettings:
     kv: str = "fp8"  # KV cache layout: fp8 (SGLang's) or bf16
     optimizations: list[str] = field(default_factory=list)
     out: Path | None = None  # None: a new file under profiles/
+    force: bool = False  # replace an existing `out`
     trace_dir: Path | None = None  # keep the raw trace here when given
     seed: int = 0
     ranks: int = 1  # processes of a DP-attention + EP deployment on this host (1: one rank alone, no communication)
@@ -65,6 +66,7 @@ class SGLangSettings:
     trace_timeout_s: float = 120.0  # until the trace files are complete
     stall_timeout_s: float = 60.0  # no token from any request for this long = stalled
     out: Path | None = None
+    force: bool = False  # replace an existing `out`
     window_s: float = 10.0  # steady-state seconds measured (before profiling, so the profiler costs nothing)
     request_timeout_s: float = 30.0  # control calls: server info, start/stop profile
     settle_s: float = 3.0  # no new rank trace for this long = all ranks are in

@@ -8,12 +8,6 @@ from typing import Annotated, Optional
 import typer
 
 from dsv4opt.cli import app, console
-from dsv4opt.errors import DsvOptError
-
-
-def _check_out(out: Optional[Path], force: bool) -> None:
-    if out is not None and out.exists() and not force:
-        raise DsvOptError(f"{out}: already exists; pick another --json path or pass --force")
 
 
 @app.command()
@@ -26,13 +20,14 @@ def analyze(
 ) -> None:
     """Rank the GPU kernels of torch.profiler traces by share of GPU time."""
     from dsv4opt.analysis import analyze_paths
+    from dsv4opt.fileio import check_new_file
     from dsv4opt.report.tables import print_profile
 
-    _check_out(json_out, force)
+    check_new_file(json_out, force, "--json")
     profile = analyze_paths(traces, capture=capture)
     print_profile(profile, top=top, console=console)
     if json_out is not None:
-        profile.save(json_out)
+        profile.save(json_out, make_dirs=False)
         console.print(f"profile written to {json_out}")
 
 
@@ -49,10 +44,10 @@ def compare(
     """
     from dsv4opt.analysis import compare_profiles, load_profile_or_trace
     from dsv4opt.analysis.compare import require_comparable, setting_differences
-    from dsv4opt.fileio import write_json_atomic
+    from dsv4opt.fileio import check_new_file, write_json_atomic
     from dsv4opt.report.tables import print_comparison
 
-    _check_out(json_out, force)
+    check_new_file(json_out, force, "--json")
     a, b = load_profile_or_trace(before), load_profile_or_trace(after)
     for diff in require_comparable(a, b, force):
         console.print(f"[bold red]WARNING: settings differ, {diff}: this comparison mixes runs[/]", highlight=False)
@@ -62,5 +57,5 @@ def compare(
     if json_out is not None:
         from dsv4opt.analysis.profile import finite
 
-        write_json_atomic(json_out, finite(comparison.to_dict()))
+        write_json_atomic(json_out, finite(comparison.to_dict()), make_dirs=False)
         console.print(f"comparison written to {json_out}")

@@ -31,15 +31,16 @@ def bench(
     batch: Annotated[Optional[str], typer.Option(help="Comma-separated batch sizes (default: the benchmark's).")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as JSON here.")] = None,
     kv: Annotated[str, typer.Option(help="KV cache layout the benchmark reads: fp8 (SGLang's) or bf16.")] = "fp8",
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --json file.")] = False,
 ) -> None:
     """Run an optimisation's correctness check, then time it against its floor and the baseline."""
+    from dsv4opt.fileio import check_new_file
     from dsv4opt.optimizations.registry import OPTIMIZATIONS
 
     benches = {n: o.bench_module for n, o in OPTIMIZATIONS.items() if o.bench_module}
     if name not in benches:
         raise DsvOptError(f"unknown benchmark {name!r}; known: {', '.join(benches) or 'none'}")
-    if json_out is not None and json_out.exists():
-        raise DsvOptError(f"{json_out} already exists: choose another --json path or remove it")
+    check_new_file(json_out, force, "--json")
     module = importlib.import_module(benches[name])
     batches = _batches(batch)
     kwargs = {"batches": batches} if batches else {}
@@ -51,7 +52,7 @@ def bench(
     if json_out is not None:
         from dsv4opt.fileio import write_json_atomic
 
-        write_json_atomic(json_out, result.as_json())
+        write_json_atomic(json_out, result.as_json(), make_dirs=False)
         console.print(f"wrote {json_out}")
     if not result.check.passed:
         raise DsvOptError(f"{name} failed its correctness check: {result.check.summary}")

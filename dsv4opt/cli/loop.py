@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from dsv4opt.cli import app, console
 from dsv4opt.errors import DsvOptError
@@ -26,26 +25,23 @@ def _split_ints(text: str) -> list[int]:
 def list_(
     check: Annotated[bool, typer.Option("--check", help="Run every check on this device now (can take a while).")] = False,
 ) -> None:
-    """The optimisations dsv4opt knows, what they replace and risk, and whether they are on."""
-    from dsv4opt.loop.apply import record_check
+    """The optimisations dsv4opt knows, what they replace and risk, and whether they are on.
+
+    Example: dsv4opt list --check
+    """
+    from dsv4opt.loop.apply import check_all
     from dsv4opt.optimizations.registry import OPTIMIZATIONS, env_enabled
-    from dsv4opt.report.decision import print_check
+    from dsv4opt.report.decision import print_check, print_optimisations
+    from dsv4opt.report.progress import rich_progress
     from dsv4opt.state import load_state
 
-    state = load_state()
-    gated = set(env_enabled())
-    table = Table("name", "target", "replaces", "env gate", "risk", "check", "on")
-    for opt in OPTIMIZATIONS.values():
-        verdict = state.checks.get(opt.name)
-        if check:
-            result = opt.check(None)
+    if check:
+        with rich_progress() as progress:
+            results = check_all(progress)
+        for result in results.values():
             print_check(result, console)
-            verdict = record_check(result)
-        shown = "not run (--check)" if not verdict else (
-            f"{'passes' if verdict.passed else 'FAILS'} on {verdict.device}")
-        on = "yes" if opt.name in state.enabled else ("env" if opt.name in gated else "no")
-        table.add_row(opt.name, opt.target_category, opt.replaces, f"{opt.env_gate}=1", opt.risk, shown, on)
-    console.print(table)
+    state = load_state()
+    print_optimisations(list(OPTIMIZATIONS.values()), state.checks, state.enabled, set(env_enabled()), console)
 
 
 @app.command()
@@ -56,6 +52,7 @@ def apply(
     target: Annotated[str, typer.Option(help="embedded (this tool's workload) or sglang (emit the server's switches).")] = "embedded",
     out: Annotated[Path, typer.Option(help="sglang: folder for the env file and launch flags.")] = Path("sglang-switches"),
     keep: Annotated[bool, typer.Option("--keep", help="Keep it on even if the re-profile is slower beyond the measured noise.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="sglang: replace files of those names that hold something else.")] = False,
 ) -> None:
     """Check NAME on this device, switch it on, re-profile, and show whether the bottleneck moved.
 
@@ -66,7 +63,7 @@ def apply(
     if target == "sglang":
         from dsv4opt.capture.sglang.switches import apply_to_sglang, describe
 
-        paths = apply_to_sglang(name, out)
+        paths = apply_to_sglang(name, out, force=force)
         console.print(describe(name), highlight=False)
         for p in paths:
             console.print(f"wrote {p}")
@@ -100,21 +97,15 @@ def _print_shift(result, name: str) -> None:
     from dsv4opt.optimizations.registry import get
     from dsv4opt.report.tables import headline, print_comparison
 
-    comparison = compare_profiles(result.before, result.after)
-    print_comparison(comparison, console=console)
+    print_comparison(compare_profiles(result.before, result.after), console=console)
     console.print(target_shift(result.before, result.after, get(name).target_category).line(), highlight=False)
     if headline(result.after):
         console.print(f"now: {headline(result.after)}", highlight=False)
-    from dsv4opt.analysis.compare import throughput_change
-
-    change = throughput_change(result.before, result.after)
-    if change is not None:
-        console.print(change.line(), highlight=False)
     if get(name).target_category == GLUE_TARGET and glue_of(result.before) and glue_of(result.after):
         from dsv4opt.report.glue import outcome_line
 
         console.print(outcome_line(glue_outcome(result.before, result.after, name)), highlight=False)
-    console.print(f"profiles: {result.before_path} -> {result.after_path}")
+    console.print(f"profiles: {result.before_path} -> {result.after_path}", soft_wrap=True, highlight=False)
 
 
 @app.command()
@@ -167,14 +158,16 @@ def status(
 def recommend(
     profile: Annotated[Optional[Path], typer.Argument(help="Profile or trace (default: the last profile).")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the candidates and choice as JSON.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --json file.")] = False,
 ) -> None:
     """Rank what could speed this profile up and recommend one, with reasons."""
     from dsv4opt.analysis import load_profile_or_trace
     from dsv4opt.decision.recommend import recommend as rank
-    from dsv4opt.fileio import write_json_atomic
+    from dsv4opt.fileio import check_new_file, write_json_atomic
     from dsv4opt.report.decision import print_recommendation
     from dsv4opt.state import load_state
 
+    check_new_file(json_out, force, "--json")
     state = load_state()
     if profile is None:
         if not state.last_profile:
@@ -185,7 +178,7 @@ def recommend(
     console.print(f"profile: {profile}")
     print_recommendation(rec, console)
     if json_out:
-        write_json_atomic(json_out, rec.to_dict())
+        write_json_atomic(json_out, rec.to_dict(), make_dirs=False)
 
 
 @app.command()
@@ -201,39 +194,33 @@ def sweep(
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph")] = True,
     out_dir: Annotated[Path, typer.Option(help="Where profiles, the summary and the chart go.")] = Path("profiles"),
 ) -> None:
-    """Profile each concurrency, baseline and with --with, and tabulate tokens/s and shares."""
-    from dsv4opt.capture.embedded import default_config
-    from dsv4opt.loop.profiles import profile_embedded
+    """Profile each concurrency, baseline and with --with, and tabulate tokens/s and shares.
+
+    Example: dsv4opt sweep -c 1,16,32,64 --with mma-attn --with mma-attn,bf16-gemm
+    """
     from dsv4opt.capture.settings import EmbeddedSettings
+    from dsv4opt.fileio import make_output_folder, unique_path, write_bytes_atomic
     from dsv4opt.loop.sweep import sweep as run_sweep
     from dsv4opt.optimizations.registry import get
     from dsv4opt.report.decision import print_sweep
+    from dsv4opt.report.plots import throughput_chart_png
+    from dsv4opt.report.progress import rich_progress
 
     concurrencies = _split_ints(concurrency)
     variants = [[get(n.strip()).name for n in v.split(",") if n.strip()] for v in with_ or []]
     base = EmbeddedSettings(context=context, steps=steps, warmup=warmup, config=config, layers=layers,
                             device=device, cuda_graph=cuda_graph)
-
-    def profile_into(settings):
-        import dataclasses
-
-        from dsv4opt.capture.naming import profile_path
-
-        config = settings.config or default_config(settings.device)
-        path = profile_path("embedded", config, settings.concurrency, settings.optimizations, out_dir)
-        return profile_embedded(dataclasses.replace(settings, out=path))
-
-    result = run_sweep(concurrencies, variants, base, out_dir=out_dir, profile_fn=profile_into,
-                       on_row=lambda r: console.print(f"C={r.concurrency} {r.variant}: {r.profile}"))
+    make_output_folder(out_dir, "--out-dir")
+    with rich_progress() as progress:
+        result = run_sweep(concurrencies, variants, base, out_dir=out_dir, progress=progress,
+                           on_row=lambda r: console.print(f"C={r.concurrency} {r.variant}: {r.profile}",
+                                                          soft_wrap=True, highlight=False))
     print_sweep(result.rows, console)
-    console.print(f"summary: {result.summary_path}")
-    from dsv4opt.report.plots import throughput_chart_png
-
+    console.print(f"summary: {result.summary_path}", soft_wrap=True, highlight=False)
     png = throughput_chart_png(result.rows)
     if png is not None:
-        from dsv4opt.fileio import write_bytes_atomic
-
-        console.print(f"chart: {write_bytes_atomic(result.summary_path.with_suffix('.png'), png)}")
+        chart = write_bytes_atomic(unique_path(result.summary_path.with_suffix(".png")), png)
+        console.print(f"chart: {chart}", soft_wrap=True, highlight=False)
 
 
 @app.command()
@@ -249,19 +236,20 @@ def report(
     Example: dsv4opt report profiles/before.json profiles/after.json --out report.html
     """
     from dsv4opt.analysis import load_profile_or_trace
-    from dsv4opt.fileio import write_bytes_atomic, write_text_atomic
+    from dsv4opt.fileio import check_new_file, write_bytes_atomic, write_text_atomic
     from dsv4opt.loop.report_facts import build_report
     from dsv4opt.report.page import render_html, render_markdown
 
     fmt, out = _report_target(fmt, out)
-    if out.exists() and not force:
-        raise DsvOptError(f"{out}: already exists; pick another --out or pass --force")
+    check_new_file(out, force, "--out")
     loaded = [load_profile_or_trace(p) for p in profiles]
     rep = build_report([str(p) for p in profiles], loaded, title=title)
     if fmt == "html":
         write_text_atomic(out, render_html(rep), make_dirs=False)
     else:
         text, files = render_markdown(rep, chart_dir=out.parent, stem=out.stem)
+        for path in files:  # the charts beside the page are the user's files too
+            check_new_file(path, force, "--out")
         for path, data in files.items():
             write_bytes_atomic(path, data, make_dirs=False)
         write_text_atomic(out, text, make_dirs=False)

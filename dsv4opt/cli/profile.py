@@ -35,6 +35,7 @@ def profile(
     kv: Annotated[str, typer.Option(help="Embedded: KV cache layout: fp8 (SGLang's, 584 B a token) or bf16 (1 KB a token).")] = "fp8",
     with_: Annotated[Optional[list[str]], typer.Option("--with", help="Optimisations to switch on, comma-separated (adds to those applied).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Profile JSON to write (default: a new file under profiles/).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
     trace_dir: Annotated[Optional[Path], typer.Option(help="Keep the raw trace(s) here (sglang: where the server writes them).")] = None,
     seed: Annotated[int, typer.Option(help="Embedded: seed for weights and contexts.")] = 0,
     ranks: Annotated[int, typer.Option(min=1, help="Embedded: run the deployment as N ranks on this host (1, 2, 4 or 8; one GPU each over NCCL, or the CPU over gloo): each attends for its own C requests, holds experts/N experts and all-gathers and reduce-scatters the MoE's tokens. 1: one rank alone, communication not run.")] = 1,
@@ -49,6 +50,7 @@ def profile(
 ) -> None:
     """Capture steady-state decode with torch.profiler, rank the GPU kernels, save a profile."""
     from dsv4opt.decision.diagnose import diagnose
+    from dsv4opt.fileio import check_new_file, make_output_folder
     from dsv4opt.loop.apply import record_profile
     from dsv4opt.loop.enabled import enabled_optimizations
     from dsv4opt.report.decision import print_diagnosis
@@ -58,14 +60,16 @@ def profile(
         raise DsvOptError(f"--kv must be fp8 or bf16, not {kv!r}")
     if ranks != 1 and target != "embedded":
         raise DsvOptError("--ranks is for the embedded target; an SGLang server's ranks are its own")
+    check_new_file(out, force, "--out")
     if target == "embedded":
         from dsv4opt.loop.profiles import profile_embedded
         from dsv4opt.report.progress import rich_progress
 
+        make_output_folder(trace_dir, "--trace-dir")
         settings = EmbeddedSettings(
             concurrency=concurrency, context=context, steps=steps, warmup=warmup, repeat=repeat, config=config,
             layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv,
-            optimizations=enabled_optimizations(_split(with_)), out=out, trace_dir=trace_dir, seed=seed,
+            optimizations=enabled_optimizations(_split(with_)), out=out, force=force, trace_dir=trace_dir, seed=seed,
             ranks=ranks, rendezvous_timeout_s=rendezvous_timeout,
         )
         with rich_progress() as progress:
@@ -78,7 +82,7 @@ def profile(
         settings = SGLangSettings(
             url=url, concurrency=concurrency, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
             profile_steps=steps, trace_dir=trace_dir, ready_timeout_s=timeout, trace_timeout_s=timeout,
-            stall_timeout_s=stall_timeout, window_s=window, profile_by_stage=profile_by_stage, out=out,
+            stall_timeout_s=stall_timeout, window_s=window, profile_by_stage=profile_by_stage, out=out, force=force,
             # the server's switches are invisible from here: --with declares what it was launched with
             optimizations=[get_optimization(n).name for n in _split(with_)], seed=seed,
         )

@@ -25,12 +25,7 @@ class Fragmentation:
 
 def steps_in(profile: Profile) -> int:
     """Decode steps the profile covers (1 when unknown, so per-step figures become totals)."""
-    for source in (profile.steps or {}, profile.meta):
-        for key in ("count", "n_steps", "steps"):
-            value = source.get(key)
-            if isinstance(value, (int, float)) and value >= 1:
-                return int(value)
-    return 1
+    return profile.step_count or 1
 
 
 def fragmentation(profile: Profile, categories: Iterable[str]) -> Fragmentation:

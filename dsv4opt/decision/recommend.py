@@ -208,7 +208,7 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
     if best_opt is not None and best_opt.amdahl_bound >= MIN_GAIN:
         chosen = best_opt
         lines.append(
-            f"apply {chosen.name}: {category_label(chosen.target)} is {chosen.share:.1%} of GPU time; "
+            f"apply {chosen.name}: {category_label(chosen.target)} is {chosen.share:.1%} of {profile.time_label}; "
             f"step speed-up at most {chosen.amdahl_bound:.2f}x ({chosen.speedup_source})."
         )
         lines.append(f"risk: {chosen.risk}; `dsv4opt apply {chosen.name}` runs its correctness gate first.")
@@ -226,7 +226,7 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
         )
     else:
         chosen = None
-        lines.append("nothing left with a target above 2% of GPU time")
+        lines.append(f"nothing left with a target above {MIN_SHARE:.0%} of {profile.time_label}")
     for c in unsure:
         lines.append(f"{c.name} would target {c.share:.1%} ({c.target}) but {c.notes[0]}: not recommended")
     summary = glue_of(profile)

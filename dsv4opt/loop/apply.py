@@ -10,6 +10,7 @@ from typing import Callable
 
 from dsv4opt.analysis.compare import throughput_change
 from dsv4opt.analysis.profile import Profile
+from dsv4opt.capture.result import Progress, no_progress
 from dsv4opt.capture.settings import EmbeddedSettings
 from dsv4opt.errors import CheckFailed, DsvOptError
 from dsv4opt.loop.settings import settings_from_profile
@@ -58,6 +59,22 @@ def record_check(result: CheckResult) -> CheckVerdict:
     return verdict
 
 
+def check_all(progress: Progress = no_progress) -> dict[str, CheckResult]:
+    """Run every registered optimisation's gate on this device and record each verdict as it comes;
+    progress hears the gates done of the total."""
+    from dsv4opt.optimizations.registry import OPTIMIZATIONS
+
+    names = list(OPTIMIZATIONS)
+    results = {}
+    for done, name in enumerate(names):
+        progress.runs(done, len(names), f"{name}'s gate")
+        progress.stage(f"checking {name}", None)
+        results[name] = OPTIMIZATIONS[name].check(None)
+        record_check(results[name])
+    progress.runs(len(names), len(names), None)
+    return results
+
+
 def apply_optimisation(
     name: str,
     *,
@@ -104,8 +121,9 @@ def apply_optimisation(
         result.after, result.after_path = profile_fn(settings)
         change = throughput_change(result.before, result.after) if result.before else None
         if change is not None and change.slower and not keep:
-            result.switched_back = (f"{name} left off: the re-profile is slower beyond the measured noise "
-                                    f"({change.line()}); --keep switches it on anyway")
+            noise = "the measured noise" if change.noise_measured else "5% (the noise was not measured)"
+            result.switched_back = (f"{name} left off: the re-profile is {change.speedup:.2f}x, slower beyond "
+                                    f"{noise}; the profiles are kept, --keep switches it on anyway")
     state = load_state()  # re-read: the before-profile may have been recorded meanwhile
     if result.switched_back:
         result.enabled = list(state.enabled)

@@ -22,9 +22,10 @@ def analysed(captured: Captured) -> Profile:
     return msgspec.structs.replace(prof, **captured.extra)
 
 
-def save_new(prof: Profile, out: Path) -> Path:
-    """Write the profile where the capture said; a file that appeared meanwhile is never overwritten."""
-    if out.exists():
+def save_new(prof: Profile, out: Path, force: bool = False) -> Path:
+    """Write the profile where the capture said; a file that appeared meanwhile is never overwritten
+    (unless --force asked for `out` to be replaced)."""
+    if out.exists() and not force:
         raise CaptureError(f"{out} appeared during the capture; not overwriting it")
     return prof.save(out)
 
@@ -40,7 +41,7 @@ def profile_embedded(settings: EmbeddedSettings, progress: Progress = no_progres
         prof = analysed(captured)
         if not keep:  # the traces go with the temporary folder: name none
             prof.meta["sources"], prof.meta["capture_trace"] = [], None
-        return prof, save_new(prof, captured.out)
+        return prof, save_new(prof, captured.out, settings.force)
 
 
 def profile_sglang(settings: SGLangSettings) -> tuple[Profile, Path]:
@@ -48,4 +49,4 @@ def profile_sglang(settings: SGLangSettings) -> tuple[Profile, Path]:
     from dsv4opt.capture.sglang import capture_sglang
 
     captured = capture_sglang(settings)
-    return (prof := analysed(captured)), save_new(prof, captured.out)
+    return (prof := analysed(captured)), save_new(prof, captured.out, settings.force)

@@ -8,8 +8,9 @@ from rich.table import Table
 from dsv4opt.analysis.categories import category_label
 from dsv4opt.decision.diagnose import Diagnosis
 from dsv4opt.decision.recommend import Recommendation
-from dsv4opt.display import pct, value
-from dsv4opt.optimizations.registry import CheckResult
+from dsv4opt.display import duration, pct, value
+from dsv4opt.optimizations.registry import CheckResult, Optimization
+from dsv4opt.report.layout import Column, print_prose, print_table
 
 
 def print_check(result: CheckResult, console: Console) -> None:
@@ -39,18 +40,22 @@ def _num(figure) -> str:
 
 
 def print_recommendation(rec: Recommendation, console: Console) -> None:
-    table = Table("candidate", "kind", "target", "share", "Amdahl bound", "launches/step", "median µs", "risk",
-                  title="Candidates", title_justify="left")
-    for c in rec.candidates:
-        name = c.name + (" (on)" if c.enabled else "") + (" *" if rec.chosen is c else "")
-        bound = "∞" if c.amdahl_bound == float("inf") else f"{c.amdahl_bound:.2f}x"
-        table.add_row(name, c.kind, category_label(c.target), pct(c.share), bound,
-                      f"{c.fragmentation.launches_per_step:.0f}", f"{c.fragmentation.median_kernel_us:.1f}", c.risk)
-    console.print(table)
-    console.print("  * = the recommendation; kind 'optimisation': `dsv4opt apply NAME` switches it on behind "
-                  "its gate; 'lever': advice, no switch in dsv4opt", highlight=False)
+    """Optimisations (switched on by `apply`) and levers (advice) apart, each ranked; risks under them."""
+    columns = [Column("candidate"), Column("target"), Column("share", right=True),
+               Column("Amdahl\nbound", right=True), Column("launches\n/step", right=True, optional=True),
+               Column("median\nkernel", right=True, optional=True), Column("risk", below=True)]
+    for kind, title in (("optimisation", "Optimisations: `dsv4opt apply NAME` switches one on behind its gate"),
+                        ("lever", "Levers: advice, no switch in dsv4opt")):
+        rows = [[c.name + (" (on)" if c.enabled else "") + (" *" if rec.chosen is c else ""),
+                 category_label(c.target), pct(c.share),
+                 "∞" if c.amdahl_bound == float("inf") else f"{c.amdahl_bound:.2f}x",
+                 f"{c.fragmentation.launches_per_step:.0f}", duration(c.fragmentation.median_kernel_us), c.risk]
+                for c in rec.candidates if c.kind == kind]
+        if rows:
+            print_table(console, columns, rows, title=title)
+    console.print("  * = the recommendation; Amdahl bound = the most the whole step can speed up", highlight=False)
     for line in rec.explanation:
-        console.print(f"  {line}", highlight=False)
+        print_prose(console, line)
     if rec.glue_regions:
         from dsv4opt.report.glue import plan_lines, print_regions
 
@@ -59,6 +64,24 @@ def print_recommendation(rec: Recommendation, console: Console) -> None:
         for plan in rec.glue_plans:
             for line in plan_lines(plan):
                 console.print(f"  {line}", highlight=False)
+
+
+def print_optimisations(optimisations: list[Optimization], checks: dict, enabled: list[str], gated: set[str],
+                        console: Console) -> None:
+    """What dsv4opt can switch on: target, env gate, latest gate verdict, whether on; what each
+    replaces and risks under the table."""
+    columns = [Column("name"), Column("target"), Column("env gate"), Column("check"), Column("on"),
+               Column("replaces", below=True), Column("risk", below=True)]
+    rows = []
+    for opt in optimisations:
+        verdict = checks.get(opt.name)
+        shown = "not run" if not verdict else f"{'passes' if verdict.passed else 'FAILS'} on {verdict.device}"
+        on = "yes" if opt.name in enabled else ("env" if opt.name in gated else "no")
+        rows.append([opt.name, category_label(opt.target_category), f"{opt.env_gate}=1", shown, on,
+                     opt.replaces, opt.risk])
+    print_table(console, columns, rows)
+    if any(not checks.get(o.name) for o in optimisations):
+        console.print("  not run: `dsv4opt list --check` runs every gate on this device", highlight=False)
 
 
 def print_diagnosis(diag: Diagnosis, console: Console) -> None:

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from dsv4opt.analysis.categories import GLUE, category_label
 from dsv4opt.display import duration, pct
+from dsv4opt.report.layout import Column, clip, print_table
 
 
 def headline(profile) -> str | None:
@@ -17,10 +18,6 @@ def headline(profile) -> str | None:
     if top_c is None or top_k is None:
         return None
     return f"#1 category {top_c.label} {pct(top_c.share)}; #1 kernel {top_k.display_name} {pct(top_k.share)}"
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def print_profile(profile, top: int = 15, console: Console | None = None) -> None:
@@ -54,7 +51,7 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
         if k.graph_replay_share:
             who += f" [graph replay {pct(k.graph_replay_share)}]"
         row = [str(i), pct(k.share), duration(k.total_us), str(k.count), duration(k.mean_us),
-               k.category_label, escape(_clip(k.display_name, name_width))]
+               k.category_label, escape(clip([k.display_name], name_width)[0])]
         if wide:
             row.append(escape(who))
         elif who and i <= 5:
@@ -101,29 +98,53 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
 
 
 def print_comparison(comparison, console: Console | None = None) -> None:
-    """Category shares before/after, kernels that moved most, #1 kernel/category, throughput, verdict."""
+    """Category shares before/after (glue summed under its rows), what moved most per step, #1
+    kernel/category, throughput against the measured noise, verdict."""
     console = console or Console()
-    c = Table(title="categories: before -> after")
-    for col in ("category", "before", "after", "change"):
-        c.add_column(col, justify="left" if col == "category" else "right")
-    for row in comparison.categories:
-        c.add_row(category_label(row["category"]), pct(row["share_a"]), pct(row["share_b"]),
-                  f"{100 * row['delta']:+.1f} pt")
-    console.print(c)
+    basis = "CPU self time" if comparison.time_basis == "cpu_self" else "GPU time"
+    glue = [r for r in comparison.categories if r["category"] in GLUE]
+    rows = [[category_label(r["category"]), pct(r["share_a"]), pct(r["share_b"]), f"{100 * r['delta']:+.1f} pt"]
+            for r in comparison.categories]
+    if glue:
+        a, b = sum(r["share_a"] for r in glue), sum(r["share_b"] for r in glue)
+        rows.append([f"glue: sum of the {len(glue)} rows above", pct(a), pct(b), f"{100 * (b - a):+.1f} pt"])
+    print_table(console, [Column("category"), Column("before", right=True), Column("after", right=True),
+                          Column("change", right=True)], rows, title=f"categories, share of {basis}: before -> after")
     if comparison.moved:
-        m = Table(title="kernels that moved most (GPU time)")
-        for col in ("kernel", "category", "before", "after", "change"):
-            m.add_column(col, overflow="fold" if col == "kernel" else "ellipsis", justify="left" if col in ("kernel", "category") else "right")
-        for row in comparison.moved:
-            m.add_row(escape(row["short_name"]), category_label(row["category"]),
-                      duration(row["total_us_a"]), duration(row["total_us_b"]), duration(row["delta_us"]))
-        console.print(m)
+        steps_a, steps_b = comparison.steps.get("a"), comparison.steps.get("b")
+        per_step = bool(steps_a and steps_b)
+        scale_a, scale_b = (steps_a, steps_b) if per_step else (1, 1)
+        what = "CPU operators" if comparison.time_basis == "cpu_self" else "kernels"
+        span = (f"{basis} per step" if per_step else f"{basis}, whole profile (the trace marks no steps)")
+        rows = [[r["short_name"], category_label(r["category"]), duration(r["total_us_a"] / scale_a),
+                 duration(r["total_us_b"] / scale_b), duration(r["total_us_b"] / scale_b - r["total_us_a"] / scale_a)]
+                for r in comparison.moved]
+        print_table(console, [Column(what[:-1], shrink=True), Column("category"), Column("before", right=True),
+                              Column("after", right=True), Column("change", right=True)], rows,
+                    title=f"{what} that moved most ({span})")
     for which, label in (("a", "before"), ("b", "after")):
         k = comparison.top_kernel.get(which)
         cat = comparison.top_category.get(which)
         if k and cat:
             console.print(f"{label}: #1 kernel {escape(k['short_name'])} {pct(k['share'])}; "
-                          f"#1 category {category_label(cat['category'])} {pct(cat['share'])}")
-    for key, v in (comparison.throughput or {}).items():
-        console.print(f"{key}: {v['a']:.3g} -> {v['b']:.3g} (x{v['ratio']:.2f})")
-    console.print(f"[bold]{escape(comparison.verdict)}[/]")
+                          f"#1 category {category_label(cat['category'])} {pct(cat['share'])}", highlight=False)
+    for line in throughput_lines(comparison):
+        console.print(line, highlight=False)
+    console.print(f"[bold]{escape(comparison.verdict)}[/]", highlight=False)
+
+
+def throughput_lines(comparison) -> list[str]:
+    """tokens/s and ms/step before -> after with the verdict against the noise, then the kernel
+    time per step: one line each, every figure once."""
+    lines = []
+    tput = comparison.throughput or {}
+    change = comparison.change
+    if change is not None:
+        tps = tput.get("tokens_per_s")
+        head = f"tokens/s {tps['a']:.2f} -> {tps['b']:.2f}, " if tps else ""
+        lines.append(head + change.line())
+    per_step = tput.get("gpu_us_per_step")
+    if per_step:
+        basis = "CPU self time" if comparison.time_basis == "cpu_self" else "GPU kernel time"
+        lines.append(f"{basis} per profiled step: {duration(per_step['a'])} -> {duration(per_step['b'])}")
+    return lines

@@ -26,6 +26,7 @@ from dsv4opt.capture.sglang.load import LoadGenerator
 from dsv4opt.capture.sglang.metrics import window_metrics
 from dsv4opt.capture.sglang.traces import TraceFile, decode_traces, wait_for_traces
 from dsv4opt.errors import CaptureError, DsvOptError
+from dsv4opt.fileio import check_new_file
 
 # Server arguments worth keeping with the profile (present in SGLang's /server_info).
 _SERVER_KEYS = (
@@ -201,8 +202,7 @@ def _validate(s: SGLangSettings) -> None:
     for name in ("connect_timeout_s", "ready_timeout_s", "trace_timeout_s", "stall_timeout_s", "request_timeout_s", "window_s"):
         if not getattr(s, name) > 0:
             raise DsvOptError(f"{name} must be positive")
-    if s.out is not None and Path(s.out).exists():
-        raise DsvOptError(f"{s.out} exists; choose another --out or delete it")
+    check_new_file(s.out, s.force, "--out")
     if s.trace_dir is not None and Path(s.trace_dir).exists() and not os.access(s.trace_dir, os.R_OK | os.X_OK):
         raise DsvOptError(f"--trace-dir {s.trace_dir} is not readable here; pick a directory this user can read")
 

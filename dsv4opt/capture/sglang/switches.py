@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4opt.errors import DsvOptError
-from dsv4opt.fileio import write_text_atomic
+from dsv4opt.fileio import check_new_file, make_output_folder, write_text_atomic
 from dsv4opt.optimizations.mma_attn.sglang_contract import SGLANG_VERSION, WRITTEN_FOR
 from dsv4opt.optimizations.registry import get as get_optimization
 
@@ -257,7 +257,7 @@ def apply_to_sglang(name: str, out_dir: Path, force: bool = False) -> list[Path]
     `sglang-NAME-launch.sh` into out_dir; returns their paths.
 
     An existing file with other content is replaced only with force; otherwise the user gets an
-    error and no file is written.
+    error and no file is written. out_dir is created only where its parent exists.
     """
     m = mapping_for(name)
     out_dir = Path(out_dir)
@@ -267,14 +267,12 @@ def apply_to_sglang(name: str, out_dir: Path, force: bool = False) -> list[Path]
     }
     if m.dropin:
         files[out_dir / launcher_name(m)] = render_launcher_script(m)
+    make_output_folder(out_dir, "--out")
     for path, text in files.items():
-        if not force and path.exists() and _read_or_none(path) != text:
-            raise DsvOptError(
-                f"{path} exists with other content; move it away or choose another --out "
-                "(sglang-switches --force replaces it)"
-            )
+        if _read_or_none(path) != text:  # the same text again is no overwrite
+            check_new_file(path, force, "--out")
     for path, text in files.items():
-        write_text_atomic(path, text, executable=path.suffix == ".sh")
+        write_text_atomic(path, text, make_dirs=False, executable=path.suffix == ".sh")
     return list(files)
 
 

@@ -62,10 +62,12 @@ def test_same_files_again_are_fine_but_a_users_file_is_kept(tmp_path):
     apply_to_sglang("mma-attn", tmp_path)  # identical content: nothing to protect
     mine = tmp_path / "sglang-bf16-gemm.env"
     mine.write_text("MY_SETTING=1\n")
-    with pytest.raises(DsvOptError, match="exists with other content"):
+    with pytest.raises(DsvOptError, match="already exists; pass --force to replace it"):
         apply_to_sglang("bf16-gemm", tmp_path)
     assert mine.read_text() == "MY_SETTING=1\n"
     assert not (tmp_path / "sglang-bf16-gemm.flags").exists()
+    apply_to_sglang("bf16-gemm", tmp_path, force=True)
+    assert mine.read_text() != "MY_SETTING=1\n"
 
 
 def test_mma_attn_also_gets_the_drop_in_launcher(tmp_path):
