@@ -6,6 +6,8 @@ does it for every command, so typer's test runner sees exactly what a user sees.
 
 from __future__ import annotations
 
+from enum import Enum
+
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -32,12 +34,56 @@ class _Group(TyperGroup):
 app = typer.Typer(
     name="dsv4opt",
     cls=_Group,
-    help="Profile LLM decode, find the bottleneck, apply the fix, prove it moved.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
+
+
+# Options with a fixed set of values: typer checks them and --help lists them.
+class Target(str, Enum):
+    embedded = "embedded"
+    sglang = "sglang"
+
+
+class KvLayout(str, Enum):
+    fp8 = "fp8"
+    bf16 = "bf16"
+
+
+class ReportFormat(str, Enum):
+    html = "html"
+    md = "md"
+
+
+# --device also takes one GPU by number, so it is checked where the device is picked; --help shows
+# its values all the same.
+DEVICE_METAVAR = "[cuda|cpu|cuda:N]"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from dsv4opt import __version__
+
+        typer.echo(f"dsv4opt {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Profile LLM decode, find the bottleneck, apply the fix, prove it moved.
+
+    \b
+    Example, the loop on the embedded DeepSeek-V4-Flash workload:
+      dsv4opt profile -c 32
+      dsv4opt recommend
+      dsv4opt apply mma-attn
+      dsv4opt report BEFORE.json AFTER.json --out report.html
+    """
 
 
 # Each module adds its commands to `app`; imported for that side effect.

@@ -16,9 +16,16 @@ def analyze(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the profile (dsv4opt.profile/1) here.")] = None,
     top: Annotated[int, typer.Option(min=1, help="Kernels to show.")] = 15,
     capture: Annotated[Optional[Path], typer.Option(help="Graph-capture trace: match replayed kernels to their captured launches.")] = None,
-    force: Annotated[bool, typer.Option(help="Overwrite an existing --json file.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --json file.")] = False,
 ) -> None:
-    """Rank the GPU kernels of torch.profiler traces by share of GPU time."""
+    """Rank the GPU kernels of torch.profiler traces by share of GPU time.
+
+    \b
+    Examples:
+      dsv4opt analyze trace.json.gz --top 20
+      dsv4opt analyze traces/ --json profile.json   # per-rank files of one run
+      dsv4opt analyze graph.json.gz --capture eager.json.gz
+    """
     from dsv4opt.analysis import analyze_paths
     from dsv4opt.fileio import check_new_file
     from dsv4opt.report.tables import print_profile
@@ -36,11 +43,13 @@ def compare(
     before: Annotated[Path, typer.Argument(help="Profile JSON or trace (before).")],
     after: Annotated[Path, typer.Argument(help="Profile JSON or trace (after).")],
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the comparison here.")] = None,
-    force: Annotated[bool, typer.Option(help="Overwrite an existing --json file, and compare profiles run under different settings (with a warning).")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --json file, and compare profiles run under different settings (with a warning).")] = False,
 ) -> None:
     """Did the bottleneck move? Category shares, kernels that moved most, verdict.
 
-    Example: dsv4opt compare profiles/before.json profiles/after.json
+    \b
+    Example:
+      dsv4opt compare profiles/before.json profiles/after.json --json diff.json
     """
     from dsv4opt.analysis import compare_profiles, load_profile_or_trace
     from dsv4opt.analysis.compare import require_comparable, setting_differences

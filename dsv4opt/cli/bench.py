@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsv4opt.cli import app, console
+from dsv4opt.cli import KvLayout, app, console
 from dsv4opt.errors import DsvOptError
 
 
@@ -30,10 +30,15 @@ def bench(
     name: Annotated[str, typer.Argument(help="Optimisation whose benchmark to run (one with a bench module; see `dsv4opt list`).")],
     batch: Annotated[Optional[str], typer.Option(help="Comma-separated batch sizes (default: the benchmark's).")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as JSON here.")] = None,
-    kv: Annotated[str, typer.Option(help="KV cache layout the benchmark reads: fp8 (SGLang's) or bf16.")] = "fp8",
+    kv: Annotated[KvLayout, typer.Option(help="KV cache layout the benchmark reads: fp8 (SGLang's) or bf16.")] = KvLayout.fp8,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --json file.")] = False,
 ) -> None:
-    """Run an optimisation's correctness check, then time it against its floor and the baseline."""
+    """Run an optimisation's correctness check, then time it against its floor and the baseline.
+
+    \b
+    Example:
+      dsv4opt bench mma-attn --batch 1,16,64 --json mma-attn-bench.json
+    """
     from dsv4opt.fileio import check_new_file
     from dsv4opt.optimizations.registry import OPTIMIZATIONS
 
@@ -45,7 +50,7 @@ def bench(
     batches = _batches(batch)
     kwargs = {"batches": batches} if batches else {}
     if "kv" in inspect.signature(module.run_bench).parameters:
-        kwargs["kv"] = kv
+        kwargs["kv"] = kv.value
     with console.status(f"bench {name}") as status:
         result = module.run_bench(on_step=lambda msg: status.update(f"bench {name}: {msg}"), **kwargs)
     console.print(module.render(result))

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsv4opt.cli import app, console
+from dsv4opt.cli import DEVICE_METAVAR, ReportFormat, Target, app, console
 from dsv4opt.errors import DsvOptError
 
 
@@ -27,7 +27,10 @@ def list_(
 ) -> None:
     """The optimisations dsv4opt knows, what they replace and risk, and whether they are on.
 
-    Example: dsv4opt list --check
+    \b
+    Examples:
+      dsv4opt list
+      dsv4opt list --check   # run every gate on this device
     """
     from dsv4opt.loop.apply import check_all
     from dsv4opt.optimizations.registry import OPTIMIZATIONS, env_enabled
@@ -49,18 +52,22 @@ def apply(
     name: Annotated[str, typer.Argument(help="Optimisation to switch on (see `dsv4opt list`).")],
     concurrency: Annotated[Optional[int], typer.Option(min=1, help="Re-profile at this concurrency (default: the last profile's).")] = None,
     reprofile: Annotated[bool, typer.Option("--reprofile/--no-reprofile", help="Re-profile and compare after switching on.")] = True,
-    target: Annotated[str, typer.Option(help="embedded (this tool's workload) or sglang (emit the server's switches).")] = "embedded",
+    target: Annotated[Target, typer.Option(help="embedded (this tool's workload) or sglang (emit the server's switches).")] = Target.embedded,
     out: Annotated[Path, typer.Option(help="sglang: folder for the env file and launch flags.")] = Path("sglang-switches"),
     keep: Annotated[bool, typer.Option("--keep", help="Keep it on even if the re-profile is slower beyond the measured noise.")] = False,
     force: Annotated[bool, typer.Option("--force", help="sglang: replace files of those names that hold something else.")] = False,
 ) -> None:
     """Check NAME on this device, switch it on, re-profile, and show whether the bottleneck moved.
 
-    Example: dsv4opt apply bf16-gemm
+    \b
+    Examples:
+      dsv4opt apply bf16-gemm
+      dsv4opt apply mma-attn --concurrency 64
+      dsv4opt apply mma-attn --target sglang --out deploy/
     """
     from dsv4opt.report.decision import print_check
 
-    if target == "sglang":
+    if target is Target.sglang:
         from dsv4opt.capture.sglang.switches import apply_to_sglang, describe
 
         paths = apply_to_sglang(name, out, force=force)
@@ -68,9 +75,6 @@ def apply(
         for p in paths:
             console.print(f"wrote {p}")
         return
-    if target != "embedded":
-        raise DsvOptError(f"unknown target {target!r}; use embedded or sglang")
-
     from dsv4opt.loop.apply import apply_optimisation
 
     result = apply_optimisation(
@@ -110,7 +114,12 @@ def _print_shift(result, name: str) -> None:
 
 @app.command()
 def revert(name: Annotated[str, typer.Argument(help="Optimisation to switch off.")]) -> None:
-    """Switch NAME off; later profiles run without it."""
+    """Switch NAME off; later profiles run without it.
+
+    \b
+    Example:
+      dsv4opt revert mma-attn
+    """
     from dsv4opt.loop.apply import revert_optimisation
 
     enabled = revert_optimisation(name)
@@ -121,7 +130,13 @@ def revert(name: Annotated[str, typer.Argument(help="Optimisation to switch off.
 def status(
     reset: Annotated[bool, typer.Option("--reset", help="Set the state aside (kept as a .bak file) and start afresh.")] = False,
 ) -> None:
-    """What is on, the last profile and its headline figures."""
+    """What is on, the last profile and its headline figures, and where the state file is.
+
+    \b
+    Examples:
+      dsv4opt status
+      dsv4opt status --reset   # set a corrupt state aside
+    """
     from dsv4opt.analysis.profile import Profile
     from dsv4opt.display import value
     from dsv4opt.optimizations.registry import env_enabled
@@ -160,7 +175,13 @@ def recommend(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the candidates and choice as JSON.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --json file.")] = False,
 ) -> None:
-    """Rank what could speed this profile up and recommend one, with reasons."""
+    """Rank what could speed this profile up and recommend one, with reasons.
+
+    \b
+    Examples:
+      dsv4opt recommend
+      dsv4opt recommend profiles/before.json --json rec.json
+    """
     from dsv4opt.analysis import load_profile_or_trace
     from dsv4opt.decision.recommend import recommend as rank
     from dsv4opt.fileio import check_new_file, write_json_atomic
@@ -185,18 +206,21 @@ def recommend(
 def sweep(
     concurrency: Annotated[str, typer.Option("--concurrency", "-c", help="Concurrencies, comma-separated.")] = "1,16,32,64",
     with_: Annotated[Optional[list[str]], typer.Option("--with", help="A variant: optimisations, comma-separated; repeat for more variants.")] = None,
-    context: Annotated[int, typer.Option(min=1)] = 8192,
-    steps: Annotated[int, typer.Option(min=1)] = 10,
-    warmup: Annotated[int, typer.Option(min=0)] = 5,
-    config: Annotated[Optional[str], typer.Option()] = None,
-    layers: Annotated[Optional[int], typer.Option(min=1)] = None,
-    device: Annotated[Optional[str], typer.Option()] = None,
-    cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph")] = True,
+    context: Annotated[int, typer.Option(min=1, help="Mean context length per request.")] = 8192,
+    steps: Annotated[int, typer.Option(min=1, help="Decode steps to profile (and to time) per run.")] = 10,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up steps outside the profiler.")] = 5,
+    repeat: Annotated[int, typer.Option(min=1, help="Timed windows per run: tokens/s is their median, their spread the noise.")] = 3,
+    config: Annotated[Optional[str], typer.Option(help="Model config (dsv4-flash, dsv4-tiny); default by device.")] = None,
+    layers: Annotated[Optional[int], typer.Option(min=1, help="Run only the first L layers.")] = None,
+    device: Annotated[Optional[str], typer.Option(metavar=DEVICE_METAVAR, help="cuda, cpu or one GPU (cuda:1); default cuda when present.")] = None,
+    cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph", help="Replay the decode step as a CUDA graph.")] = True,
     out_dir: Annotated[Path, typer.Option(help="Where profiles, the summary and the chart go.")] = Path("profiles"),
 ) -> None:
     """Profile each concurrency, baseline and with --with, and tabulate tokens/s and shares.
 
-    Example: dsv4opt sweep -c 1,16,32,64 --with mma-attn --with mma-attn,bf16-gemm
+    \b
+    Example:
+      dsv4opt sweep -c 1,16,32,64 --with mma-attn --with mma-attn,bf16-gemm
     """
     from dsv4opt.capture.settings import EmbeddedSettings
     from dsv4opt.fileio import make_output_folder, unique_path, write_bytes_atomic
@@ -208,7 +232,7 @@ def sweep(
 
     concurrencies = _split_ints(concurrency)
     variants = [[get(n.strip()).name for n in v.split(",") if n.strip()] for v in with_ or []]
-    base = EmbeddedSettings(context=context, steps=steps, warmup=warmup, config=config, layers=layers,
+    base = EmbeddedSettings(context=context, steps=steps, warmup=warmup, repeat=repeat, config=config, layers=layers,
                             device=device, cuda_graph=cuda_graph)
     make_output_folder(out_dir, "--out-dir")
     with rich_progress() as progress:
@@ -227,20 +251,23 @@ def sweep(
 def report(
     profiles: Annotated[list[Path], typer.Argument(help="Profiles (or traces) in order, e.g. before then after.")],
     out: Annotated[Optional[Path], typer.Option(help="Page to write (default report.html, or report.md with --format md).")] = None,
-    fmt: Annotated[Optional[str], typer.Option("--format", help="html or md (default: from --out's extension, else html).")] = None,
+    fmt: Annotated[Optional[ReportFormat], typer.Option("--format", help="Default: from --out's extension, else html.")] = None,
     title: Annotated[str, typer.Option(help="Page title.")] = "dsv4opt report",
-    force: Annotated[bool, typer.Option(help="Overwrite an existing page.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing page (and its charts, for md).")] = False,
 ) -> None:
     """One self-contained page: shares before/after, top kernels, verdict, throughput, evidence.
 
-    Example: dsv4opt report profiles/before.json profiles/after.json --out report.html
+    \b
+    Examples:
+      dsv4opt report profiles/before.json profiles/after.json --out report.html
+      dsv4opt report profiles/*.json --out sweep.md
     """
     from dsv4opt.analysis import load_profile_or_trace
     from dsv4opt.fileio import check_new_file, write_bytes_atomic, write_text_atomic
     from dsv4opt.loop.report_facts import build_report
     from dsv4opt.report.page import render_html, render_markdown
 
-    fmt, out = _report_target(fmt, out)
+    fmt, out = _report_target(fmt.value if fmt else None, out)
     check_new_file(out, force, "--out")
     loaded = [load_profile_or_trace(p) for p in profiles]
     rep = build_report([str(p) for p in profiles], loaded, title=title)
@@ -259,8 +286,6 @@ def report(
 def _report_target(fmt: str | None, out: Path | None) -> tuple[str, Path]:
     """Format and file agree: --format follows --out's extension and names the default file."""
     by_suffix = {".html": "html", ".htm": "html", ".md": "md"}
-    if fmt is not None and fmt not in ("html", "md"):
-        raise DsvOptError(f"--format must be html or md, not {fmt!r}")
     if out is None:
         fmt = fmt or "html"
         return fmt, Path(f"report.{fmt}")

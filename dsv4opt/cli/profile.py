@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsv4opt.cli import app, console
+from dsv4opt.cli import DEVICE_METAVAR, KvLayout, Target, app, console
 from dsv4opt.capture.settings import EmbeddedSettings, SGLangSettings
 from dsv4opt.errors import DsvOptError
 
@@ -22,7 +22,7 @@ def _split(values: Optional[list[str]]) -> list[str]:
 @app.command()
 def profile(
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Requests decoding at once (C).")] = 32,
-    target: Annotated[str, typer.Option(help="embedded (built-in DeepSeek-V4-Flash-shaped model) or sglang (a live server).")] = "embedded",
+    target: Annotated[Target, typer.Option(help="embedded (built-in DeepSeek-V4-Flash-shaped model) or sglang (a live server).")] = Target.embedded,
     context: Annotated[int, typer.Option(min=1, help="Embedded: mean context length per request.")] = 8192,
     steps: Annotated[int, typer.Option(min=1, help="Decode steps to profile (and to time).")] = 10,
     warmup: Annotated[int, typer.Option(min=0, help="Embedded: warm-up steps outside the profiler.")] = 5,
@@ -30,9 +30,9 @@ def profile(
     config: Annotated[Optional[str], typer.Option(help="Embedded: model config (dsv4-flash, dsv4-tiny); default by device.")] = None,
     layers: Annotated[Optional[int], typer.Option(min=1, help="Embedded: run only the first L layers.")] = None,
     experts_resident: Annotated[Optional[int], typer.Option(min=1, help="Embedded: expert weight sets kept on the device.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="Embedded: cuda or cpu (default: cuda when present).")] = None,
+    device: Annotated[Optional[str], typer.Option(metavar=DEVICE_METAVAR, help="Embedded: cuda, cpu or one GPU (cuda:1); default cuda when present.")] = None,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph", help="Embedded: replay the decode step as a CUDA graph.")] = True,
-    kv: Annotated[str, typer.Option(help="Embedded: KV cache layout: fp8 (SGLang's, 584 B a token) or bf16 (1 KB a token).")] = "fp8",
+    kv: Annotated[KvLayout, typer.Option(help="Embedded: KV cache layout: fp8 (SGLang's, 584 B a token) or bf16 (1 KB a token).")] = KvLayout.fp8,
     with_: Annotated[Optional[list[str]], typer.Option("--with", help="Optimisations to switch on, comma-separated (adds to those applied).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Profile JSON to write (default: a new file under profiles/).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
@@ -48,7 +48,14 @@ def profile(
     window: Annotated[float, typer.Option(min=0.1, help="SGLang: steady-state seconds measured for tokens/s, TPOT and ITL.")] = 10.0,
     profile_by_stage: Annotated[bool, typer.Option("--profile-by-stage/--no-profile-by-stage", help="SGLang: let the server split traces into prefill/decode files.")] = False,
 ) -> None:
-    """Capture steady-state decode with torch.profiler, rank the GPU kernels, save a profile."""
+    """Capture steady-state decode with torch.profiler, rank the GPU kernels, save a profile.
+
+    \b
+    Examples:
+      dsv4opt profile -c 32 --repeat 5
+      dsv4opt profile --device cpu --config dsv4-tiny -c 4 --steps 3
+      dsv4opt profile --target sglang --url http://127.0.0.1:30000 -c 32
+    """
     from dsv4opt.decision.diagnose import diagnose
     from dsv4opt.fileio import check_new_file, make_output_folder
     from dsv4opt.loop.apply import record_profile
@@ -56,25 +63,23 @@ def profile(
     from dsv4opt.report.decision import print_diagnosis
     from dsv4opt.report.tables import print_profile
 
-    if kv not in ("fp8", "bf16"):
-        raise DsvOptError(f"--kv must be fp8 or bf16, not {kv!r}")
-    if ranks != 1 and target != "embedded":
+    if ranks != 1 and target is not Target.embedded:
         raise DsvOptError("--ranks is for the embedded target; an SGLang server's ranks are its own")
     check_new_file(out, force, "--out")
-    if target == "embedded":
+    if target is Target.embedded:
         from dsv4opt.loop.profiles import profile_embedded
         from dsv4opt.report.progress import rich_progress
 
         make_output_folder(trace_dir, "--trace-dir")
         settings = EmbeddedSettings(
             concurrency=concurrency, context=context, steps=steps, warmup=warmup, repeat=repeat, config=config,
-            layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv,
+            layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv.value,
             optimizations=enabled_optimizations(_split(with_)), out=out, force=force, trace_dir=trace_dir, seed=seed,
             ranks=ranks, rendezvous_timeout_s=rendezvous_timeout,
         )
         with rich_progress() as progress:
             prof, path = profile_embedded(settings, progress)
-    elif target == "sglang":
+    else:
         from dsv4opt.loop.profiles import profile_sglang
 
         from dsv4opt.optimizations.registry import get as get_optimization
@@ -89,8 +94,6 @@ def profile(
         prof, path = profile_sglang(settings)
         for warning in prof.meta.get("warnings", []):
             typer.secho(f"warning: {warning}", fg="yellow", err=True)
-    else:
-        raise DsvOptError(f"unknown target {target!r}; use embedded or sglang")
     print_profile(prof, console=console)
     print_diagnosis(diagnose(prof), console)
     record_profile(path)

@@ -16,7 +16,12 @@ def sglang_switches(
     out: Annotated[Path, typer.Option(help="Directory for sglang-NAME.env, sglang-NAME.flags and, with a drop-in, sglang-NAME-launch.sh.")] = Path("."),
     force: Annotated[bool, typer.Option("--force", help="Replace files of those names that hold something else.")] = False,
 ) -> None:
-    """Write the SGLang environment, launch flags and drop-in launcher for NAME, and say what to restart."""
+    """Write the SGLang environment, launch flags and drop-in launcher for NAME, and say what to restart.
+
+    \b
+    Example:
+      dsv4opt sglang-switches mma-attn --out deploy/
+    """
     from dsv4opt.capture.sglang import apply_to_sglang, sglang_summary
 
     paths = apply_to_sglang(name, out, force=force)

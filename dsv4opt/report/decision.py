@@ -91,9 +91,9 @@ def print_diagnosis(diag: Diagnosis, console: Console) -> None:
 
 
 def print_sweep(rows, console: Console) -> None:
-    table = Table("C", "variant", "tokens/s", "ms/step", "attention", "#1 category", "speed-up", title="Sweep",
-                  title_justify="left")
-    for r in rows:
-        table.add_row(str(r.concurrency), r.variant, value(r.tokens_per_s, ".1f"), value(r.ms_per_step, ".2f"),
-                      pct(r.attention_share), category_label(r.top_category), value(r.speedup, ".2f", "x"))
-    console.print(table)
+    columns = [Column("C", right=True), Column("variant"), Column("tokens/s", right=True), Column("ms/step", right=True),
+               Column("speed-up", right=True), Column("attention", right=True, optional=True),
+               Column("#1 category", optional=True)]
+    table = [[str(r.concurrency), r.variant, value(r.tokens_per_s, ".1f"), value(r.ms_per_step, ".2f"),
+              value(r.speedup, ".2f", "x"), pct(r.attention_share), category_label(r.top_category)] for r in rows]
+    print_table(console, columns, table, title="Sweep (speed-up: tokens/s over the baseline at the same C)")

@@ -31,7 +31,9 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
     if not profile.kernels:
         console.print("no kernels in this profile")
         return
-    t = Table(title=f"top {min(top, len(profile.kernels))} {'CPU operators' if cpu else 'kernels'} by {basis}",
+    # the totals cover every profiled step: say how many
+    span = f"totals over {profile.step_count} profiled steps" if profile.step_count else "totals over the whole trace"
+    t = Table(title=f"top {min(top, len(profile.kernels))} {'CPU operators' if cpu else 'kernels'} by {basis} ({span})",
               box=box.SIMPLE_HEAD, pad_edge=False)
     # Numbers never wrap; on a narrow terminal the names give way (ellipsis) and attribution moves
     # below the table, rather than the figures being squeezed.
@@ -61,29 +63,36 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
     for line in notes:
         console.print(line, highlight=False)
     if profile.categories:
-        c = Table(title="categories")
-        for col in ("category", "share", "total", "launches"):
+        c = Table(title=f"categories ({span})")
+        for col in ("category", "share", "total", "calls" if cpu else "launches"):
             c.add_column(col, justify="left" if col == "category" else "right")
-        for row in sorted(profile.categories, key=lambda r: -r.total_us):
-            c.add_row(row.label, pct(row.share), duration(row.total_us), str(row.count))
-        glue = [r for r in profile.categories if r.category in GLUE]
-        c.add_row("[bold]glue[/] (" + ", ".join(GLUE) + ")", pct(sum(r.share for r in glue)),
-                  duration(sum(r.total_us for r in glue)), str(sum(r.count for r in glue)))
+        # the glue categories last, so the glue row sums the rows right above it
+        glue = sorted((r for r in profile.categories if r.category in GLUE), key=lambda r: -r.total_us)
+        rows = sorted((r for r in profile.categories if r.category not in GLUE), key=lambda r: -r.total_us) + glue
+        for i, row in enumerate(rows):
+            c.add_row(row.label, pct(row.share), duration(row.total_us), str(row.count), end_section=i == len(rows) - 1)
+        if glue:
+            c.add_row(f"glue: sum of the {len(glue)} rows above", pct(sum(r.share for r in glue)),
+                      duration(sum(r.total_us for r in glue)), str(sum(r.count for r in glue)))
         console.print(c)
     if profile.steps:
         s = profile.steps
-        console.print(f"steps ({escape(s.get('source', ''))}): {s['count']}, GPU time/step {duration(s['gpu_us_per_step'])}, "
-                      f"launches/step {s['launches_per_step']:.0f}, median kernel {duration(s.get('median_kernel_us'))}")
+        console.print(f"steps ({escape(s.get('source', ''))}): {s['count']}, {profile.time_label}/step "
+                      f"{duration(s['gpu_us_per_step'])}, {'calls' if cpu else 'launches'}/step {s['launches_per_step']:.0f}, "
+                      f"median {'call' if cpu else 'kernel'} {duration(s.get('median_kernel_us'))}", highlight=False)
     match = profile.capture_match
     if match and match.replayed:
         console.print(f"graph-replayed launches matched to the reference step: {match.matched}/{match.replayed} "
                       f"({match.matched / match.replayed:.1%}); parts and operators of the rest are unknown")
     if profile.throughput:
         t = profile.throughput
-        line = "throughput: " + ", ".join(f"{k.replace('_', ' ')} {t[k]:.2f}" for k in ("tokens_per_s", "ms_per_step") if t.get(k) is not None)
+        line = "throughput: " + ", ".join(f"{label} {t[k]:.2f}" for k, label in (("tokens_per_s", "tokens/s"), ("ms_per_step", "ms/step"))
+                                          if t.get(k) is not None)
         windows = t.get("ms_per_step_windows") or []
         if len(windows) >= 2:
             line += f" (median of {len(windows)} timed windows, {min(windows):.2f}-{max(windows):.2f} ms/step)"
+        elif t.get("ms_per_step") is not None:
+            line += " (spread unknown: timed once)"
         console.print(line, highlight=False)
     if profile.parts:
         p = Table(title="model parts (record_function ranges)")

@@ -127,7 +127,7 @@ def test_report_html_and_markdown(tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "r-categories.png").read_bytes().startswith(b"\x89PNG")
     r = invoke("report", str(a), "--format", "pdf", "--out", str(tmp_path / "r.pdf"))
-    assert r.exit_code == 1 and "html or md" in r.output
+    assert r.exit_code == 2 and "'pdf' is not one of 'html', 'md'" in r.output  # typer checks the choice
     assert not (tmp_path / "r.pdf").exists()
 
 
