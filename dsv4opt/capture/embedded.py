@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from dsv4opt.capture.kineto_markers import without_kineto_markers
 from dsv4opt.capture.naming import profile_path
 from dsv4opt.capture.result import Captured, Progress, no_progress
 from dsv4opt.capture.settings import EmbeddedSettings
@@ -251,8 +252,8 @@ def _profile_steps(step: Callable[[], None], n: int, device: torch.device, path:
     # A schedule is what makes prof.step() emit ProfilerStep#N ranges; its warm-up step keeps the
     # profiler's start-up cost out of the recorded steps.
     plan = schedule(wait=0, warmup=1, active=n, repeat=1)
-    with profile(activities=activities, schedule=plan, with_stack=with_stack,
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+    with without_kineto_markers(), profile(activities=activities, schedule=plan, with_stack=with_stack,
+                                           on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
         for i in range(n + 1):
             step()
             _sync(device)

@@ -87,7 +87,7 @@ def print_optimisations(optimisations: list[Optimization], checks: dict, enabled
 def print_diagnosis(diag: Diagnosis, console: Console) -> None:
     console.print("[bold]Diagnosis[/]")
     for line in diag.lines():
-        console.print(f"  {line}", highlight=False)
+        print_prose(console, line)
 
 
 def print_sweep(rows, console: Console) -> None:
