@@ -252,14 +252,17 @@ class ThroughputChange:
         if self.noise_measured:
             return (f"timed windows {_range(self.windows_before)} -> {_range(self.windows_after)} ms/step, "
                     f"{len(self.windows_before)} and {len(self.windows_after)} windows")
+        return f"spread unknown: {self._timed_once()}"
+
+    def _timed_once(self) -> str:
         once = " and ".join(w for w, n in (("before", self.windows_before), ("after", self.windows_after)) if len(n) < 2)
-        return f"spread unknown: {once} timed once; `profile --repeat` measures it"
+        return f"{once} timed once; `profile --repeat` measures it"
 
     def line(self) -> str:
         """"ms/step A -> B: 1.02x, within noise (the spread)"."""
         head = f"ms/step {self.ms_before:.2f} -> {self.ms_after:.2f}: {self.speedup:.2f}x"
         if self.verdict == "not called":
-            return f"{head}, not called: under {UNMEASURED_NOISE:.0%} while the {self.spread()}"
+            return f"{head}, not called: under {UNMEASURED_NOISE:.0%} while the spread is unknown ({self._timed_once()})"
         shown = "SLOWER" if self.verdict == "slower" else self.verdict
         beyond = "" if self.noise_measured else f"beyond {UNMEASURED_NOISE:.0%}; "
         return f"{head}, {shown} ({beyond}{self.spread()})"
