@@ -221,14 +221,14 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
         chosen = best_lever
         lines.append(
             f"no applicable optimisation promises {MIN_GAIN:.2f}x or more; the largest remaining target is "
-            f"{chosen.target} at {chosen.share:.1%} (bound {chosen.amdahl_bound:.2f}x): {chosen.name} "
+            f"{category_label(chosen.target)} at {chosen.share:.1%} (bound {chosen.amdahl_bound:.2f}x): {chosen.name} "
             f"(advice: dsv4opt has no switch for it, `apply` cannot apply it). Risk: {chosen.risk}."
         )
     else:
         chosen = None
         lines.append(f"nothing left with a target above {MIN_SHARE:.0%} of {profile.time_label}")
     for c in unsure:
-        lines.append(f"{c.name} would target {c.share:.1%} ({c.target}) but {c.notes[0]}: not recommended")
+        lines.append(f"{c.name} would target {c.share:.1%} ({category_label(c.target)}) but {c.notes[0]}: not recommended")
     summary = glue_of(profile)
     regions = summary.regions[:GLUE_SECTION] if summary else []
     plans = [glue_plan(profile, o.name) for o in OPTIMIZATIONS.values()

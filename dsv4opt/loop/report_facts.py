@@ -1,18 +1,52 @@
-"""What a report says about a set of profiles: the verdict of the first against the last, the
-recommendation for the last, sweep rows. Computed here; dsv4opt/report/page.py only renders it."""
+"""What a report says about a set of profiles: the verdict of the first against the last (the
+bottleneck, and tokens/s against the measured noise), what moved most, time per step by category,
+the spread of each figure, where each raw trace is, the recommendation for the last, sweep rows.
+Computed here; dsv4opt/report/page.py only renders it."""
 
 from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from dsv4opt.analysis.compare import compare_profiles, setting_differences
-from dsv4opt.analysis.profile import Profile
+from dsv4opt.analysis.categories import CATEGORIES
+from dsv4opt.analysis.compare import Comparison, compare_profiles, setting_differences
+from dsv4opt.analysis.profile import GlueRegions, Profile
 from dsv4opt.analysis.sweep import SweepRow, row_for, variant_name
-from dsv4opt.analysis.profile import GlueRegions
 from dsv4opt.decision.glue_plan import GluePlan, glue_of
 from dsv4opt.decision.recommend import recommend
+
+
+@dataclass
+class Figure:
+    """One measured figure of a profile with the spread it was measured with."""
+
+    median: float | None
+    low: float | None = None  # the slowest and fastest timed window; None when timed once
+    high: float | None = None
+    windows: int = 0
+
+
+@dataclass
+class TraceFile:
+    role: str  # "trace" (the profiled steps) or "capture" (the eager step graph replays map to)
+    path: str  # absolute
+    exists: bool
+
+
+@dataclass
+class ProfileFacts:
+    """What the page shows of one profile beyond its own rows."""
+
+    steps: int | None  # profiled steps the kernel totals cover
+    per_step: bool  # category_ms is per step (else over the whole profile: no steps marked)
+    category_ms: dict[str, float]  # category -> kernel time (ms) per step
+    ms_per_step: Figure
+    tokens_per_s: Figure
+    step_ms: list[float]  # kernel time of each profiled step, in order (empty: steps not recorded)
+    step_span_ms: list[float]  # wall span of each step, where the trace has it
+    traces: list[TraceFile]
 
 
 @dataclass
@@ -26,6 +60,10 @@ class Report:
     sweep_rows: list[SweepRow] = field(default_factory=list)
     glue: GlueRegions | None = None  # the last profile's glue regions
     glue_plans: list[GluePlan] = field(default_factory=list)  # what each optimisation of glue fuses of them
+    facts: list[ProfileFacts] = field(default_factory=list)  # one per profile
+    throughput_verdict: str | None = None  # first against last: ms/step against the measured noise
+    comparison: Comparison | None = None  # first against last, when their settings match
+    time_label: str = "GPU time"
 
 
 def label(profile: Profile, path: str) -> str:
@@ -37,13 +75,20 @@ def label(profile: Profile, path: str) -> str:
 
 def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4opt report") -> Report:
     names = [label(p, n) for p, n in zip(profiles, paths)]
-    verdict = None
+    verdict = throughput = comparison = None
     if len(profiles) >= 2:
         diffs = setting_differences(profiles[0], profiles[-1])
-        verdict = (compare_profiles(profiles[0], profiles[-1]).verdict if not diffs else
-                   "first and last profile not compared: run under different settings (" + "; ".join(diffs) + ")")
+        if diffs:
+            verdict = "first and last profile not compared: run under different settings (" + "; ".join(diffs) + ")"
+        elif profiles[0].time_basis == profiles[-1].time_basis:
+            comparison = compare_profiles(profiles[0], profiles[-1])
+            verdict = comparison.verdict
+            if comparison.change is not None:
+                tps = (comparison.throughput or {}).get("tokens_per_s")
+                head = f"tokens/s {tps['a']:.2f} -> {tps['b']:.2f}, " if tps else ""
+                throughput = head + comparison.change.line()
     rec = recommend(profiles[-1]) if profiles else None
-    report = Report(
+    return Report(
         title=title,
         generated=dt.datetime.now().isoformat(timespec="seconds"),
         names=names,
@@ -53,8 +98,50 @@ def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4op
         sweep_rows=_sweep_rows(paths, profiles),
         glue=glue_of(profiles[-1]) if profiles else None,
         glue_plans=rec.glue_plans if rec else [],
+        facts=[profile_facts(p) for p in profiles],
+        throughput_verdict=throughput,
+        comparison=comparison,
+        time_label=profiles[-1].time_label if profiles else "GPU time",
     )
-    return report
+
+
+def profile_facts(profile: Profile) -> ProfileFacts:
+    steps = profile.step_count
+    scale = 1000.0 * (steps or 1)
+    tput = profile.throughput or {}
+    windows = [float(w) for w in tput.get("ms_per_step_windows") or []]
+    recorded = [s for s in (profile.steps or {}).get("steps") or [] if isinstance(s, dict)]
+    return ProfileFacts(
+        steps=steps,
+        per_step=steps is not None,
+        category_ms={c: profile.category_total_us(c) / scale for c in CATEGORIES if profile.category_total_us(c) > 0},
+        ms_per_step=_figure(tput.get("ms_per_step"), windows),
+        # tokens/s goes as 1 / ms per step: the slowest window gives the lowest tokens/s
+        tokens_per_s=_figure(tput.get("tokens_per_s"),
+                             [tput["tokens_per_s"] * tput["ms_per_step"] / w for w in windows]
+                             if tput.get("tokens_per_s") and tput.get("ms_per_step") else []),
+        step_ms=[float(s.get("gpu_us") or 0.0) / 1000.0 for s in recorded],
+        step_span_ms=[float(s["span_us"]) / 1000.0 for s in recorded if s.get("span_us") is not None],
+        traces=_traces(profile),
+    )
+
+
+def _figure(median: Any, windows: list[float]) -> Figure:
+    if median is None:
+        return Figure(None)
+    if len(windows) < 2:
+        return Figure(float(median), windows=len(windows))
+    return Figure(float(median), min(windows), max(windows), len(windows))
+
+
+def _traces(profile: Profile) -> list[TraceFile]:
+    """The raw traces the profile was analysed from, where it names them (a profile captured without
+    --trace-dir names none: its traces went with a temporary folder)."""
+    out = [TraceFile("trace", str(Path(s).absolute()), Path(s).is_file()) for s in profile.meta.get("sources") or []]
+    capture = profile.meta.get("capture_trace")
+    if capture:
+        out.append(TraceFile("capture", str(Path(capture).absolute()), Path(capture).is_file()))
+    return out
 
 
 def _sweep_rows(paths: list[str], profiles: list[Profile]) -> list[SweepRow]:
@@ -63,5 +150,3 @@ def _sweep_rows(paths: list[str], profiles: list[Profile]) -> list[SweepRow]:
     baselines = {int(p.meta["concurrency"]): p for p, _ in keyed if not p.meta.get("optimizations")}
     rows = [row_for(p, Path(path), baselines.get(int(p.meta["concurrency"]))) for p, path in keyed]
     return sorted(rows, key=lambda r: (r.variant != "baseline", r.variant, r.concurrency))
-
-

@@ -39,12 +39,17 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def category_bars_png(labels: Sequence[str], shares: Sequence[dict[str, float]]) -> bytes | None:
-    """Stacked bars, one per profile: share of GPU time per category."""
+def _bar_width_in(n: int) -> float:
+    """Figure width for n bars: room for each label, never wider than a page takes in comfortably."""
+    return min(16.0, max(4.0, 0.9 * n + 3.0))
+
+
+def category_bars_png(labels: Sequence[str], shares: Sequence[dict[str, float]], basis: str = "GPU time") -> bytes | None:
+    """Stacked bars, one per profile: share of `basis` per category."""
     plt = _pyplot()
     if plt is None or not labels:
         return None
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(labels) + 2.5), 4.2))
+    fig, ax = plt.subplots(figsize=(_bar_width_in(len(labels)), 4.2))
     bottoms = [0.0] * len(labels)
     for cat in CATEGORIES:
         values = [100.0 * s.get(cat, 0.0) for s in shares]
@@ -52,11 +57,77 @@ def category_bars_png(labels: Sequence[str], shares: Sequence[dict[str, float]])
             continue
         ax.bar(labels, values, bottom=bottoms, color=COLOURS[cat], label=category_label(cat))
         bottoms = [b + v for b, v in zip(bottoms, values)]
-    ax.set_ylabel("share of GPU time (%)")
+    ax.set_ylabel(f"share of {basis} (%)")
     ax.set_ylim(0, 100)
     if any(bottoms):
+        handles, names = ax.get_legend_handles_labels()
+        ax.legend(handles[::-1], names[::-1], loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=30 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center",
+             fontsize=8)
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def category_time_png(labels: Sequence[str], ms: Sequence[dict[str, float]], measured: Sequence[float | None],
+                      ylabel: str) -> bytes | None:
+    """Stacked bars, one per profile: time per category in ms (absolute, so a bar that shrinks is
+    time saved), with the measured ms/step of each profile as a marker where it has one."""
+    plt = _pyplot()
+    if plt is None or not labels or not any(ms):
+        return None
+    fig, ax = plt.subplots(figsize=(_bar_width_in(len(labels)), 4.2))
+    x = list(range(len(labels)))
+    bottoms = [0.0] * len(labels)
+    for cat in CATEGORIES:
+        values = [m.get(cat, 0.0) for m in ms]
+        if not any(values):
+            continue
+        ax.bar(x, values, bottom=bottoms, color=COLOURS[cat], label=category_label(cat))
+        bottoms = [b + v for b, v in zip(bottoms, values)]
+    points = [(i, v) for i, v in enumerate(measured) if v]
+    if points:
+        ax.scatter([p[0] for p in points], [p[1] for p in points], marker="_", s=400, color="black", zorder=3,
+                   label="measured ms/step")
+    ax.set_xticks(x, labels)
+    ax.set_ylabel(ylabel)
+    handles, names = ax.get_legend_handles_labels()
+    ax.legend(handles[::-1], names[::-1], loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=30 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center",
+             fontsize=8)
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def step_timeline_png(labels: Sequence[str], step_ms: Sequence[Sequence[float]], ylabel: str) -> bytes | None:
+    """Time of each profiled step in order, for each profile that recorded its steps: one line each
+    on one chart for a few profiles, a small chart each (same y scale) for more."""
+    plt = _pyplot()
+    series = [(label, list(ms)) for label, ms in zip(labels, step_ms) if ms]
+    if plt is None or not series:
+        return None
+    if len(series) <= SMALL_MULTIPLES_FROM - 1:
+        fig, ax = plt.subplots(figsize=(7.5, 4.0))
+        for label, ms in series:
+            ax.plot(range(1, len(ms) + 1), ms, marker="o", markersize=3, label=label)
+        _step_axes(ax, ylabel)
         ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    plt.setp(ax.get_xticklabels(), rotation=20, ha="right", fontsize=8)
+    else:
+        cols = 4
+        rows = -(-len(series) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(12.0, 2.2 * rows), sharex=True, sharey=True, squeeze=False)
+        top = 1.05 * max(max(ms) for _, ms in series) or 1.0
+        for ax, (label, ms) in zip(axes.flat, series):
+            ax.plot(range(1, len(ms) + 1), ms, marker="o", markersize=2.5, color="#1f77b4")
+            ax.set_title(label, fontsize=8)
+            _step_axes(ax, None)
+            ax.set_ylim(0, top)
+        for ax in list(axes.flat)[len(series):]:
+            ax.set_visible(False)
+        fig.supylabel(ylabel, fontsize=9)
+        fig.supxlabel("profiled step", fontsize=9)
+        fig.tight_layout()
     data = _png(fig)
     plt.close(fig)
     return data
@@ -79,3 +150,16 @@ def throughput_chart_png(rows: Iterable) -> bytes | None:
     data = _png(fig)
     plt.close(fig)
     return data
+
+
+SMALL_MULTIPLES_FROM = 5  # profiles: from this many, one small chart each instead of one crowded one
+
+
+def _step_axes(ax, ylabel: str | None) -> None:
+    if ylabel:
+        ax.set_xlabel("profiled step")
+        ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=7)
+    ax.xaxis.get_major_locator().set_params(integer=True)

@@ -41,9 +41,9 @@ def test_single_profile_html_is_self_contained(tmp_path):
 def test_markdown_writes_charts_beside_it(tmp_path):
     rep = build_report(["after.json"], [story_after_attention()])
     text, files = render_markdown(rep, chart_dir=tmp_path, stem="walk")
-    assert "![category shares](walk-categories.png)" in text
-    (path, data), = files.items()
-    assert path == tmp_path / "walk-categories.png" and data.startswith(PNG_MAGIC)
+    assert "![category shares](walk-categories.png)" in text and "![time per step by category](walk-time.png)" in text
+    assert set(files) == {tmp_path / "walk-categories.png", tmp_path / "walk-time.png"}
+    assert all(data.startswith(PNG_MAGIC) for data in files.values())
 
 
 def test_sweep_rows_and_speedup_from_profiles():
