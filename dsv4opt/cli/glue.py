@@ -17,19 +17,22 @@ def glue(
     capture: Annotated[Optional[Path], typer.Option(help="With a trace: the eager or capture trace that maps CUDA-graph replays to operators, parts and source lines.")] = None,
     top: Annotated[int, typer.Option(min=1, help="Regions to show.")] = 15,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the regions and what fuse-glue fuses as JSON here.")] = None,
-    force: Annotated[bool, typer.Option(help="Overwrite an existing --json file.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --json file.")] = False,
 ) -> None:
     """Group the glue launches into regions between heavy kernels; rank them by the time fusing saves.
 
-    Example: dsv4opt glue traces/run.trace.json --capture traces/run-eager.trace.json
+    \b
+    Examples:
+      dsv4opt glue profiles/before.json --top 20
+      dsv4opt glue traces/run.trace.json --capture traces/run-eager.trace.json
     """
     from dsv4opt.analysis import analyze_paths
     from dsv4opt.analysis.profile import Profile, is_profile_file
     from dsv4opt.decision.glue_plan import glue_plan, require_glue
+    from dsv4opt.fileio import check_new_file
     from dsv4opt.report.glue import print_glue
 
-    if json_out is not None and json_out.exists() and not force:
-        raise DsvOptError(f"{json_out}: already exists; pick another --json path or pass --force")
+    check_new_file(json_out, force, "--json")
     if is_profile_file(source):
         if capture is not None:
             raise DsvOptError("--capture goes with trace files; a profile was analysed with its capture already")
@@ -46,5 +49,6 @@ def glue(
         from dsv4opt.fileio import write_json_atomic
 
         write_json_atomic(json_out, finite({"schema": "dsv4opt.glue/1", "source": str(source),
-                                           "glue": msgspec.to_builtins(summary), "plan": plan.to_dict()}))
+                                           "glue": msgspec.to_builtins(summary), "plan": plan.to_dict()}),
+                          make_dirs=False)
         console.print(f"glue regions written to {json_out}")

@@ -31,6 +31,7 @@ FILE_COMMANDS = {
     "report": (["report", "{profile}", "--out", "OUT"], "--out"),
     "bench": (["bench", "mma-attn", "--json", "OUT"], "--json"),
     "profile": (["profile", "--device", "cpu", "--out", "OUT"], "--out"),
+    "glue": (["glue", "{profile}", "--json", "OUT"], "--json"),
 }
 
 

@@ -65,4 +65,5 @@ def small_settings(url: str, tmp_path: Path, **overrides) -> SGLangSettings:
         stall_timeout_s=1.0, window_s=0.3, request_timeout_s=2.0, settle_s=0.3, out=tmp_path / "out" / "p.json",
     )
     base.update(overrides)
+    (tmp_path / "out").mkdir(exist_ok=True)  # a user's --out folder exists: dsv4opt never creates it
     return SGLangSettings(**base)

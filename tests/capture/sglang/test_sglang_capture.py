@@ -150,7 +150,6 @@ def test_prefill_never_ends(standin, tmp_path):
 
 def test_existing_output_is_not_touched(standin, tmp_path):
     settings = small_settings(standin.url, tmp_path)
-    settings.out.parent.mkdir(parents=True)
     settings.out.write_text("mine")
     with pytest.raises(DsvOptError, match="exists"):
         profile_sglang(settings)
@@ -167,6 +166,7 @@ def _cli(url, tmp_path, *extra):
 
     from dsv4opt.cli import app
 
+    (tmp_path / "out").mkdir(exist_ok=True)  # --out's folder is the user's to make
     args = ["profile", "--target", "sglang", "--url", url, "-c", "4", "--prompt-len", "8", "--steps", "3",
             "--window", "0.3", "--timeout", "3", "--stall-timeout", "1", "--max-new-tokens", "100000",
             "--trace-dir", str(tmp_path / "traces"), "--out", str(tmp_path / "out" / "p.json"), *extra]
@@ -185,7 +185,7 @@ def test_cli_fault_is_one_line(standin, tmp_path):
     result = _cli(standin.url, tmp_path)
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "error: server returned HTTP 500 for /generate" in result.output
-    assert not (tmp_path / "out").exists()
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_default_output_goes_under_profiles(standin, tmp_path, monkeypatch):

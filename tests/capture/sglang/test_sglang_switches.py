@@ -84,7 +84,7 @@ def test_mma_attn_also_gets_the_drop_in_launcher(tmp_path):
 def test_force_replaces_a_users_file_and_nothing_else_does(tmp_path):
     script = tmp_path / "sglang-mma-attn-launch.sh"
     script.write_text("#!/bin/sh\nmy own\n")
-    with pytest.raises(DsvOptError, match="sglang-switches --force replaces it"):
+    with pytest.raises(DsvOptError, match="already exists; pass --force to replace it"):
         apply_to_sglang("mma-attn", tmp_path)
     assert script.read_text() == "#!/bin/sh\nmy own\n" and not (tmp_path / "sglang-mma-attn.env").exists()
     runner = CliRunner()
