@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsv4opt.analysis import attribute, cpu_ops, glue, launch_sites, parts, rank, rank_balance, steps
+from dsv4opt.analysis import attribute, cpu_ops, glue, launch_sites, one_run, parts, rank, rank_balance, steps
 from dsv4opt.analysis.classify import classify_names
 from dsv4opt.analysis.names import short_name
 from dsv4opt.analysis.profile import CaptureMatch, CategoryRow, KernelRow, PartRow, Profile, RankRow, is_profile_file
@@ -24,13 +24,20 @@ RANK_TOP = 10
 RANK_KERNEL_COLUMNS = ["name", "short_name", "category", "count", "total_us", "share"]
 
 
-def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Path | None = None) -> Profile:
+def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Path | None = None,
+                  one_capture: bool = False) -> Profile:
     """Analyse trace files (or folders of per-rank traces) into one Profile.
 
     Several files are reported per rank (`ranks`) and aggregated (kernels, categories,
-    steps of the first rank with steps). `meta` is merged into profile.meta; target defaults to "trace".
+    steps of the first rank with steps), once their own metadata says they can be the ranks of one
+    run (analysis/one_run.py; meta["merged"] says what was merged). one_capture: the caller wrote
+    them in one capture, so they are not checked. `meta` is merged into profile.meta; target
+    defaults to "trace".
     """
     files = expand_trace_paths(list(paths))
+    if not one_capture:
+        one_run.check_names(files)
+    run = one_run.OneRun()
     reference = _Reference.of(read_trace(capture)) if capture is not None else None
     per_rank: list[RankRow] = []
     all_kernels: list[pd.DataFrame] = []
@@ -44,6 +51,8 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     glue_regions = None
     for i, f in enumerate(files):
         trace = read_trace(f, rank=_rank_of(f, i))
+        if not one_capture:
+            run.add(one_run.origin_of(trace))  # before the analysis: a stranger is refused at once
         result = _analyze_one(trace, reference)
         per_rank.append(result["summary"])
         if trace.device and trace.device not in devices:
@@ -75,6 +84,8 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     }
     if capture is not None:
         profile_meta["capture_trace"] = str(capture)
+    if run.describe():
+        profile_meta["merged"] = run.describe()
     profile_meta.update(meta or {})
     # How many graph-replayed kernels found their launch in the capture trace: a reader judges the
     # replay's operators and parts by this.

@@ -33,6 +33,8 @@ def analyze(
     check_new_file(json_out, force, "--json")
     profile = analyze_paths(traces, capture=capture)
     print_profile(profile, top=top, console=console)
+    if profile.meta.get("merged"):
+        console.print(profile.meta["merged"], highlight=False)
     if json_out is not None:
         profile.save(json_out, make_dirs=False)
         console.print(f"profile written to {json_out}")

@@ -16,7 +16,8 @@ from dsv4opt.errors import CaptureError
 
 def analysed(captured: Captured) -> Profile:
     """The profile of a capture's traces, with its settings and measured throughput."""
-    prof = analyze_paths(captured.traces, meta=captured.meta, capture=captured.capture_trace)
+    # the capture wrote these files itself, in one run: nothing to check about where they came from
+    prof = analyze_paths(captured.traces, meta=captured.meta, capture=captured.capture_trace, one_capture=True)
     prof.meta = {**prof.meta, **captured.meta}
     prof.throughput = captured.throughput
     return msgspec.structs.replace(prof, **captured.extra)

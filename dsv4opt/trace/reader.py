@@ -24,7 +24,8 @@ LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
 # Header keys worth keeping (small); the rest of the top-level object is dropped after parsing.
 HEADER_KEYS = ("schemaVersion", "deviceProperties", "distributedInfo", "with_stack", "traceName",
-               "cuda_runtime_version", "hip_runtime_version", "cupti_version", "roctracer_version")
+               "cuda_runtime_version", "hip_runtime_version", "cupti_version", "roctracer_version",
+               "host_name", "baseTimeNanoseconds")  # the last two say where and when: ranks of one run?
 _NUMBER = (int, float)
 _KEPT_CATS = ("python_function", "cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "gpu_user_annotation")
 

@@ -68,6 +68,14 @@ def test_each_rank_writes_a_trace_named_as_sglang_names_its_ranks(two_ranks):
         assert {"moe", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_"} <= names
 
 
+def test_analyze_reads_the_rank_traces_as_one_run(two_ranks):
+    """`dsv4opt analyze` on the trace folder merges the ranks, and says what it merged."""
+    _, _, traces = two_ranks
+    r = runner.invoke(app, ["analyze", str(traces)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "2 traces merged as the ranks of one run; torch.distributed ranks 0, 1 of 2" in r.output
+
+
 def _plain_timeline(path: Path) -> dict:
     """Independently of the analysis: communication = gloo ranges and c10d operators; compute = the
     other operators that no operator on their thread encloses."""
