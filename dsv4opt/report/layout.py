@@ -64,22 +64,36 @@ def print_table(console: Console, columns: list[Column], rows: list[list[str]], 
     rows = [list(r) for r in rows]
     widths = _widths(columns, rows)
     shrink = [i for i in shown if columns[i].shrink]
+    folded: dict[int, int] = {}  # shrink columns whose shortened texts would look alike: width
     if shrink:
         fixed = sum(widths[i] for i in shown if i not in shrink) + overhead(len(shown))
         room = max(MIN_SHRUNK, (console.width - fixed) // len(shrink))
         for i in shrink:
-            for r, text in zip(rows, shorten([r[i] for r in rows], min(room, widths[i]))):
+            texts = [r[i] for r in rows]
+            short = shorten(texts, min(room, widths[i]))
+            if len(set(short)) < len(set(texts)):
+                folded[i] = min(room, widths[i])  # different names must not read alike: shown whole, folded
+                continue
+            for r, text in zip(rows, short):
                 r[i] = text
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for i in shown:
-        table.add_column(columns[i].header, justify="right" if columns[i].right else "left", no_wrap=True)
+        if i in folded:
+            table.add_column(columns[i].header, overflow="fold", width=folded[i])
+        else:
+            table.add_column(columns[i].header, justify="right" if columns[i].right else "left", no_wrap=True)
     for r in rows:
         table.add_row(*(escape(r[i]) for i in shown))
     console.print(table)
     left_out = [i for i in range(len(columns)) if i not in shown and i != 0]
     if left_out:
-        print_notes(console, [(r[0], "; ".join(f"{columns[i].header.replace(chr(10), ' ')}: {r[i]}"
-                                               for i in left_out if r[i])) for r in rows])
+        print_notes(console, [(r[0], "; ".join(f"{_one_line(columns[i].header)}: {r[i]}" for i in left_out if r[i]))
+                              for r in rows])
+
+
+def _one_line(header: str) -> str:
+    """A two-line header on one line: "launches\n/step" -> "launches/step", "Amdahl\nbound" -> "Amdahl bound"."""
+    return header.replace("\n/", "/").replace("\n", " ")
 
 
 def print_prose(console: Console, text: str, indent: int = 2) -> None:
