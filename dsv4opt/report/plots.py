@@ -46,55 +46,47 @@ def _bar_width_in(n: int) -> float:
 
 def category_bars_png(labels: Sequence[str], shares: Sequence[dict[str, float]], basis: str = "GPU time") -> bytes | None:
     """Stacked bars, one per profile: share of `basis` per category."""
-    plt = _pyplot()
-    if plt is None or not labels:
-        return None
-    fig, ax = plt.subplots(figsize=(_bar_width_in(len(labels)), 4.2))
-    bottoms = [0.0] * len(labels)
-    for cat in CATEGORIES:
-        values = [100.0 * s.get(cat, 0.0) for s in shares]
-        if not any(values):
-            continue
-        ax.bar(labels, values, bottom=bottoms, color=COLOURS[cat], label=category_label(cat))
-        bottoms = [b + v for b, v in zip(bottoms, values)]
-    ax.set_ylabel(f"share of {basis} (%)")
-    ax.set_ylim(0, 100)
-    if any(bottoms):
-        handles, names = ax.get_legend_handles_labels()
-        ax.legend(handles[::-1], names[::-1], loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    plt.setp(ax.get_xticklabels(), rotation=30 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center",
-             fontsize=8)
-    data = _png(fig)
-    plt.close(fig)
-    return data
+    return _stacked_bars(labels, [{c: 100.0 * v for c, v in s.items()} for s in shares], f"share of {basis} (%)",
+                         top=100.0)
 
 
 def category_time_png(labels: Sequence[str], ms: Sequence[dict[str, float]], measured: Sequence[float | None],
                       ylabel: str) -> bytes | None:
     """Stacked bars, one per profile: time per category in ms (absolute, so a bar that shrinks is
     time saved), with the measured ms/step of each profile as a marker where it has one."""
+    if not any(ms):
+        return None
+    return _stacked_bars(labels, ms, ylabel, marks=measured, mark_label="measured ms/step")
+
+
+def _stacked_bars(labels: Sequence[str], values: Sequence[dict[str, float]], ylabel: str, top: float | None = None,
+                  marks: Sequence[float | None] = (), mark_label: str = "") -> bytes | None:
+    """One bar per label, a segment per category in the fixed colours, legend in stacking order."""
     plt = _pyplot()
-    if plt is None or not labels or not any(ms):
+    if plt is None or not labels:
         return None
     fig, ax = plt.subplots(figsize=(_bar_width_in(len(labels)), 4.2))
     x = list(range(len(labels)))
     bottoms = [0.0] * len(labels)
     for cat in CATEGORIES:
-        values = [m.get(cat, 0.0) for m in ms]
-        if not any(values):
+        heights = [v.get(cat, 0.0) for v in values]
+        if not any(heights):
             continue
-        ax.bar(x, values, bottom=bottoms, color=COLOURS[cat], label=category_label(cat))
-        bottoms = [b + v for b, v in zip(bottoms, values)]
-    points = [(i, v) for i, v in enumerate(measured) if v]
+        ax.bar(x, heights, bottom=bottoms, color=COLOURS[cat], label=category_label(cat))
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    points = [(i, v) for i, v in enumerate(marks) if v]
     if points:
         ax.scatter([p[0] for p in points], [p[1] for p in points], marker="_", s=400, color="black", zorder=3,
-                   label="measured ms/step")
+                   label=mark_label)
     ax.set_xticks(x, labels)
     ax.set_ylabel(ylabel)
-    handles, names = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], names[::-1], loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    plt.setp(ax.get_xticklabels(), rotation=30 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center",
-             fontsize=8)
+    if top is not None:
+        ax.set_ylim(0, top)
+    if any(bottoms):
+        handles, names = ax.get_legend_handles_labels()
+        ax.legend(handles[::-1], names[::-1], loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    many = len(labels) > 4
+    plt.setp(ax.get_xticklabels(), rotation=30 if many else 0, ha="right" if many else "center", fontsize=8)
     data = _png(fig)
     plt.close(fig)
     return data
