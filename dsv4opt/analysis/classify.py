@@ -1,7 +1,8 @@
 """Kernel name -> category, as an ordered pattern table: first match wins.
 
 Each row carries a real kernel name it was written for (from real traces: NVIDIA A100/V100/H100/H200,
-AMD MI300X); tests/analysis/test_classify.py checks every example lands in its row's category. Patterns match the demangled name, case-insensitively.
+AMD MI300X; where a name comes from another project's source instead, the row says which file); tests/analysis/test_classify.py checks every example lands in its row.
+Patterns match the demangled name, case-insensitively.
 """
 
 from __future__ import annotations
@@ -26,41 +27,70 @@ class Rule:
     why: str = ""
 
 
-# Order matters: more specific rules first (a grouped GEMM is MoE before it is a GEMM; an ffma
-# xmma GEMM is SIMT before it is an xmma GEMM; a copy written as an elementwise functor is a copy).
+# Order matters: more specific rules first (an Inductor kernel is what its prefix says before it is
+# any op its fused name mentions; a KV-cache store in an attention library is a copy; a grouped GEMM
+# is MoE before it is a GEMM; an ffma xmma GEMM is SIMT before it is an xmma GEMM; a copy written as
+# an elementwise functor is a copy). Each row's example is a real kernel name; where it comes from
+# another project's source rather than a trace, the row says so.
 RULES: tuple[Rule, ...] = (
-    # Inductor's generated kernels first, by prefix: their names list the ops they were fused with,
-    # custom kernels included (triton_poi_fused_..._mxfp4_slot_gemv_...), which rows below would take.
+    # Inductor names its kernels "triton_" + {poi, red, per, for, tem} + "_fused_" + the aten ops
+    # the kernel was generated from (torch/_inductor/codegen): a pointwise kernel that fused the
+    # glue around an SDPA or a bmm is named after them and is still pointwise, and one fused with a
+    # custom kernel (triton_poi_fused_..._mxfp4_slot_gemv_...) is not that kernel.
     Rule(REDUCTION, r"^triton_(?:red|per)_",
          "triton_red_fused__unsafe_view_add_mean_mul_pow_rsqrt_1",
-         "Inductor reductions by their prefix, whatever they fuse (their names often say _to_copy)"),
-    Rule(ELEMENTWISE, r"^triton_poi_",
+         "Inductor reductions (red: looped, per: persistent) by their prefix, whatever they fuse (tracelens_torch_compile_triton)"),
+    Rule(ELEMENTWISE, r"^triton_(?:poi|for)_",
          "triton_poi_fused__unsafe_view_mul_silu_2",
-         "Inductor pointwise kernels by their prefix"),
+         "Inductor pointwise (poi) and foreach (for) kernels by their prefix (tracelens_torch_compile_triton)"),
+    Rule(GEMM_TC, r"^triton_tem_",
+         "triton_tem_fused_mm_0",
+         "Inductor's Triton GEMM templates (max-autotune mm/addmm/bmm, epilogues fused), named as Inductor names them"),
     Rule(COMMUNICATION, r"nccl|rccl|all_?reduce|allgather|all_gather|reduce_?scatter|all_?to_?all|cross_device_reduce|one_shot|two_shot|mscclpp|deep_ep|dispatch_combine",
          "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"),
+    Rule(COPY, r"reshape_and_cache|concat_and_cache|store_kvcache|kv_indices|write_req_to_token",
+         "create_flashinfer_kv_indices_triton",
+         "KV-cache stores and page-index building next to attention (SGLang's create_flashinfer_kv_indices_triton "
+         "and store_kvcache from tracelens_sglang_qwen3_8b_decode_mi300x; vLLM's reshape_and_cache_flash_kernel and "
+         "concat_and_cache_mla_kernel, csrc/cache_kernels.cu): their names say flash/mla/kv but they move data"),
     Rule(MOE, r"grouped_?gemm|groupproblemshape|moe|expert|topk_softmax|topkgating|moe_align|count_and_sort_expert|group_gemm|m_grouped|grouped_mm",
          "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cutlass::gemm::GroupProblemShape<cute::tuple<int, int, int> >, ...> >(...)",
          "grouped GEMMs and expert routing"),
     Rule(MOE, r"mxfp4.*slot|slot_gemv",
          "_mxfp4_slot_gemv_kernel",
          "SGLang's sm_120 MXFP4 expert fallback: one CUDA-core GEMV per (token, expert) slot (seen on an H200 in this project's embedded baseline)"),
-    Rule(ATTENTION, r"flash|fmha|sdpa|mla|attn|attention|batchdecode|batchprefill|paged_?attention|decode_?kernel|_fwd_kernel_stage|merge_state|single_decode|cascade",
-         "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t, ...>, false, true, false, false, true, true, false>(pytorch_flash::Flash_fwd_params)"),
+    Rule(MOE, r"matmul_ogs|_combined_routing|_routing_(?:compute|clear|memset)|bitmatrix",
+         "_matmul_ogs_NNT_bf16xbf16xmxfp4_16x256x128x1",
+         "triton_kernels' MoE (vLLM's and SGLang's MXFP4 path): expert GEMMs named by make_matmul_repr "
+         "(matmul_ogs_details/_common.py: layouts_dtypes_blocks), routing (_combined_routing_compute, "
+         "_sum_bitmatrix_rows); without this row matmul_ogs reads as a dense GEMM"),
+    Rule(MOE, r"deep_gemm::.*gemmtype\)\s*[12]\b",
+         "void deep_gemm::sm90_fp8_gemm_1d2d_impl<0u, 4096u, 7168u, 4u, 128u, 128u, 128u, 32u, 4u, 128u, 128u, 1u, 1u, (deep_gemm::GemmType)1>(float*, int*, unsigned int, unsigned int, unsigned int, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap)",
+         "DeepGEMM's grouped GEMMs (GemmType 1 MGroupedContiguous, 2 MGroupedMasked) are the experts; written "
+         "in DeepGEMM's naming (deep_gemm/include/deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh: the GEMM type is a "
+         "template argument); the other template values are illustrative, not copied from a trace"),
+    Rule(ATTENTION, r"flash(?!infer)|fmha|sdpa|mla|attn|attention|batchdecode|batchprefill|paged_?attention|decode_?kernel|_fwd(?:_grouped)?_kernel_stage|merge_?state|single_?(?:decode|prefill)|cascade",
+         "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t, ...>, false, true, false, false, true, true, false>(pytorch_flash::Flash_fwd_params)",
+         "attention kernels; FlashInfer's namespace alone says nothing (its norm, rope and sampling kernels live there too)"),
     Rule(GEMM_FP32_SIMT, r"sgemm|simt|_ffma|ffma_|gemm_f32f32_f32f32|scudnn|gemv.*<float|gemvx?_?kernel.*\bfloat\b|gemmsn_.*float|gemmk1_kernel<.*float|^cijk_(?!.*_mi\d)",
          "volta_sgemm_64x64_nt",
          "FP32 GEMM/GEMV on CUDA cores (also cuDNN's FP32 scudnn convolutions)"),
-    Rule(GEMM_TC, r"(?<!fb)gemm|gemv|nvjet|tensorop|xmma|hmma|wgmma|cutlass|cublas|^cijk_|ck_tile.*gemm|matmul|triton_mm|triton_tem_|_mm_|tl_dot|bmm|splitkreduce|cudnn.*conv|implicit_convolve|dgrad|wgrad",
+    Rule(GEMM_TC, r"(?<!fb)gemm|gemv|nvjet|tensorop|xmma|hmma|wgmma|cutlass|cublas|^cijk_|ck_tile.*gemm|matmul|triton_mm|_mm_|tl_dot|bmm|splitkreduce|marlin|cudnn.*conv|implicit_convolve|dgrad|wgrad",
          "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
-         "tensor-core GEMM/GEMV, tf32 included (s1688gemm), Triton tl.dot matmuls"),
+         "tensor-core GEMM/GEMV, tf32 included (s1688gemm), Triton tl.dot matmuls, vLLM's Marlin mixed-precision GEMMs"),
     Rule(TOPK_SORT, r"topk|top_k|sort|radix|argsort|bitonic|segmented_sort|gathertopk",
          "void cub::DeviceRadixSortOnesweepKernel<cub::DeviceRadixSortPolicy<long, int, int>::Policy800, false, long, int, int, int>(...)"),
-    Rule(COPY, r"^memcpy|^memset|copy|catarray|\bcat_|gather|scatter|index|(?<!rotary_)embedding|fill|permute|transpose|store_kvcache|concat|\bstack|unfold|im2col|nchwtonhwc|nhwctonchw",
+    Rule(COPY, r"^memcpy|^memset|copy|catarray|\bcat_|gather|scatter|index|(?<!rotary_)embedding|fill|permute|transpose|concat|\bstack|unfold|im2col|nchwtonhwc|nhwctonchw",
          "Memcpy HtoD (Pinned -> Device)",
          "memcpy, memset, copy/cat/gather/index/fill kernels (dtype conversion copies included)"),
-    Rule(REDUCTION, r"reduce|norm|softmax|triton_red_|triton_per_|_per_fused|mean|argmax|argmin|\bsum\b|cumsum|scan|welford|bn_|batch_norm|gammabeta",
+    Rule(REDUCTION, r"reduce|reduction|norm|softmax|_per_fused|mean|argmax|argmin|\bsum\b|cumsum|scan|welford|bn_|batch_norm|gammabeta",
          "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, float, 4> >(...)"),
-    Rule(ELEMENTWISE, r"elementwise|triton_poi_|_poi_fused|functor|unrolled|vectorized|activation|act_and_mul|silu|gelu|relu|sigmoid|tanh|rotary|rope|pointwise|multi_tensor_apply|threshold|clamp|pool",
+    Rule(ELEMENTWISE, r"quant|cvt_fp\d+_to_fp4",
+         "void vllm::scaled_fp8_quant_kernel<c10::BFloat16, c10::Float8_e4m3fn>(c10::Float8_e4m3fn*, c10::BFloat16 const*, float const*, long)",
+         "quantisation: a cast with a scale (vLLM's scaled_fp8_quant_kernel and dynamic_per_token_scaled_fp8_quant_kernel, "
+         "csrc/quantization/fp8/common.cu; SGLang's per_token_group_quant_8bit; the NVFP4 cvt_fp16_to_fp4 of vLLM and "
+         "TensorRT-LLM); after the reduction row, so a fused norm+quant stays a reduction"),
+    Rule(ELEMENTWISE, r"elementwise|_poi_fused|functor|unrolled|vectorized|activation|act_and_mul|silu|gelu|relu|sigmoid|tanh|rotary|rope|pointwise|multi_tensor_apply|threshold|clamp|pool",
          "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)"),
 )
 

@@ -74,3 +74,80 @@ def test_demangle_and_shorten():
     assert name.removeprefix("void ").startswith("aiter::add_rmsnorm_quant_kernel<"), name
     assert short_name("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, X> >(at::native::ReduceOp<float, X>)") == "reduce_kernel<512, 1, ReduceOp<…> >"
     assert short_name("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"
+
+
+# Inductor names a kernel after its kind and the aten ops it was generated from
+# ("triton_" + {poi, red, per, for, tem} + "_fused_" + ops + "_" + index, torch/_inductor/codegen).
+# These are written in that scheme with the op mixes the compiled DeepSeek-style decode trace of
+# the analysis issue showed (SDPA glue, bmm, grouped_mm, moe_forward), not copied from a trace.
+INDUCTOR_FUSED = [
+    ("triton_poi_fused__scaled_dot_product_efficient_attention_add_transpose_view_3", "elementwise"),
+    ("triton_poi_fused_bmm_clone_permute_view_12", "elementwise"),
+    ("triton_poi_fused__grouped_mm_index_view_7", "elementwise"),
+    ("triton_red_fused__to_copy_moe_forward_sum_view_21", "reduction"),
+    ("triton_per_fused__softmax_scaled_dot_product_attention_5", "reduction"),
+    ("triton_poi_fused_all_reduce_copy_0", "elementwise"),
+    ("triton_for_fused_0", "elementwise"),
+    ("triton_tem_fused_addmm_relu_4", "gemm_tc"),
+]
+
+
+@pytest.mark.parametrize("name,category", INDUCTOR_FUSED, ids=[n for n, _ in INDUCTOR_FUSED])
+def test_inductor_fused_names_are_not_read_as_the_ops_they_mention(name, category):
+    assert classify(name) == category
+
+
+# Kernel names of serving libraries, each from the project's source as noted (demangled as the
+# profiler prints them; parameter lists shortened to "(...)").
+SERVING = [
+    # triton_kernels (vLLM / SGLang MXFP4 MoE): make_matmul_repr names, routing and bitmatrix kernels
+    ("_matmul_ogs_NNT_bf16xbf16xmxfp4_16x256x128x1", "moe"),
+    ("_p_matmul_ogs_NNT_bf16xbf16xmxfp4_128x256x128x1", "moe"),
+    ("_combined_routing_compute", "moe"),
+    ("_combined_routing_memset", "moe"),
+    ("_sum_bitmatrix_rows", "moe"),
+    # vLLM csrc: fused MoE (moe_align_sum_kernels.cu, topk_softmax_kernels.cu), cache, quant, Marlin
+    ("void vllm::moe::moe_align_block_size_kernel<int>(int const*, int*, int*, int*, int, int, int, int, unsigned long, int*)", "moe"),
+    ("void vllm::moe::topkGatingSoftmax<4, 4, 4, 16, 32, int>(float const*, bool const*, float*, int, int*, int*, int, int, int)", "moe"),
+    ("fused_moe_kernel", "moe"),
+    ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(...)", "copy"),
+    ("void vllm::concat_and_cache_mla_kernel<__nv_bfloat16, __nv_bfloat16, (vllm::Fp8KVCacheDataType)0>(...)", "copy"),
+    ("void vllm::scaled_fp8_quant_kernel<c10::BFloat16, c10::Float8_e4m3fn>(c10::Float8_e4m3fn*, c10::BFloat16 const*, float const*, long)", "elementwise"),
+    ("void vllm::dynamic_per_token_scaled_fp8_quant_kernel<c10::BFloat16, c10::Float8_e4m3fn>(...)", "elementwise"),
+    ("void vllm::segmented_max_reduction<c10::BFloat16, c10::Float8_e4m3fn>(float*, c10::BFloat16 const*, long)", "reduction"),
+    ("void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*, c10::BFloat16*, c10::BFloat16 const*, float, int, int)", "reduction"),
+    ("void vllm::act_and_mul_kernel<c10::BFloat16, &(c10::BFloat16 vllm::silu_kernel<c10::BFloat16>(c10::BFloat16 const&)), true>(...)", "elementwise"),
+    ("void marlin::Marlin<(vllm::ScalarType)0, 256, 1, 8, 8, 8, 4, false, -1, true>(...)", "gemm_tc"),
+    ("void marlin_moe_wna16::Marlin<(vllm::ScalarType)0, 256, 1, 8, 8, 8, 4, false, -1, true>(...)", "moe"),
+    ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, vllm::Signal*, __nv_bfloat16*, int, int)", "communication"),
+    ("_w8a8_block_fp8_matmul", "gemm_tc"),
+    # SGLang: triton decode attention, KV index building (tracelens MI300X trace), quant, MoE gate
+    ("_fwd_grouped_kernel_stage1", "attention"),
+    ("_fwd_kernel_stage2", "attention"),
+    ("create_flashinfer_kv_indices_triton", "copy"),
+    ("write_req_to_token_pool_triton", "copy"),
+    ("void per_token_group_quant_8bit_kernel<__nv_bfloat16, c10::Float8_e4m3fn, false>(...)", "elementwise"),
+    ("_per_token_group_quant_fp8", "elementwise"),
+    ("void moe_fused_gate_kernel<float, 256, 8, 8, 4, 32>(...)", "moe"),
+    # FlashInfer (include/flashinfer/...): attention, norm, sampling, rope
+    ("void flashinfer::BatchPrefillWithPagedKVCacheKernel<flashinfer::KernelTraits<>, flashinfer::PagedParams>(...)", "attention"),
+    ("void flashinfer::mla::BatchMLAPagedAttentionKernel<flashinfer::mla::KernelTraits<>, flashinfer::mla::Params>(...)", "attention"),
+    ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*, unsigned int, unsigned int, unsigned int, float, float)", "reduction"),
+    ("void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheKernel<true, 128u, 8u, 16u, __nv_bfloat16, long>(...)", "elementwise"),
+    ("void flashinfer::MergeStatesKernel<8u, 16u, 2u, 4u, __nv_bfloat16, __nv_bfloat16>(...)", "attention"),
+    ("void flashinfer::sampling::TopKTopPSamplingFromProbKernel<1024u, (cub::BlockScanAlgorithm)0, (cub::BlockReduceAlgorithm)2, 4u, true, float, int>(...)", "topk_sort"),
+    # TensorRT-LLM: NVFP4 quant, MoE finalize, trtllm-gen attention
+    ("void tensorrt_llm::kernels::cvt_fp16_to_fp4<__nv_bfloat16, false>(...)", "elementwise"),
+    ("void tensorrt_llm::kernels::finalizeMoeRoutingKernel<__nv_bfloat16, __nv_bfloat16, false>(...)", "moe"),
+    ("fmhaSm100fKernel_QkvE4m3OBfloat16HQk576HV512HVPerCta256PagedKvSparseMlaP64VarSeqQ16Kv128PersistentSwapsAbForGen", "attention"),
+    # DeepGEMM: a dense FP8 GEMM (GemmType 0) stays a GEMM; DeepEP dispatch is communication
+    ("void deep_gemm::sm90_fp8_gemm_1d2d_impl<0u, 4096u, 7168u, 1u, 128u, 128u, 128u, 32u, 4u, 128u, 128u, 1u, 1u, (deep_gemm::GemmType)0>(...)", "gemm_tc"),
+    ("void deep_gemm::sm90_fp8_gemm_1d2d_impl<0u, 4096u, 7168u, 4u, 128u, 128u, 128u, 32u, 4u, 128u, 128u, 1u, 1u, (deep_gemm::GemmType)2>(...)", "moe"),
+    ("void deep_ep::internode_ll::dispatch<false, 3, 7168>(...)", "communication"),
+]
+
+
+@pytest.mark.parametrize("name,category", SERVING, ids=[f"{c}-{i}" for i, (_, c) in enumerate(SERVING)])
+def test_serving_library_names(name, category):
+    assert classify(name) == category
+
