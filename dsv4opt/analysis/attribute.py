@@ -5,12 +5,13 @@ CUDA-graph replay - where correlation ids point at the one graph launch, not at 
 from __future__ import annotations
 
 import re
-from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from dsv4opt.analysis.intervals import Intervals
 from dsv4opt.trace.model import Trace
 
 SAMPLES_PER_KERNEL = 32
@@ -84,80 +85,88 @@ def is_user_frame(name: str) -> bool:
 
 
 class Attributor:
-    """Looks up operators and source lines in one trace (the replay trace, or a capture trace)."""
+    """Looks up operators and source lines in one trace (the replay trace, or a capture trace), for
+    many launches at once: arrays in, arrays of names (None where unknown) out."""
 
     def __init__(self, trace: Trace):
         ops = trace.cpu_ops[trace.cpu_ops["external_id"] >= 0]
         # Innermost operator per External id: the shortest one.
         ops = ops.sort_values("dur_us", kind="mergesort").drop_duplicates("external_id")
         self._op_by_ext = pd.Series(ops["name"].astype(object).to_numpy(), index=ops["external_id"].to_numpy())
-        self._frames: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         # Older Kineto traces reuse the correlation id as External id; then the operator is the
         # innermost cpu_op around the launch on its thread.
-        self._ops_by_thread = _intervals(trace.cpu_ops, trace.cpu_ops["name"].astype(object).to_numpy())
+        self._ops = _Ranges.of(trace.cpu_ops, trace.cpu_ops["name"].astype(object).to_numpy())
+        self._frames = None
         f = trace.frames
         if not f.empty:
             names = f["name"].astype(object).to_numpy()
             distinct = pd.unique(names)
             user_map = dict(zip(distinct, (is_user_frame(x) for x in distinct)))
             keep = np.fromiter((user_map[x] for x in names), bool, len(names))
-            self._frames = _intervals(f[keep], names[keep])
+            if keep.any():
+                self._frames = _Ranges.of(f[keep], names[keep])
 
-    def operator(self, external_id: int) -> str | None:
-        if external_id < 0:
-            return None
-        v = self._op_by_ext.get(external_id)
-        return None if v is None else str(v)
+    def operators(self, external_id: np.ndarray) -> np.ndarray:
+        """[launches] the operator each External id names (None for -1 or unknown ids)."""
+        external_id = np.asarray(external_id, np.int64)
+        pos = self._op_by_ext.index.get_indexer(external_id) if len(self._op_by_ext) else np.full(len(external_id), -1)
+        pos = np.where(external_id >= 0, pos, -1)
+        return np.append(self._op_by_ext.to_numpy(), None)[pos]
 
-    def location(self, pid: int, tid: int, ts_us: float) -> str | None:
-        """Innermost user frame enclosing ts on that thread: the latest-starting one that still covers ts."""
-        found = _innermost(self._frames.get((pid, tid)), ts_us)
-        return None if found is None else frame_location(str(found))
+    def locations(self, pid: np.ndarray, tid: np.ndarray, ts_us: np.ndarray) -> np.ndarray:
+        """[launches] innermost user frame enclosing each time on its thread, as 'file.py:line'."""
+        if self._frames is None:
+            return np.full(len(ts_us), None, object)
+        found = self._frames.innermost(pid, tid, ts_us)
+        distinct = pd.unique(found[found != None])  # noqa: E711 (elementwise)
+        where = dict(zip(distinct, (frame_location(str(x)) for x in distinct)))
+        return np.array([None if x is None else where[x] for x in found], object)
 
-    def frame_call(self, pid: int, tid: int, ts_us: float) -> tuple[str | None, float]:
-        """The innermost user frame enclosing ts on that thread and when that call started (which
-        call of the function it was): (raw frame name, start) or (None, nan)."""
-        intervals = self._frames.get((pid, tid))
-        i = _innermost_index(intervals, ts_us)
-        return (None, float("nan")) if i is None else (str(intervals[2][i]), float(intervals[0][i]))
+    def frame_calls(self, pid: np.ndarray, tid: np.ndarray, ts_us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[launches] the innermost user frame enclosing each time on its thread (raw frame name,
+        None when none) and when that call of it started (NaN when none): which call it was."""
+        if self._frames is None:
+            return np.full(len(ts_us), None, object), np.full(len(ts_us), np.nan)
+        return self._frames.innermost_with_start(pid, tid, ts_us)
 
-    def operator_at(self, pid: int, tid: int, ts_us: float) -> str | None:
-        """Innermost cpu_op around ts on that thread."""
-        found = _innermost(self._ops_by_thread.get((pid, tid)), ts_us)
-        return None if found is None else str(found)
+    def operators_at(self, pid: np.ndarray, tid: np.ndarray, ts_us: np.ndarray) -> np.ndarray:
+        """[launches] innermost cpu_op around each time on its thread."""
+        if self._ops is None:
+            return np.full(len(ts_us), None, object)
+        return self._ops.innermost(pid, tid, ts_us)
 
     @property
     def has_stacks(self) -> bool:
-        return bool(self._frames)
+        return self._frames is not None
 
 
-def _intervals(table: pd.DataFrame, names: np.ndarray) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per (pid, tid): starts, ends, names sorted by start."""
-    out = {}
-    if table.empty:
-        return out
-    ts_all = table["ts_us"].to_numpy()
-    end_all = ts_all + table["dur_us"].to_numpy()
-    for (pid, tid), idx in table.groupby(["pid", "tid"]).indices.items():
-        order = idx[np.argsort(ts_all[idx], kind="mergesort")]
-        out[(int(pid), int(tid))] = (ts_all[order], end_all[order], names[order])
-    return out
+@dataclass(frozen=True)
+class _Ranges:
+    """Named ranges of a trace's threads (operators, Python frames) for innermost-range lookups."""
+
+    intervals: Intervals
+    names: np.ndarray  # [ranges + 1] object; the last entry (None) stands for "no range"
+    start: np.ndarray  # [ranges + 1] float; the last entry NaN
+
+    @classmethod
+    def of(cls, table: pd.DataFrame, names: np.ndarray) -> "_Ranges | None":
+        if table.empty:
+            return None
+        start = table["ts_us"].to_numpy()
+        thread = _thread(table["pid"].to_numpy(), table["tid"].to_numpy())
+        return cls(Intervals.of(start, start + table["dur_us"].to_numpy(), thread), np.append(names, None),
+                   np.append(start, np.nan))
+
+    def innermost(self, pid: np.ndarray, tid: np.ndarray, ts_us: np.ndarray) -> np.ndarray:
+        return self.names[self.intervals.innermost(ts_us, _thread(pid, tid))]
+
+    def innermost_with_start(self, pid: np.ndarray, tid: np.ndarray, ts_us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        row = self.intervals.innermost(ts_us, _thread(pid, tid))
+        return self.names[row], self.start[row]
 
 
-def _innermost(intervals, ts_us: float):
-    """Name of the latest-starting interval that still covers ts (the innermost one), or None."""
-    i = _innermost_index(intervals, ts_us)
-    return None if i is None else intervals[2][i]
-
-
-def _innermost_index(intervals, ts_us: float) -> int | None:
-    if intervals is None or not np.isfinite(ts_us):
-        return None
-    starts, ends, _ = intervals
-    i = np.searchsorted(starts, ts_us, side="right")
-    lo = max(0, i - 4096)
-    cover = np.flatnonzero(ends[lo:i] >= ts_us)
-    return None if cover.size == 0 else int(lo + cover[-1])
+def _thread(pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    return np.asarray(pid, np.int64) * (1 << 32) + np.asarray(tid, np.int64)
 
 
 def match_capture(kernels: pd.DataFrame, launches: pd.DataFrame, capture: Trace) -> pd.DataFrame:
@@ -351,55 +360,60 @@ def attribute_top(kernels: pd.DataFrame, launches: pd.DataFrame, names: list[str
                   captured: pd.DataFrame | None = None, capture_attributor: Attributor | None = None) -> dict[str, dict]:
     """For each kernel name in `names`: launched_by, source, graph_replay_share (and how many replayed
     launches were matched to a capture), from a sample of up to SAMPLES_PER_KERNEL launches; the
-    most common operator/line wins. Replayed kernels with no capture match are attributed to the
-    graph replay itself, never guessed."""
-    out: dict[str, dict] = {}
+    most common operator/line wins (ties: the one met first). Replayed kernels with no capture
+    match are attributed to the graph replay itself, never guessed."""
     if kernels.empty:
-        return out
+        return {}
     kname = kernels["name"].astype(object).to_numpy()
-    wanted = set(names)
-    rows = np.flatnonzero(np.fromiter((x in wanted for x in kname), bool, len(kname)))
-    groups = pd.Series(rows).groupby(kname[rows]).indices
-    ext = launches["external_id"].to_numpy()
+    rows = np.flatnonzero(pd.Series(kname).isin(names).to_numpy())
+    groups = pd.Series(rows).groupby(kname[rows], sort=False).indices
     via = launches["via_graph"].to_numpy()
-    lts = launches["launch_ts_us"].to_numpy()
-    lpid = launches["launch_pid"].to_numpy()
-    ltid = launches["launch_tid"].to_numpy()
-    lname = launches["launch_name"].to_numpy()
-    cap_found = None if captured is None else (
-        (captured["cap_kernel"].to_numpy() >= 0) | np.isfinite(captured["cap_ts_us"].to_numpy()))
+    sample = np.concatenate([rows[pos[np.linspace(0, len(pos) - 1, min(len(pos), SAMPLES_PER_KERNEL)).astype(int)]]
+                             for pos in groups.values()]) if groups else np.zeros(0, np.int64)
+    s_name = kname[sample]
+    lpid, ltid, lts = (launches[c].to_numpy()[sample] for c in ("launch_pid", "launch_tid", "launch_ts_us"))
+    s_via = via[sample]
+    ops = attributor.operators(launches["external_id"].to_numpy()[sample])
+    unknown = ops == None  # noqa: E711 (elementwise)
+    ops[unknown] = attributor.operators_at(lpid[unknown], ltid[unknown], lts[unknown])
+    locs = attributor.locations(lpid, ltid, lts)
+    # Graph replays: the capture's launch when one was matched, else the replay call itself.
+    matched = np.zeros(len(sample), bool)
+    if captured is not None and capture_attributor is not None:
+        found = (captured["cap_kernel"].to_numpy() >= 0) | np.isfinite(captured["cap_ts_us"].to_numpy())
+        matched = s_via & found[sample]
+        m = sample[matched]
+        c_pid, c_tid, c_ts = (captured[c].to_numpy()[m] for c in ("cap_pid", "cap_tid", "cap_ts_us"))
+        c_ops = capture_attributor.operators(captured["cap_external_id"].to_numpy()[m])
+        gap = c_ops == None  # noqa: E711
+        c_ops[gap] = capture_attributor.operators_at(c_pid[gap], c_tid[gap], c_ts[gap])
+        ops[matched] = c_ops
+        locs[matched] = capture_attributor.locations(c_pid, c_tid, c_ts)
+    replay = s_via & ~matched
+    ops[replay] = [f"{x} (graph replay)" for x in launches["launch_name"].to_numpy()[sample[replay]]]
+    locs[replay] = [None if x is None else f"graph replay at {x}" for x in locs[replay]]
+
+    launched_by, source = _most_common(s_name, ops), _most_common(s_name, locs)
+    out: dict[str, dict] = {}
     for name, pos in groups.items():
-        idx = rows[pos]
-        sample = idx[np.linspace(0, len(idx) - 1, min(len(idx), SAMPLES_PER_KERNEL)).astype(int)]
-        ops: Counter = Counter()
-        locs: Counter = Counter()
-        matched = 0
-        for i in sample:
-            if via[i]:
-                if cap_found is not None and capture_attributor is not None and cap_found[i]:
-                    matched += 1
-                    c_pid, c_tid = int(captured["cap_pid"].iat[i]), int(captured["cap_tid"].iat[i])
-                    c_ts = float(captured["cap_ts_us"].iat[i])
-                    op = (capture_attributor.operator(int(captured["cap_external_id"].iat[i]))
-                          or capture_attributor.operator_at(c_pid, c_tid, c_ts))
-                    loc = capture_attributor.location(c_pid, c_tid, c_ts)
-                else:
-                    op = f"{lname[i]} (graph replay)"
-                    site = attributor.location(int(lpid[i]), int(ltid[i]), float(lts[i]))
-                    loc = f"graph replay at {site}" if site else None
-            else:
-                op = attributor.operator(int(ext[i])) or attributor.operator_at(int(lpid[i]), int(ltid[i]), float(lts[i]))
-                loc = attributor.location(int(lpid[i]), int(ltid[i]), float(lts[i]))
-            if op:
-                ops[op] += 1
-            if loc:
-                locs[loc] += 1
         row = {
-            "launched_by": ops.most_common(1)[0][0] if ops else None,
-            "source": locs.most_common(1)[0][0] if locs else None,
-            "graph_replay_share": float(via[idx].mean()),
+            "launched_by": launched_by.get(name),
+            "source": source.get(name),
+            "graph_replay_share": float(via[rows[pos]].mean()),
         }
-        if captured is not None and via[sample].any():
-            row["capture_matched"] = f"{matched}/{int(via[sample].sum())} sampled"
+        mine = s_name == name
+        if captured is not None and s_via[mine].any():
+            row["capture_matched"] = f"{int(matched[mine].sum())}/{int(s_via[mine].sum())} sampled"
         out[name] = row
     return out
+
+
+def _most_common(keys: np.ndarray, values: np.ndarray) -> dict:
+    """key -> its most frequent non-empty value; ties go to the value met first."""
+    known = np.array([v is not None and v != "" for v in values], bool) if len(values) else np.zeros(0, bool)
+    if not known.any():
+        return {}
+    frame = pd.DataFrame({"key": keys[known], "value": values[known], "first": np.arange(int(known.sum()))})
+    g = frame.groupby(["key", "value"], sort=False).agg(n=("first", "size"), first=("first", "min")).reset_index()
+    g = g.sort_values(["n", "first"], ascending=[False, True], kind="mergesort").drop_duplicates("key")
+    return dict(zip(g["key"], g["value"]))

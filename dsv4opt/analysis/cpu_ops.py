@@ -16,6 +16,7 @@ import pandas as pd
 
 from dsv4opt.analysis import parts, steps
 from dsv4opt.analysis.classify import classify_cpu_op_names
+from dsv4opt.analysis.intervals import Intervals
 
 TABLE_COLUMNS = ["name", "short_name", "category", "count", "total_us", "mean_us", "share"]
 
@@ -43,28 +44,17 @@ def analyze_cpu_ops(cpu_ops: pd.DataFrame, annotations: pd.DataFrame) -> CpuAnal
 
 
 def cpu_self_times(cpu_ops: pd.DataFrame) -> np.ndarray:
-    """[ops] self time = own duration minus that of directly nested operators on the same thread."""
-    n = len(cpu_ops)
-    self_us = cpu_ops["dur_us"].to_numpy().astype(np.float64).copy()
-    if n == 0:
-        return self_us
-    order = np.lexsort((-cpu_ops["dur_us"].to_numpy(), cpu_ops["ts_us"].to_numpy(), cpu_ops["tid"].to_numpy(), cpu_ops["pid"].to_numpy()))
-    ts = cpu_ops["ts_us"].to_numpy()
-    end = ts + cpu_ops["dur_us"].to_numpy()
-    dur = cpu_ops["dur_us"].to_numpy()
+    """[ops] self time = own duration minus that of directly nested operators on the same thread
+    (an operator's parent: the innermost earlier one still open at its start)."""
+    dur = cpu_ops["dur_us"].to_numpy().astype(np.float64)
+    if len(cpu_ops) == 0:
+        return dur.copy()
+    ts = cpu_ops["ts_us"].to_numpy().astype(np.float64)
     thread = cpu_ops["pid"].to_numpy() * (1 << 32) + cpu_ops["tid"].to_numpy()
-    stack: list[int] = []
-    current = None
-    for i in order:
-        if thread[i] != current:
-            stack.clear()
-            current = thread[i]
-        while stack and end[stack[-1]] < ts[i]:
-            stack.pop()
-        if stack:
-            self_us[stack[-1]] -= dur[i]
-        stack.append(i)
-    return np.maximum(self_us, 0.0)
+    parent = Intervals.of(ts, ts + dur, thread).parents()
+    nested = parent >= 0
+    children = np.bincount(parent[nested], weights=dur[nested], minlength=len(dur))
+    return np.maximum(dur - children, 0.0)
 
 
 def cpu_steps(cpu_ops: pd.DataFrame, self_us: np.ndarray, annotations: pd.DataFrame) -> dict | None:

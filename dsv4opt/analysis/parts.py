@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
+from dsv4opt.analysis.intervals import Intervals
 from dsv4opt.analysis.steps import STEP_LIKE, STEP_NAME
 
 NO_PART = "(outside any annotation)"
@@ -12,14 +15,22 @@ UNMATCHED_REPLAY = "(graph replay, unmatched)"
 PART_COLUMNS = ["part", "count", "total_us", "share"]
 
 
+# Ranges torch.compile wraps around a compiled region ("## Call CompiledFxGraph <hash> ##" from
+# Inductor's output code, "Torch-Compiled Region: 0/0" from Dynamo, aot_autograd's
+# "CompiledFunction"): they say a graph ran, not which part of the model it was.
+COMPILE_WRAPPER = re.compile(r"^## Call CompiledFxGraph|^Torch-Compiled Region|^CompiledFunction|^TorchDynamo Cache Lookup")
+
+
 def part_annotations(annotations: pd.DataFrame) -> pd.DataFrame:
-    """The annotations that can be parts: all but step ranges (ProfilerStep#N, names with step/iteration)."""
+    """The annotations that can be parts: all but step ranges (ProfilerStep#N, names with
+    step/iteration) and torch.compile's wrappers around compiled regions."""
     if annotations.empty:
         return annotations
     names = annotations["name"].astype(object)
-    steplike = (names.str.match(STEP_NAME.pattern).fillna(False).to_numpy(bool)
-                | names.str.contains(STEP_LIKE.pattern, case=False, regex=True).fillna(False).to_numpy(bool))
-    return annotations[~steplike]
+    not_part = (names.str.match(STEP_NAME.pattern).fillna(False).to_numpy(bool)
+                | names.str.contains(STEP_LIKE.pattern, case=False, regex=True).fillna(False).to_numpy(bool)
+                | names.str.contains(COMPILE_WRAPPER.pattern, regex=True).fillna(False).to_numpy(bool))
+    return annotations[~not_part]
 
 
 def kernel_parts(kernel_ts_us: np.ndarray, launch_ts_us: np.ndarray, launch_tid: np.ndarray,
@@ -35,24 +46,12 @@ def kernel_parts(kernel_ts_us: np.ndarray, launch_ts_us: np.ndarray, launch_tid:
         ann, t, tid = gpu, np.asarray(kernel_ts_us, float), None
     else:
         ann, t, tid = ann[ann["on_gpu"] == 0], np.asarray(launch_ts_us, float), np.asarray(launch_tid)
-    # Innermost = the latest-starting range that still covers t; ranges sorted by start.
-    ann = ann.sort_values("ts_us", kind="mergesort")
-    a_start = ann["ts_us"].to_numpy()
-    a_end = a_start + ann["dur_us"].to_numpy()
-    a_tid = ann["tid"].to_numpy()
-    a_name = ann["name"].astype(object).to_numpy()
-    part = np.full(len(t), NO_PART, object)
-    last = np.searchsorted(a_start, t, side="right") - 1
-    for i in np.flatnonzero(np.isfinite(t) & (last >= 0)):
-        j = last[i]
-        while j >= 0:
-            if a_end[j] >= t[i] and (tid is None or a_tid[j] == tid[i]):
-                part[i] = a_name[j]
-                break
-            j -= 1
-            if last[i] - j > 256:
-                break
-    return part
+    start = ann["ts_us"].to_numpy()
+    ranges = Intervals.of(start, start + ann["dur_us"].to_numpy(), None if tid is None else ann["tid"].to_numpy())
+    row = ranges.innermost(t, tid)
+    # row -1 (no range around the kernel) picks the NO_PART appended at the end.
+    names = np.append(ann["name"].astype(object).to_numpy(), NO_PART)
+    return names[row]
 
 
 def with_replayed_parts(own: np.ndarray | None, replayed: np.ndarray, reference_index: np.ndarray,

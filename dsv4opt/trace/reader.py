@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pandas as pd
 
 from dsv4opt.errors import TraceError
 from dsv4opt.trace.model import Trace
-from dsv4opt.trace.stream import stream_trace
+from dsv4opt.trace.stream import Args, Event, stream_trace
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
@@ -31,12 +32,14 @@ _KEPT_CATS = ("python_function", "cpu_op", "cuda_runtime", "cuda_driver", "user_
 
 
 class _Columns:
-    """Append-only columns for one event kind: interned strings, float64 and int64 arrays."""
+    """Append-only columns for one event kind: interned strings, float64 and int64 arrays, and
+    Python objects (kept only where the caller asks for them)."""
 
-    def __init__(self, floats: tuple[str, ...], ints: tuple[str, ...], strings: tuple[str, ...]):
+    def __init__(self, floats: tuple[str, ...], ints: tuple[str, ...], strings: tuple[str, ...], objects: tuple[str, ...] = ()):
         self.floats = {k: array("d") for k in floats}
         self.ints = {k: array("q") for k in ints}
         self.strings = {k: array("q") for k in strings}
+        self.objects: dict[str, list] = {k: [] for k in objects}
 
     def frame(self, vocab: list[str]) -> pd.DataFrame:
         cols: dict[str, Any] = {}
@@ -48,13 +51,28 @@ class _Columns:
             cols[k] = np.frombuffer(a, dtype=np.float64).copy() if len(a) else np.zeros(0, np.float64)
         for k, a in self.ints.items():
             cols[k] = np.frombuffer(a, dtype=np.int64).copy() if len(a) else np.zeros(0, np.int64)
+        for k, v in self.objects.items():
+            cols[k] = np.empty(len(v), dtype=object)
+            cols[k][:] = v
         return pd.DataFrame(cols)
 
 
-def read_trace(path: str | Path, rank: int | None = None) -> Trace:
+@dataclass(frozen=True)
+class OpShapes:
+    """What record_shapes wrote for one operator call: per input its dims ([] for a scalar), its
+    type ("c10::BFloat16", "Scalar", ...) and its value when concrete ("" otherwise)."""
+
+    dims: tuple
+    types: tuple
+    concrete: tuple
+
+
+def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[str] = frozenset()) -> Trace:
     """Parse one trace file into a Trace (tables: kernels, launches, cpu_ops, frames, annotations).
 
-    Ids that are absent are stored as -1. pid/tid are interned to small ints (`Trace.threads` maps back).
+    Ids that are absent are stored as -1. pid/tid are interned to small ints (`Trace.threads` maps
+    back). cpu_ops' `shapes` column holds an OpShapes for the operators named in `shapes_of` whose
+    event carries "Input Dims" (traces recorded with record_shapes), else None.
     """
     path = Path(path)
     vocab: list[str] = [""]
@@ -63,7 +81,7 @@ def read_trace(path: str | Path, rank: int | None = None) -> Trace:
 
     kernels = _Columns(("ts_us", "dur_us"), ("pid", "tid", "correlation", "external_id", "device"), ("name", "cat"))
     launches = _Columns(("ts_us", "dur_us"), ("pid", "tid", "correlation", "external_id"), ("name", "kernel"))
-    cpu_ops = _Columns(("ts_us", "dur_us"), ("pid", "tid", "external_id"), ("name",))
+    cpu_ops = _Columns(("ts_us", "dur_us"), ("pid", "tid", "external_id"), ("name",), ("shapes",))
     frames = _Columns(("ts_us", "dur_us"), ("pid", "tid"), ("name",))
     annotations = _Columns(("ts_us", "dur_us"), ("pid", "tid", "on_gpu"), ("name",))
     flows = _Columns(("ts_us",), ("pid", "tid", "flow_id"), ())
@@ -74,7 +92,7 @@ def read_trace(path: str | Path, rank: int | None = None) -> Trace:
         code = vocab_index.get(s)
         if code is None:
             if not isinstance(s, str):
-                s = str(s)
+                s = "" if s is None else str(s)
                 code = vocab_index.get(s)
                 if code is not None:
                     return code
@@ -91,87 +109,74 @@ def read_trace(path: str | Path, rank: int | None = None) -> Trace:
     def as_int(v: Any) -> int:
         return v if type(v) is int else -1
 
-    k_ts, k_dur = kernels.floats["ts_us"].append, kernels.floats["dur_us"].append
-    k_pid, k_tid = kernels.ints["pid"].append, kernels.ints["tid"].append
-    k_corr, k_ext, k_dev = (kernels.ints[k].append for k in ("correlation", "external_id", "device"))
-    k_name, k_cat = kernels.strings["name"].append, kernels.strings["cat"].append
-
     def binder(cols: _Columns, ints: tuple[str, ...] = (), strings: tuple[str, ...] = ()):
         """Bound append methods for one table, in a fixed order, so the hot path makes no dict lookups."""
         return (cols.floats["ts_us"].append, cols.floats["dur_us"].append, cols.ints["pid"].append,
                 cols.ints["tid"].append, cols.strings["name"].append,
                 *(cols.ints[k].append for k in ints), *(cols.strings[k].append for k in strings))
 
+    k_ts, k_dur, k_pid, k_tid, k_name, k_corr, k_ext, k_dev, k_cat = binder(kernels, ("correlation", "external_id", "device"), ("cat",))
     f_ts, f_dur, f_pid, f_tid, f_name = binder(frames)
     o_ts, o_dur, o_pid, o_tid, o_name, o_ext = binder(cpu_ops, ("external_id",))
+    o_shapes = cpu_ops.objects["shapes"].append
     l_ts, l_dur, l_pid, l_tid, l_name, l_corr, l_ext, l_kernel = binder(launches, ("correlation", "external_id"), ("kernel",))
     a_ts, a_dur, a_pid, a_tid, a_name, a_gpu = binder(annotations, ("on_gpu",))
     fl_ts, fl_pid, fl_tid, fl_id = (flows.floats["ts_us"].append, flows.ints["pid"].append,
                                     flows.ints["tid"].append, flows.ints["flow_id"].append)
-    empty: dict = {}
+    no_args = Args()
 
-    def on_event(e: dict, index: int) -> None:
-        counts["events"] += 1
-        ph = e.get("ph")
-        if ph == "X":
-            cat = e.get("cat")
-            ts, dur = e.get("ts"), e.get("dur")
-            if cat in GPU_CATS:
-                name = e.get("name")
-                if not isinstance(name, str) or type(ts) not in _NUMBER or type(dur) not in _NUMBER or dur < 0:
-                    raise TraceError(
-                        f"{path}: event #{index} ({cat}) is corrupt: needs a string name and numeric "
-                        f"ts and dur >= 0, got name={str(name)[:40]!r} ts={ts!r} dur={dur!r}"
-                    )
-                args = e.get("args")
-                if type(args) is not dict:
-                    args = empty
-                k_ts(ts)
-                k_dur(dur)
-                k_pid(thread(e.get("pid")))
-                k_tid(thread(e.get("tid")))
-                k_corr(as_int(args.get("correlation")))
-                k_ext(as_int(args.get("External id")))
-                k_dev(as_int(args.get("device")))
-                k_name(intern(name))
-                k_cat(intern(cat))
-                return
-            if type(ts) not in _NUMBER or type(dur) not in _NUMBER:
-                # Non-GPU events only feed attribution; a malformed one is skipped, not fatal.
-                counts["skipped"] += cat in _KEPT_CATS
-                return
-            if cat == "python_function":
-                f_ts(ts), f_dur(dur), f_pid(thread(e.get("pid"))), f_tid(thread(e.get("tid"))), f_name(intern(e.get("name", "")))
-            elif cat == "cpu_op":
-                args = e.get("args")
-                args = args if type(args) is dict else empty
-                o_ts(ts), o_dur(dur), o_pid(thread(e.get("pid"))), o_tid(thread(e.get("tid"))), o_name(intern(e.get("name", "")))
-                o_ext(as_int(args.get("External id")))
-            elif cat in LAUNCH_CATS:
-                args = e.get("args")
-                args = args if type(args) is dict else empty
-                l_ts(ts), l_dur(dur), l_pid(thread(e.get("pid"))), l_tid(thread(e.get("tid"))), l_name(intern(e.get("name", "")))
-                l_corr(as_int(args.get("correlation")))
-                l_ext(as_int(args.get("External id")))
-                l_kernel(intern(args.get("kernel", "")))
-            elif cat in ANNOTATION_CATS:
-                a_ts(ts), a_dur(dur), a_pid(thread(e.get("pid"))), a_tid(thread(e.get("tid"))), a_name(intern(e.get("name", "")))
-                a_gpu(int(cat == "gpu_user_annotation"))
-        elif ph == "f" and e.get("cat") == "ac2g":
-            ts = e.get("ts")
-            if type(ts) in _NUMBER:
-                fl_ts(ts), fl_pid(thread(e.get("pid"))), fl_tid(thread(e.get("tid"))), fl_id(as_int(e.get("id")))
-        elif ph == "M" and e.get("name") == "process_name":
-            args = e.get("args")
-            if type(args) is dict:
-                process_names[e.get("pid")] = str(args.get("name", ""))
+    def on_events(events: list[Event]) -> None:
+        index = counts["events"]
+        counts["events"] += len(events)
+        for e in events:
+            ph = e.ph
+            if ph == "X":
+                cat, ts, dur = e.cat, e.ts, e.dur
+                if cat in GPU_CATS:
+                    name = e.name
+                    if not isinstance(name, str) or type(ts) not in _NUMBER or type(dur) not in _NUMBER or dur < 0:
+                        raise TraceError(
+                            f"{path}: event #{index} ({cat}) is corrupt: needs a string name and numeric "
+                            f"ts and dur >= 0, got name={str(name)[:40]!r} ts={ts!r} dur={dur!r}"
+                        )
+                    args = e.args or no_args
+                    k_ts(ts), k_dur(dur), k_pid(thread(e.pid)), k_tid(thread(e.tid)), k_name(intern(name))
+                    k_corr(as_int(args.correlation)), k_ext(as_int(args.external_id)), k_dev(as_int(args.device))
+                    k_cat(intern(cat))
+                elif type(ts) not in _NUMBER or type(dur) not in _NUMBER:
+                    # Non-GPU events only feed attribution; a malformed one is skipped, not fatal.
+                    counts["skipped"] += cat in _KEPT_CATS
+                elif cat == "python_function":
+                    f_ts(ts), f_dur(dur), f_pid(thread(e.pid)), f_tid(thread(e.tid)), f_name(intern(e.name))
+                elif cat == "cpu_op":
+                    args = e.args or no_args
+                    name = e.name
+                    o_ts(ts), o_dur(dur), o_pid(thread(e.pid)), o_tid(thread(e.tid)), o_name(intern(name))
+                    o_ext(as_int(args.external_id))
+                    o_shapes(_shapes(args) if name in shapes_of else None)
+                elif cat in LAUNCH_CATS:
+                    args = e.args or no_args
+                    l_ts(ts), l_dur(dur), l_pid(thread(e.pid)), l_tid(thread(e.tid)), l_name(intern(e.name))
+                    l_corr(as_int(args.correlation)), l_ext(as_int(args.external_id))
+                    l_kernel(intern(args.kernel))
+                elif cat in ANNOTATION_CATS:
+                    a_ts(ts), a_dur(dur), a_pid(thread(e.pid)), a_tid(thread(e.tid)), a_name(intern(e.name))
+                    a_gpu(int(cat == "gpu_user_annotation"))
+            elif ph == "f" and e.cat == "ac2g":
+                ts = e.ts
+                if type(ts) in _NUMBER:
+                    fl_ts(ts), fl_pid(thread(e.pid)), fl_tid(thread(e.tid)), fl_id(as_int(e.id))
+            elif ph == "M" and e.name == "process_name":
+                if e.args is not None:
+                    process_names[e.pid] = "" if e.args.name is None else str(e.args.name)
+            index += 1
 
     # Events are acyclic and freed by reference counting as soon as they are handled; the cyclic
     # collector would only rescan the growing tables (about 20% of the read time on big traces).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        header = stream_trace(path, on_event)
+        header = stream_trace(path, on_events)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -195,6 +200,18 @@ def read_trace(path: str | Path, rank: int | None = None) -> Trace:
         event_count=counts["events"],
         skipped_events=counts["skipped"],
     )
+
+
+def _shapes(args: Args) -> OpShapes | None:
+    dims, types = args.input_dims, args.input_type
+    if type(dims) is not list:
+        return None
+    concrete = args.concrete_inputs if type(args.concrete_inputs) is list else []
+    return OpShapes(_frozen(dims), tuple(types) if type(types) is list else (), tuple(concrete))
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if type(value) is list else value
 
 
 def _fill_correlation_from_flows(kernels: pd.DataFrame, flows: pd.DataFrame) -> None:

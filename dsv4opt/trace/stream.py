@@ -1,8 +1,11 @@
 """Stream the events of a chrome-trace JSON file without holding the whole document in memory.
 
-json.load on a 300 MB trace builds every event dict at once (several GB). Here the C scanner of the
-standard json module decodes one event at a time from a sliding text window, so peak memory is the
-window plus whatever the caller keeps. Gzip is detected by its magic bytes, not by the file name.
+json.load on a 300 MB trace builds every event dict at once (several GB). Here a sliding text window
+is cut at event boundaries and each run of whole events is decoded at once by msgspec into `Event`
+structs holding only the fields the reader uses (the rest is skipped without building it), so peak
+memory is the window plus whatever the caller keeps. Near the window's edge, and wherever a run does
+not decode, events are read one at a time with the standard json scanner, which also gives the
+one-line error for corrupt input. Gzip is detected by its magic bytes, not by the file name.
 """
 
 from __future__ import annotations
@@ -15,17 +18,59 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
+import msgspec
+
 from dsv4opt.errors import TraceError
 
 CHUNK_CHARS = 4 << 20
-# Refill once fewer than this many characters are left, so nearly every event decodes on the
-# first try; a larger event simply fails to decode, triggers a refill and is retried.
-MARGIN_CHARS = 1 << 18
 MAX_VALUE_CHARS = 16 << 20
 
 _SKIP = re.compile(r"[ \t\n\r]*")
 _SKIP_COMMA = re.compile(r"[ \t\n\r]*,?[ \t\n\r]*")
+# Where one event may end and the next begin. A match inside a string or a nested value is not a
+# boundary, but then the run up to it does not decode as a list of whole events, so a run that does
+# decode ends at a real boundary.
+_BOUNDARY = re.compile(r"\}[ \t\n\r]*,[ \t\n\r]*\{")
 _scan_once = json.JSONDecoder().scan_once
+
+
+class Args(msgspec.Struct):
+    """The `args` keys the reader uses; any other key is skipped unread."""
+
+    correlation: Any = None
+    external_id: Any = msgspec.field(default=None, name="External id")
+    device: Any = None
+    kernel: Any = None
+    name: Any = None
+    input_dims: Any = msgspec.field(default=None, name="Input Dims")
+    input_type: Any = msgspec.field(default=None, name="Input type")
+    concrete_inputs: Any = msgspec.field(default=None, name="Concrete Inputs")
+
+
+class Event(msgspec.Struct):
+    """One trace event, fields as in the file (None when absent); `args` is None unless an object."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    ts: Any = None
+    dur: Any = None
+    pid: Any = None
+    tid: Any = None
+    id: Any = None
+    args: Args | None = None
+
+
+_RUN = msgspec.json.Decoder(list[Event])
+_ARG_FIELDS = {f.encode_name: f.name for f in msgspec.structs.fields(Args)}
+_EVENT_FIELDS = tuple(f.name for f in msgspec.structs.fields(Event) if f.name != "args")
+
+
+def event_of(d: dict) -> Event:
+    """An Event from a decoded dict (the one-at-a-time path), `args` kept only when an object."""
+    a = d.get("args")
+    args = Args(**{_ARG_FIELDS[k]: v for k, v in a.items() if k in _ARG_FIELDS}) if type(a) is dict else None
+    return Event(*(d.get(k) for k in _EVENT_FIELDS), args=args)
 
 
 class _Window:
@@ -124,8 +169,9 @@ def _open_binary(path: Path):
     return f
 
 
-def stream_trace(path: str | Path, on_event: Callable[[dict, int], None]) -> dict[str, Any]:
-    """Call `on_event(event, index)` for each entry of traceEvents; return the other top-level keys.
+def stream_trace(path: str | Path, on_events: Callable[[list[Event]], None]) -> dict[str, Any]:
+    """Call `on_events(events)` with the entries of traceEvents, in order, a run at a time; return
+    the other top-level keys.
 
     Accepts the object form ({"traceEvents": [...], ...}) and the bare-array form ([...]).
     Raises TraceError (one line: which file, what is wrong) for empty, non-JSON, truncated or
@@ -139,7 +185,7 @@ def stream_trace(path: str | Path, on_event: Callable[[dict, int], None]) -> dic
             raise TraceError(f"{path}: the file is empty; profile again or pick another trace")
         if first == "[":
             win.pos += 1
-            _stream_array(win, on_event)
+            _stream_array(win, on_events)
             return {}
         if first != "{":
             raise TraceError(f"{path}: not a chrome-trace JSON file (it does not start with {{ or [)")
@@ -162,7 +208,7 @@ def stream_trace(path: str | Path, on_event: Callable[[dict, int], None]) -> dic
                     kind = "null" if win.buf.startswith("null", win.pos) else "not a list"
                     raise TraceError(f"{path}: traceEvents is {kind}; this is not a usable profiler trace")
                 win.pos += 1
-                _stream_array(win, on_event)
+                _stream_array(win, on_events)
                 seen_events = True
             else:
                 header[key] = win.decode_value(f"the value of {key!r}")
@@ -173,45 +219,54 @@ def stream_trace(path: str | Path, on_event: Callable[[dict, int], None]) -> dic
         win.close()
 
 
-def _stream_array(win: _Window, on_event: Callable[[dict, int], None]) -> None:
+def _stream_array(win: _Window, on_events: Callable[[list[Event]], None]) -> None:
     index = 0
-    scan = _scan_once
-    skip = _SKIP_COMMA.match
     while True:
-        if not win.eof and len(win.buf) - win.pos < MARGIN_CHARS:
+        if not win.eof and len(win.buf) - win.pos < CHUNK_CHARS:
             win.refill()
-        buf = win.buf
-        buf_len = len(buf)
-        pos = win.pos
-        limit = buf_len - MARGIN_CHARS if not win.eof else buf_len
-        # Hot loop: decode events straight from the window until near its end.
-        while pos < limit:
-            pos = skip(buf, pos).end()
-            if pos >= buf_len:
-                break
-            if buf[pos] == "]":
-                win.pos = pos + 1
+        win.pos = _SKIP_COMMA.match(win.buf, win.pos).end()
+        # Hot path: every whole event up to the window's last boundary, decoded at once.
+        cut = _last_boundary(win.buf, win.pos, len(win.buf))
+        stop = 0
+        if cut > win.pos:
+            events = _decode_run(win.buf, win.pos, cut)
+            if events is not None:
+                on_events(events)
+                index += len(events)
+                win.pos = cut
+                continue
+            stop = win.consumed + cut
+        # Slow path, one event at a time: the event that straddles the window's edge (at least
+        # one), the run that did not decode (corrupt input is reported here), the end of the array.
+        while True:
+            c = win.skip_ws(_SKIP_COMMA)
+            if c == "]":
+                win.pos += 1
                 return
-            try:
-                event, pos = scan(buf, pos)
-            except (StopIteration, json.JSONDecodeError):
-                break
+            if c == "":
+                raise TraceError(f"{win.path}: ends inside traceEvents after {index} events (truncated JSON)")
+            event = win.decode_value(f"event #{index}")
             if type(event) is not dict:
-                win.pos = pos
                 raise win.error(f"event #{index} is not a JSON object")
-            on_event(event, index)
+            on_events([event_of(event)])
             index += 1
-        win.pos = pos
-        # Slow path: near the window edge, at end of file, or a decode error to diagnose.
-        c = win.skip_ws(_SKIP_COMMA)
-        if c == "]":
-            win.pos += 1
-            return
-        if c == "":
-            raise TraceError(f"{win.path}: ends inside traceEvents after {index} events (truncated JSON)")
-        event = win.decode_value(f"event #{index}")
-        if type(event) is not dict:
-            raise win.error(f"event #{index} is not a JSON object")
-        on_event(event, index)
-        index += 1
+            if win.consumed + win.pos >= stop:
+                break
 
+
+def _decode_run(buf: str, lo: int, hi: int) -> list[Event] | None:
+    """The events of buf[lo:hi] (whole events separated by commas), or None when it does not decode."""
+    try:
+        return _RUN.decode("[" + buf[lo:hi] + "]")
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _last_boundary(buf: str, lo: int, hi: int) -> int:
+    """Position just after the closing brace of the last event boundary in buf[lo:hi]; lo if none."""
+    k = buf.rfind("}", lo, hi)
+    while k >= lo:
+        if _BOUNDARY.match(buf, k):
+            return k + 1
+        k = buf.rfind("}", lo, k)
+    return lo

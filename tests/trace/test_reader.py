@@ -49,7 +49,6 @@ def test_events_spanning_many_windows(tmp_path, monkeypatch):
     from dsv4opt.trace import stream
 
     monkeypatch.setattr(stream, "CHUNK_CHARS", 97)
-    monkeypatch.setattr(stream, "MARGIN_CHARS", 13)
     events = [dict(EVENT, ts=i * 1.0, dur=0.001 * (i + 1), name=f"kernel_{i % 3}") for i in range(200)]
     p = _write(tmp_path, "t.json", json.dumps({"meta": {"a": [1, 2]}, "traceEvents": events, "deviceProperties": [{"name": "H200"}]}, indent=2))
     trace = read_trace(p)
