@@ -6,6 +6,7 @@ import pytest
 
 from dsv4opt.errors import TraceError
 from dsv4opt.trace import expand_trace_paths, rank_from_name, read_trace
+from tests.helpers import SHARED_TRACES
 from tests.trace.traces import ids, plain_gpu_sums, real_traces
 
 TRACES = real_traces()
@@ -99,3 +100,41 @@ def test_folder_of_ranks_sorted_by_rank(tmp_path):
     assert [rank_from_name(f.name) for f in files] == [0, 2, 10]
     assert rank_from_name("abc-TP-3-EXTEND.trace.json.gz") == 3
     assert rank_from_name("trace.json") is None
+
+
+TRICKY = [
+    # a name holding an event boundary, args that are not an object, nested objects in lists
+    dict(EVENT, name='k}, {"ph": "X", "cat": "kernel"', dur=0.5),
+    dict(EVENT, args="not an object", dur=0.75),
+    dict(EVENT, args={"correlation": 9, "list": [{"a": 1}, {"b": [{}, {}]}], "s": "}, {"}, dur=1.0),
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 3, "dur": 4,
+     "args": {"External id": 5, "Input Dims": [[4, 8], [8, 16]], "Input type": ["float", "float"], "Concrete Inputs": ["", ""]}},
+]
+
+
+@pytest.mark.parametrize("chunk", [64, 4096, 1 << 22], ids=["tiny-window", "small-window", "default-window"])
+def test_runs_cut_at_false_boundaries_still_read_every_event(tmp_path, monkeypatch, chunk):
+    from dsv4opt.trace import stream
+
+    monkeypatch.setattr(stream, "CHUNK_CHARS", chunk)
+    events = [dict(e, ts=float(i)) for i in range(60) for e in TRICKY]
+    p = _write(tmp_path, "t.json", json.dumps({"traceEvents": events}))
+    trace = read_trace(p, shapes_of=frozenset({"aten::mm"}))
+    gpu = [e for e in events if e["cat"] == "kernel"]
+    assert trace.gpu_time_us == math.fsum(e["dur"] for e in gpu) and trace.event_count == len(events)
+    assert trace.kernels["name"].astype(object).tolist() == [e["name"] for e in gpu]
+    assert trace.kernels["correlation"].tolist() == [e["args"].get("correlation", -1) if isinstance(e["args"], dict) else -1 for e in gpu]
+    shapes = trace.cpu_ops["shapes"].tolist()
+    assert len(shapes) == 60 and all(s.dims == ((4, 8), (8, 16)) and s.types == ("float", "float") for s in shapes)
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces absent")
+def test_recorded_shapes_as_in_the_file():
+    path = SHARED_TRACES / "tracelens_h100_qwen1.5_0.5b.json.gz"
+    with gzip.open(path, "rt") as f:
+        want = [e["args"]["Input Dims"] for e in json.load(f)["traceEvents"]
+                if e.get("cat") == "cpu_op" and e["name"] == "aten::addmm"]
+    ops = read_trace(path, shapes_of=frozenset({"aten::addmm"})).cpu_ops
+    got = ops["shapes"][ops["name"].astype(object) == "aten::addmm"].tolist()
+    assert want and [json.loads(json.dumps(s.dims)) for s in got] == want
+    assert ops["shapes"][ops["name"].astype(object) != "aten::addmm"].isna().all()
