@@ -89,13 +89,21 @@ class Attributor:
     many launches at once: arrays in, arrays of names (None where unknown) out."""
 
     def __init__(self, trace: Trace):
-        ops = trace.cpu_ops[trace.cpu_ops["external_id"] >= 0]
+        ops = trace.cpu_ops
+        self._op_names = np.append(ops["name"].astype(object).to_numpy(), None)  # [ops + 1]: -1 -> None
         # Innermost operator per External id: the shortest one.
-        ops = ops.sort_values("dur_us", kind="mergesort").drop_duplicates("external_id")
-        self._op_by_ext = pd.Series(ops["name"].astype(object).to_numpy(), index=ops["external_id"].to_numpy())
+        row = np.flatnonzero(ops["external_id"].to_numpy() >= 0)
+        row = row[np.argsort(ops["dur_us"].to_numpy()[row], kind="mergesort")]
+        ext = ops["external_id"].to_numpy()[row]
+        first = ~pd.Index(ext).duplicated()
+        self._op_row_by_ext = pd.Series(row[first], index=ext[first])
         # Older Kineto traces reuse the correlation id as External id; then the operator is the
         # innermost cpu_op around the launch on its thread.
-        self._ops = _Ranges.of(trace.cpu_ops, trace.cpu_ops["name"].astype(object).to_numpy())
+        self._op_ranges = None
+        if not ops.empty:
+            start = ops["ts_us"].to_numpy()
+            self._op_ranges = Intervals.of(start, start + ops["dur_us"].to_numpy(),
+                                           _thread(ops["pid"].to_numpy(), ops["tid"].to_numpy()))
         self._frames = None
         f = trace.frames
         if not f.empty:
@@ -106,12 +114,30 @@ class Attributor:
             if keep.any():
                 self._frames = _Ranges.of(f[keep], names[keep])
 
+    def operator_rows(self, external_id: np.ndarray, pid: np.ndarray | None = None, tid: np.ndarray | None = None,
+                      ts_us: np.ndarray | None = None) -> np.ndarray:
+        """[launches] the row in cpu_ops of each launch's operator: by External id, else (when the
+        launch's thread and time are given) the innermost operator around it; -1 when none."""
+        external_id = np.asarray(external_id, np.int64)
+        rows = np.full(len(external_id), -1, np.int64)
+        if len(self._op_row_by_ext):
+            pos = self._op_row_by_ext.index.get_indexer(external_id)
+            hit = (external_id >= 0) & (pos >= 0)
+            rows[hit] = self._op_row_by_ext.to_numpy()[pos[hit]]
+        if ts_us is not None and self._op_ranges is not None:
+            gap = rows < 0
+            rows[gap] = self._op_ranges.innermost(np.asarray(ts_us, float)[gap], _thread(pid[gap], tid[gap]))
+        return rows
+
     def operators(self, external_id: np.ndarray) -> np.ndarray:
         """[launches] the operator each External id names (None for -1 or unknown ids)."""
-        external_id = np.asarray(external_id, np.int64)
-        pos = self._op_by_ext.index.get_indexer(external_id) if len(self._op_by_ext) else np.full(len(external_id), -1)
-        pos = np.where(external_id >= 0, pos, -1)
-        return np.append(self._op_by_ext.to_numpy(), None)[pos]
+        return self._op_names[self.operator_rows(external_id)]
+
+    def operators_at(self, pid: np.ndarray, tid: np.ndarray, ts_us: np.ndarray) -> np.ndarray:
+        """[launches] innermost cpu_op around each time on its thread."""
+        if self._op_ranges is None:
+            return np.full(len(ts_us), None, object)
+        return self._op_names[self._op_ranges.innermost(ts_us, _thread(pid, tid))]
 
     def locations(self, pid: np.ndarray, tid: np.ndarray, ts_us: np.ndarray) -> np.ndarray:
         """[launches] innermost user frame enclosing each time on its thread, as 'file.py:line'."""
@@ -128,12 +154,6 @@ class Attributor:
         if self._frames is None:
             return np.full(len(ts_us), None, object), np.full(len(ts_us), np.nan)
         return self._frames.innermost_with_start(pid, tid, ts_us)
-
-    def operators_at(self, pid: np.ndarray, tid: np.ndarray, ts_us: np.ndarray) -> np.ndarray:
-        """[launches] innermost cpu_op around each time on its thread."""
-        if self._ops is None:
-            return np.full(len(ts_us), None, object)
-        return self._ops.innermost(pid, tid, ts_us)
 
     @property
     def has_stacks(self) -> bool:

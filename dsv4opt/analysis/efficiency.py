@@ -1,0 +1,190 @@
+"""Achieved FLOP/s and bytes/s per kernel, and the fraction of the device's peak, where the trace
+recorded operator shapes (torch.profiler's record_shapes).
+
+Each launch is tied to the operator call that launched it (External id, else the innermost
+operator around the launch); that call's FLOPs and bytes come from its input shapes and dtypes by a
+model per operator (below) and are shared among the kernels the call launched in proportion to
+their time (an aten::mm's GEMM and its split-K reduce show the call's rate). Per kernel name the
+launches' figures are summed: rate = FLOPs / GPU time of the modelled launches. Bytes are what the
+operator must read and write once (its inputs and output), a floor on its memory traffic. Operators
+without a model, graph-replayed launches (no operator), memcpy/memset and traces without shapes
+give no row.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from dsv4opt.analysis.categories import GEMM_TC
+from dsv4opt.analysis.devices import BF16, FP8, FP32, TF32, DevicePeak
+from dsv4opt.trace.reader import OpShapes
+
+EFFICIENCY_COLUMNS = ["name", "op", "launches", "modelled_us", "flop", "bytes", "tflops", "gbps",
+                      "compute_of_peak", "bandwidth_of_peak"]
+
+_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
+          "bool": 1, "unsigned char": 1, "signed char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+          "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "c10::Float8_e8m0fnu": 1, "c10::complex<float>": 8}
+_FP8_TYPES = {"c10::Float8_e4m3fn", "c10::Float8_e5m2", "c10::Float8_e4m3fnuz", "c10::Float8_e5m2fnuz"}
+_BINARY = {"add", "sub", "mul", "div", "maximum", "minimum", "rsub"}
+_UNARY = {"neg", "rsqrt", "sqrt", "exp", "log", "silu", "gelu", "relu", "sigmoid", "tanh", "sin", "cos", "abs",
+          "pow", "reciprocal", "square"}
+_ATTENTION_LAYOUT = {  # operator -> (q/k/v layout, index of is_causal among the inputs)
+    "aten::_flash_attention_forward": ("BLHD", 8),
+    "aten::_scaled_dot_product_flash_attention": ("BHLD", 4),
+    "aten::_scaled_dot_product_efficient_attention": ("BHLD", 6),
+    "aten::_scaled_dot_product_cudnn_attention": ("BHLD", 6),
+}
+_GEMMS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::linear"}
+
+
+def modelled_ops() -> frozenset[str]:
+    """Operator names with a model: the reader keeps shapes for these only."""
+    pointwise = {f"aten::{op}{suffix}" for op in _BINARY | _UNARY for suffix in ("", "_")}
+    return frozenset(_GEMMS | set(_ATTENTION_LAYOUT) | pointwise | {"aten::copy_"})
+
+
+def op_model(name: str, shapes: OpShapes | None) -> tuple[float, float, str | None] | None:
+    """(FLOPs, bytes, peak kind) of one operator call, None when there is no model or the shapes do
+    not fit it. The kind is the tensor-core rate to compare with (fp8, bf16, or fp32 meaning "tf32 or
+    fp32, by the kernel"); None for memory-bound operators, judged by bandwidth only."""
+    if shapes is None or not shapes.dims:
+        return None
+    try:
+        return _model(name, shapes)
+    except (TypeError, ValueError, IndexError, KeyError):
+        return None
+
+
+@lru_cache(maxsize=8192)
+def _model(name: str, s: OpShapes) -> tuple[float, float, str | None] | None:
+    dims, types = s.dims, s.types
+    if name in _GEMMS:
+        if name == "aten::linear":
+            (*lead, k), (n, _) = dims[0], dims[1]
+            m, batch, a, b = math.prod(lead), 1, 0, 1
+        else:
+            a = 1 if name in ("aten::addmm", "aten::baddbmm") else 0
+            (*batch_a, m, k), (*_, _, n) = dims[a], dims[a + 1]
+            batch = math.prod(batch_a)
+            b = a + 1
+        flop = 2.0 * batch * m * n * k
+        ea, eb = _BYTES[types[a]], _BYTES[types[b]]
+        out = 2 if name == "aten::_scaled_mm" else ea
+        nbytes = batch * (m * k * ea + k * n * eb + m * n * out)
+        if a == 1 or name == "aten::linear" and len(dims) > 2 and dims[2]:
+            bias = dims[0] if a == 1 else dims[2]
+            nbytes += math.prod(bias) * _BYTES[types[0 if a == 1 else 2]]
+        return flop, float(nbytes), _kind(types[a])
+    if name in _ATTENTION_LAYOUT:
+        layout, causal_at = _ATTENTION_LAYOUT[name]
+        q, k, v = dims[0], dims[1], dims[2]
+        if len(q) != 4:
+            return None  # varlen (packed) inputs: lengths per sequence are not in the shapes
+        if layout == "BLHD":
+            (b, lq, h, d), lk, dv = q, k[1], v[3]
+        else:
+            (b, h, lq, d), lk, dv = q, k[2], v[3]
+        causal = len(s.concrete) > causal_at and s.concrete[causal_at] == "True"
+        # Causal: the upper-left aligned mask of torch's SDPA, row i sees min(i + 1, lk) keys.
+        pairs = (lq * (lq + 1) // 2 if lq <= lk else lk * (lk + 1) // 2 + (lq - lk) * lk) if causal else lq * lk
+        flop = 2.0 * b * h * pairs * (d + dv)
+        e = _BYTES[types[0]]
+        nbytes = e * (math.prod(q) + math.prod(k) + math.prod(v) + b * h * lq * dv)
+        return flop, float(nbytes), _kind(types[0])
+    op = name.removeprefix("aten::").removesuffix("_")
+    # 0-dim inputs (Python numbers wrapped as tensors) travel as kernel arguments, not memory.
+    tensors = [(d, _BYTES[t]) for d, t in zip(dims, types) if t in _BYTES and isinstance(d, tuple) and d]
+    if not tensors:
+        return None
+    if name == "aten::copy_":
+        return 0.0, float(sum(math.prod(d) * e for d, e in tensors[:2])), None
+    if op in _BINARY or op in _UNARY:
+        out = math.prod(_broadcast([d for d, _ in tensors]))
+        return float(out), float(sum(math.prod(d) * e for d, e in tensors) + out * tensors[0][1]), None
+    return None
+
+
+def _kind(dtype: str) -> str | None:
+    if dtype in _FP8_TYPES:
+        return FP8
+    if dtype in ("c10::BFloat16", "c10::Half"):
+        return BF16
+    if dtype == "float":
+        return FP32
+    return None
+
+
+def _broadcast(shapes: list[tuple]) -> tuple:
+    ndim = max(len(s) for s in shapes)
+    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+    return tuple(max(col) for col in zip(*padded))
+
+
+def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.DataFrame, peak: DevicePeak | None) -> pd.DataFrame:
+    """[GPU events] name, cat, category, dur_us, with op_row: [GPU events] the row of cpu_ops (name,
+    shapes) of each launch's operator call, -1 unknown -> [kernel names with a modelled launch]
+    EFFICIENCY_COLUMNS, by modelled time descending. tflops in 1e12 FLOP/s, gbps in 1e9 bytes/s;
+    compute_of_peak / bandwidth_of_peak are fractions of the datasheet peak (NaN when the device or
+    the kind of rate is not known)."""
+    empty = pd.DataFrame({c: pd.Series(dtype=object if c in ("name", "op") else float) for c in EFFICIENCY_COLUMNS})
+    # Copies over PCIe and memsets are not judged against HBM: kernels only.
+    op_row = np.where(kernels["cat"].astype(object).to_numpy() == "kernel", np.asarray(op_row, np.int64), -1) \
+        if "cat" in kernels else np.asarray(op_row, np.int64)
+    if kernels.empty or "shapes" not in cpu_ops or not (op_row >= 0).any():
+        return empty
+    known = np.flatnonzero(op_row >= 0)
+    rows = op_row[known]
+    calls = pd.unique(rows)
+    names = cpu_ops["name"].astype(object).to_numpy()[calls]
+    shapes = cpu_ops["shapes"].to_numpy()[calls]
+    models = [op_model(n, s) for n, s in zip(names, shapes)]
+    has = np.array([m is not None for m in models], bool)
+    if not has.any():
+        return empty
+    call_flop = pd.Series([m[0] for m, h in zip(models, has) if h], index=calls[has])
+    call_bytes = pd.Series([m[1] for m, h in zip(models, has) if h], index=calls[has])
+    call_kind = pd.Series([m[2] for m, h in zip(models, has) if h], index=calls[has], dtype=object)
+    call_op = pd.Series(names[has], index=calls[has])
+    sel = known[pd.Index(calls[has]).get_indexer(rows) >= 0]
+    rows = op_row[sel]
+    dur = kernels["dur_us"].to_numpy()[sel]
+    call_us = pd.Series(dur).groupby(rows).sum()
+    part = dur / call_us.reindex(rows).to_numpy()
+    part = np.where(np.isfinite(part), part, 0.0)
+    flop = call_flop.reindex(rows).to_numpy() * part
+    nbytes = call_bytes.reindex(rows).to_numpy() * part
+    kind = call_kind.reindex(rows).to_numpy()
+    category = kernels["category"].astype(object).to_numpy()[sel] if "category" in kernels else np.full(len(sel), None)
+    # An FP32 operator runs at the TF32 rate when its kernel is a tensor-core GEMM.
+    kind = np.where((kind == FP32) & (category == GEMM_TC), TF32, kind)
+    peak_tflops = np.array([(peak.tflops_for(x) if peak is not None and x is not None else None) or np.nan for x in kind], float)
+    at_peak_us = flop / (peak_tflops * 1e6)
+    bw_us = nbytes / (peak.hbm_gbps * 1e3) if peak is not None else np.full(len(sel), np.nan)
+    frame = pd.DataFrame({"name": kernels["name"].astype(object).to_numpy()[sel], "op": call_op.reindex(rows).to_numpy(),
+                          "dur": dur, "flop": flop, "bytes": nbytes, "at_peak": at_peak_us, "bw": bw_us,
+                          "peak_dur": np.where(np.isfinite(at_peak_us), dur, 0.0)})
+    g = frame.groupby("name", sort=False)
+    out = pd.DataFrame({
+        "launches": g["dur"].size(),
+        "modelled_us": g["dur"].sum(),
+        "flop": g["flop"].sum(),
+        "bytes": g["bytes"].sum(),
+        "at_peak": g["at_peak"].sum(min_count=1),
+        "peak_dur": g["peak_dur"].sum(),
+        "bw": g["bw"].sum(min_count=1),
+    })
+    # The operator behind most of a kernel's launches names the row.
+    ops = frame.groupby(["name", "op"], sort=False).size().reset_index(name="n")
+    ops = ops.sort_values("n", ascending=False, kind="mergesort").drop_duplicates("name").set_index("name")["op"]
+    out["op"] = ops.reindex(out.index)
+    out["tflops"] = out["flop"] / out["modelled_us"] / 1e6
+    out["gbps"] = out["bytes"] / out["modelled_us"] / 1e3
+    out["compute_of_peak"] = out["at_peak"] / out["peak_dur"].where(out["peak_dur"] > 0)
+    out["bandwidth_of_peak"] = out["bw"] / out["modelled_us"]
+    out = out.reset_index().sort_values(["modelled_us", "name"], ascending=[False, True], kind="mergesort")
+    return out.reset_index(drop=True)[EFFICIENCY_COLUMNS]
