@@ -57,6 +57,30 @@ class _Columns:
         return pd.DataFrame(cols)
 
 
+class _Codes(dict):
+    """value -> small int code, assigned on first sight; lookups stay in C, only a new value calls
+    back into Python."""
+
+    def __missing__(self, key: Any) -> int:
+        code = self[key] = len(self)
+        return code
+
+
+class _Vocab(dict):
+    """string -> code into `strings` (interned once); None reads as "", other values as their text."""
+
+    def __init__(self) -> None:
+        super().__init__({"": 0})
+        self.strings: list[str] = [""]
+
+    def __missing__(self, key: Any) -> int:
+        if not isinstance(key, str):
+            return self["" if key is None else str(key)]  # not kept under the non-string key
+        code = self[key] = len(self.strings)
+        self.strings.append(key)
+        return code
+
+
 @dataclass(frozen=True)
 class OpShapes:
     """What record_shapes wrote for one operator call: per input its dims ([] for a scalar), its
@@ -75,9 +99,8 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
     event carries "Input Dims" (traces recorded with record_shapes), else None.
     """
     path = Path(path)
-    vocab: list[str] = [""]
-    vocab_index: dict[str, int] = {"": 0}
-    threads: dict[Any, int] = {}
+    intern = _Vocab()
+    threads = _Codes()
 
     kernels = _Columns(("ts_us", "dur_us"), ("pid", "tid", "correlation", "external_id", "device"), ("name", "cat"))
     launches = _Columns(("ts_us", "dur_us"), ("pid", "tid", "correlation", "external_id"), ("name", "kernel"))
@@ -87,27 +110,6 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
     flows = _Columns(("ts_us",), ("pid", "tid", "flow_id"), ())
     process_names: dict[Any, str] = {}
     counts = {"events": 0, "skipped": 0}
-
-    def intern(s: Any) -> int:
-        code = vocab_index.get(s)
-        if code is None:
-            if not isinstance(s, str):
-                s = "" if s is None else str(s)
-                code = vocab_index.get(s)
-                if code is not None:
-                    return code
-            code = vocab_index[s] = len(vocab)
-            vocab.append(s)
-        return code
-
-    def thread(t: Any) -> int:
-        code = threads.get(t)
-        if code is None:
-            code = threads[t] = len(threads)
-        return code
-
-    def as_int(v: Any) -> int:
-        return v if type(v) is int else -1
 
     def binder(cols: _Columns, ints: tuple[str, ...] = (), strings: tuple[str, ...] = ()):
         """Bound append methods for one table, in a fixed order, so the hot path makes no dict lookups."""
@@ -140,32 +142,36 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
                             f"ts and dur >= 0, got name={str(name)[:40]!r} ts={ts!r} dur={dur!r}"
                         )
                     args = e.args or no_args
-                    k_ts(ts), k_dur(dur), k_pid(thread(e.pid)), k_tid(thread(e.tid)), k_name(intern(name))
-                    k_corr(as_int(args.correlation)), k_ext(as_int(args.external_id)), k_dev(as_int(args.device))
-                    k_cat(intern(cat))
+                    k_ts(ts), k_dur(dur), k_pid(threads[e.pid]), k_tid(threads[e.tid]), k_name(intern[name])
+                    corr, ext, dev = args.correlation, args.external_id, args.device
+                    k_corr(corr if type(corr) is int else -1), k_ext(ext if type(ext) is int else -1)
+                    k_dev(dev if type(dev) is int else -1), k_cat(intern[cat])
                 elif type(ts) not in _NUMBER or type(dur) not in _NUMBER:
                     # Non-GPU events only feed attribution; a malformed one is skipped, not fatal.
                     counts["skipped"] += cat in _KEPT_CATS
                 elif cat == "python_function":
-                    f_ts(ts), f_dur(dur), f_pid(thread(e.pid)), f_tid(thread(e.tid)), f_name(intern(e.name))
+                    f_ts(ts), f_dur(dur), f_pid(threads[e.pid]), f_tid(threads[e.tid]), f_name(intern[e.name])
                 elif cat == "cpu_op":
                     args = e.args or no_args
                     name = e.name
-                    o_ts(ts), o_dur(dur), o_pid(thread(e.pid)), o_tid(thread(e.tid)), o_name(intern(name))
-                    o_ext(as_int(args.external_id))
+                    ext = args.external_id
+                    o_ts(ts), o_dur(dur), o_pid(threads[e.pid]), o_tid(threads[e.tid]), o_name(intern[name])
+                    o_ext(ext if type(ext) is int else -1)
                     o_shapes(_shapes(args) if name in shapes_of else None)
                 elif cat in LAUNCH_CATS:
                     args = e.args or no_args
-                    l_ts(ts), l_dur(dur), l_pid(thread(e.pid)), l_tid(thread(e.tid)), l_name(intern(e.name))
-                    l_corr(as_int(args.correlation)), l_ext(as_int(args.external_id))
-                    l_kernel(intern(args.kernel))
+                    corr, ext = args.correlation, args.external_id
+                    l_ts(ts), l_dur(dur), l_pid(threads[e.pid]), l_tid(threads[e.tid]), l_name(intern[e.name])
+                    l_corr(corr if type(corr) is int else -1), l_ext(ext if type(ext) is int else -1)
+                    l_kernel(intern[args.kernel])
                 elif cat in ANNOTATION_CATS:
-                    a_ts(ts), a_dur(dur), a_pid(thread(e.pid)), a_tid(thread(e.tid)), a_name(intern(e.name))
+                    a_ts(ts), a_dur(dur), a_pid(threads[e.pid]), a_tid(threads[e.tid]), a_name(intern[e.name])
                     a_gpu(int(cat == "gpu_user_annotation"))
             elif ph == "f" and e.cat == "ac2g":
                 ts = e.ts
+                fid = e.id
                 if type(ts) in _NUMBER:
-                    fl_ts(ts), fl_pid(thread(e.pid)), fl_tid(thread(e.tid)), fl_id(as_int(e.id))
+                    fl_ts(ts), fl_pid(threads[e.pid]), fl_tid(threads[e.tid]), fl_id(fid if type(fid) is int else -1)
             elif ph == "M" and e.name == "process_name":
                 if e.args is not None:
                     process_names[e.pid] = "" if e.args.name is None else str(e.args.name)
@@ -184,6 +190,7 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
     by_code = [None] * len(threads)
     for raw, code in threads.items():
         by_code[code] = raw
+    vocab = intern.strings
     kernel_table = kernels.frame(vocab)
     _fill_correlation_from_flows(kernel_table, flows.frame(vocab))
     return Trace(

@@ -22,7 +22,7 @@ import msgspec
 
 from dsv4opt.errors import TraceError
 
-CHUNK_CHARS = 4 << 20
+CHUNK_CHARS = 1 << 20
 MAX_VALUE_CHARS = 16 << 20
 
 _SKIP = re.compile(r"[ \t\n\r]*")

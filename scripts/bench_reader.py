@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Whole-process speed and peak memory on big traces: dsv4opt analyze vs HTA's kernel breakdown vs
+a plain json.load loop, same files, same machine, interleaved runs.
+
+    pip install HolisticTraceAnalysis      # only for the HTA row; not a dsv4opt dependency
+    python scripts/bench_reader.py ../shared/traces/tracelens_h100_qwen1.5_0.5b.json.gz --mb 53.7 500 --repeat 3
+
+Each size is built once by scripts/make_big_trace.py (whole time-shifted copies of the source, so a
+size is reached to within one copy) into /tmp/dsv4opt-bench/<size>/, a folder of its own as HTA
+reads folders. Every row is a fresh process timed by /usr/bin/time (wall, user+sys CPU of the
+process and the children it waited for, peak resident memory of the largest of them). HTA forks
+worker processes for its symbol table whose CPU time /usr/bin/time may not see, so ratios are
+taken on wall time, medians of the runs. The check runs first: dsv4opt's GPU total must equal the
+plain json.load sum exactly; when it does not, no ratio is printed. Benchmarks never assert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = Path("/tmp/dsv4opt-bench")
+
+PLAIN = """
+import json, math, sys
+events = json.load(open(sys.argv[1]))['traceEvents']
+print(json.dumps({'gpu_us': math.fsum(e['dur'] for e in events if e.get('ph') == 'X'
+                                       and e.get('cat') in ('kernel', 'gpu_memcpy', 'gpu_memset'))}))
+"""
+HTA = """
+import json, sys
+from hta.trace_analysis import TraceAnalysis
+kernel_type, kernels = TraceAnalysis(trace_dir=sys.argv[1]).get_gpu_kernel_breakdown(visualize=False)
+print(json.dumps({'gpu_us': float(kernel_type['sum'].sum())}))
+"""
+
+
+def build(source: Path, mb: float) -> Path:
+    folder = OUT / f"{source.name.split('.')[0]}-{mb:g}mb"
+    trace = folder / "trace.json"
+    if not trace.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(REPO / "scripts" / "make_big_trace.py"), str(source), str(trace), "--mb", str(mb)],
+                       check=True)
+    return trace
+
+
+def timed(cmd: list[str]) -> dict:
+    """Run cmd under /usr/bin/time; its figures and the JSON line it printed last."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as t:
+        out = subprocess.run(["/usr/bin/time", "-o", t.name, "-f", "%e %U %S %M", *cmd], capture_output=True, text=True, cwd=REPO)
+        wall, user, sys_, rss = t.read().split()[-4:]
+    row = {"wall_s": float(wall), "cpu_s": float(user) + float(sys_), "peak_mb": int(rss) / 1024, "ok": out.returncode == 0}
+    lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
+    if lines:
+        row.update(json.loads(lines[-1]))
+    elif not row["ok"]:
+        row["error"] = (out.stderr.strip().splitlines() or ["?"])[-1]
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("source", type=Path)
+    ap.add_argument("--mb", type=float, nargs="+", default=[53.7, 500.0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-hta", action="store_true")
+    args = ap.parse_args()
+    try:
+        import hta  # noqa: F401
+        have_hta = not args.no_hta
+    except ImportError:
+        have_hta = False
+        print("HTA not installed (pip install HolisticTraceAnalysis): no HTA row")
+    for mb in args.mb:
+        trace = build(args.source, mb)
+        profile = Path(tempfile.mkdtemp()) / "p.json"
+        rows = {
+            "dsv4opt analyze": [sys.executable, "-c", "import sys; from dsv4opt.cli import main; sys.argv[0] = 'dsv4opt'; main()",
+                                "analyze", str(trace), "--top", "5", "--json", str(profile), "--force"],
+            "plain json.load loop": [sys.executable, "-c", PLAIN, str(trace)],
+        }
+        if have_hta:
+            rows["HTA get_gpu_kernel_breakdown"] = [sys.executable, "-c", HTA, str(trace.parent)]
+        runs: dict[str, list[dict]] = {k: [] for k in rows}
+        for _ in range(args.repeat):
+            for name, cmd in rows.items():  # interleaved, so a burst of load hits every row alike
+                runs[name].append(timed(cmd))
+                if name == "dsv4opt analyze" and runs[name][-1]["ok"]:
+                    runs[name][-1]["gpu_us"] = json.loads(profile.read_text()).get("gpu_time_us")
+        size = trace.stat().st_size / 1e6
+        print(f"\n{trace} ({size:.1f} MB), median of {args.repeat}")
+        print(f"{'reader':30} {'wall s':>8} {'CPU s':>8} {'peak MB':>8} {'GPU total µs':>16}")
+        med = {}
+        for name, rs in runs.items():
+            good = [r for r in rs if r["ok"]]
+            if not good:
+                print(f"{name:30} failed: {rs[-1].get('error')}")
+                continue
+            med[name] = {k: statistics.median(r[k] for r in good) for k in ("wall_s", "cpu_s")}
+            med[name]["peak_mb"] = max(r["peak_mb"] for r in good)
+            med[name]["gpu_us"] = good[0].get("gpu_us")
+            m = med[name]
+            print(f"{name:30} {m['wall_s']:>8.2f} {m['cpu_s']:>8.2f} {m['peak_mb']:>8.0f} {m['gpu_us'] or float('nan'):>16,.1f}")
+        ours, plain = med.get("dsv4opt analyze"), med.get("plain json.load loop")
+        if not ours or not plain or ours["gpu_us"] != plain["gpu_us"]:
+            print("check FAILED: dsv4opt's GPU total differs from the plain sum; no ratios")
+            continue
+        print("check: dsv4opt's GPU total equals the plain json.load sum")
+        theirs = med.get("HTA get_gpu_kernel_breakdown")
+        if theirs:
+            print(f"dsv4opt vs HTA: {theirs['wall_s'] / ours['wall_s']:.1f}x faster (wall), "
+                  f"peak memory {ours['peak_mb'] / theirs['peak_mb']:.0%} of HTA's")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
