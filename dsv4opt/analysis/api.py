@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsv4opt.analysis import attribute, cpu_ops, glue, launch_sites, one_run, parts, rank, rank_balance, steps
+from dsv4opt.analysis import (attribute, cpu_ops, efficiency, figures, glue, launch_sites, one_run, parts, rank,
+                              rank_balance, steps)
 from dsv4opt.analysis.classify import classify_names
 from dsv4opt.analysis.names import short_name
 from dsv4opt.analysis.profile import CaptureMatch, CategoryRow, KernelRow, PartRow, Profile, RankRow, is_profile_file
@@ -50,7 +51,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     capture_match = {"replayed": 0, "matched": 0}
     glue_regions = None
     for i, f in enumerate(files):
-        trace = read_trace(f, rank=_rank_of(f, i))
+        trace = read_trace(f, rank=_rank_of(f, i), shapes_of=efficiency.modelled_ops())
         if not one_capture:
             run.add(one_run.origin_of(trace))  # before the analysis: a stranger is refused at once
         result = _analyze_one(trace, reference)
@@ -163,7 +164,8 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
     k = trace.kernels
     attributor = attribute.Attributor(trace)
     out: dict[str, Any] = {"attribution": {}, "steps": None, "parts": pd.DataFrame(), "cpu_table": None,
-                           "has_stacks": attributor.has_stacks, "capture_match": {}, "glue": None}
+                           "has_stacks": attributor.has_stacks, "capture_match": {}, "glue": None,
+                           "figures": None}
     summary: dict[str, Any] = {"rank": trace.rank, "file": str(trace.path), "device": trace.device,
                                "timeline": rank_balance.rank_timeline(trace)}
     if k.empty:
@@ -201,6 +203,8 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
         inside = (idx >= 0) & (anchor <= ranges["end_us"].to_numpy()[np.clip(idx, 0, None)])
         out["steps"] = steps.steps_summary(source, table, k["dur_us"].to_numpy()[inside])
         step_of = np.where(inside, idx, -1)
+    category = k["name"].map(dict(zip(ktable["name"], ktable["category"]))).to_numpy(object)
+    out["figures"] = figures.rank_figures(trace, launches, attributor, step_of, category)
     part = parts.kernel_parts(k["ts_us"].to_numpy(), launches["launch_ts_us"].to_numpy(),
                               launches["launch_tid"].to_numpy(), trace.annotations)
     if captured is not None and reference.kernel_parts is not None:

@@ -23,8 +23,8 @@ from dsv4opt.analysis.categories import GEMM_TC
 from dsv4opt.analysis.devices import BF16, FP8, FP32, TF32, DevicePeak
 from dsv4opt.trace.reader import OpShapes
 
-EFFICIENCY_COLUMNS = ["name", "op", "launches", "modelled_us", "flop", "bytes", "tflops", "gbps",
-                      "compute_of_peak", "bandwidth_of_peak"]
+EFFICIENCY_COLUMNS = ["name", "op", "launches", "modelled_us", "flop", "bytes", "flop_at_peak_us", "bytes_at_peak_us",
+                      "tflops", "gbps", "compute_of_peak", "bandwidth_of_peak"]
 
 _BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
           "bool": 1, "unsigned char": 1, "signed char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
@@ -129,8 +129,9 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
     """[GPU events] name, cat, category, dur_us, with op_row: [GPU events] the row of cpu_ops (name,
     shapes) of each launch's operator call, -1 unknown -> [kernel names with a modelled launch]
     EFFICIENCY_COLUMNS, by modelled time descending. tflops in 1e12 FLOP/s, gbps in 1e9 bytes/s;
-    compute_of_peak / bandwidth_of_peak are fractions of the datasheet peak (NaN when the device or
-    the kind of rate is not known)."""
+    flop_at_peak_us / bytes_at_peak_us: how long the work would take at the datasheet rate and
+    bandwidth; compute_of_peak / bandwidth_of_peak: those over the time it took (NaN when the device
+    or the kind of rate is not known)."""
     empty = pd.DataFrame({c: pd.Series(dtype=object if c in ("name", "op") else float) for c in EFFICIENCY_COLUMNS})
     # Copies over PCIe and memsets are not judged against HBM: kernels only.
     op_row = np.where(kernels["cat"].astype(object).to_numpy() == "kernel", np.asarray(op_row, np.int64), -1) \
@@ -166,25 +167,31 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
     at_peak_us = flop / (peak_tflops * 1e6)
     bw_us = nbytes / (peak.hbm_gbps * 1e3) if peak is not None else np.full(len(sel), np.nan)
     frame = pd.DataFrame({"name": kernels["name"].astype(object).to_numpy()[sel], "op": call_op.reindex(rows).to_numpy(),
-                          "dur": dur, "flop": flop, "bytes": nbytes, "at_peak": at_peak_us, "bw": bw_us,
-                          "peak_dur": np.where(np.isfinite(at_peak_us), dur, 0.0)})
+                          "dur": dur, "flop": flop, "bytes": nbytes, "at_peak": at_peak_us, "bw": bw_us})
     g = frame.groupby("name", sort=False)
     out = pd.DataFrame({
         "launches": g["dur"].size(),
         "modelled_us": g["dur"].sum(),
         "flop": g["flop"].sum(),
         "bytes": g["bytes"].sum(),
-        "at_peak": g["at_peak"].sum(min_count=1),
-        "peak_dur": g["peak_dur"].sum(),
-        "bw": g["bw"].sum(min_count=1),
+        "flop_at_peak_us": g["at_peak"].sum(min_count=1),
+        "bytes_at_peak_us": g["bw"].sum(min_count=1),
     })
     # The operator behind most of a kernel's launches names the row.
     ops = frame.groupby(["name", "op"], sort=False).size().reset_index(name="n")
     ops = ops.sort_values("n", ascending=False, kind="mergesort").drop_duplicates("name").set_index("name")["op"]
     out["op"] = ops.reindex(out.index)
+    return rates(out.reset_index())
+
+
+def rates(sums: pd.DataFrame) -> pd.DataFrame:
+    """[kernel names] name, op and the summed columns -> EFFICIENCY_COLUMNS: tflops and gbps
+    achieved, and the fractions of the peak (time the work would take at the datasheet rate over the
+    time it took; NaN where no launch had a known rate), by modelled time descending."""
+    out = sums.copy()
     out["tflops"] = out["flop"] / out["modelled_us"] / 1e6
     out["gbps"] = out["bytes"] / out["modelled_us"] / 1e3
-    out["compute_of_peak"] = out["at_peak"] / out["peak_dur"].where(out["peak_dur"] > 0)
-    out["bandwidth_of_peak"] = out["bw"] / out["modelled_us"]
-    out = out.reset_index().sort_values(["modelled_us", "name"], ascending=[False, True], kind="mergesort")
+    out["compute_of_peak"] = out["flop_at_peak_us"] / out["modelled_us"]
+    out["bandwidth_of_peak"] = out["bytes_at_peak_us"] / out["modelled_us"]
+    out = out.sort_values(["modelled_us", "name"], ascending=[False, True], kind="mergesort")
     return out.reset_index(drop=True)[EFFICIENCY_COLUMNS]
