@@ -14,8 +14,8 @@ give no row.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -60,7 +60,6 @@ def op_model(name: str, shapes: OpShapes | None) -> tuple[float, float, str | No
         return None
 
 
-@lru_cache(maxsize=8192)
 def _model(name: str, s: OpShapes) -> tuple[float, float, str | None] | None:
     dims, types = s.dims, s.types
     if name in _GEMMS:
@@ -98,7 +97,7 @@ def _model(name: str, s: OpShapes) -> tuple[float, float, str | None] | None:
         return flop, float(nbytes), _kind(types[0])
     op = name.removeprefix("aten::").removesuffix("_")
     # 0-dim inputs (Python numbers wrapped as tensors) travel as kernel arguments, not memory.
-    tensors = [(d, _BYTES[t]) for d, t in zip(dims, types) if t in _BYTES and isinstance(d, tuple) and d]
+    tensors = [(d, _BYTES[t]) for d, t in zip(dims, types) if t in _BYTES and isinstance(d, (list, tuple)) and d]
     if not tensors:
         return None
     if name == "aten::copy_":
@@ -143,7 +142,10 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
     calls = pd.unique(rows)
     names = cpu_ops["name"].astype(object).to_numpy()[calls]
     shapes = cpu_ops["shapes"].to_numpy()[calls]
-    models = [op_model(n, s) for n, s in zip(names, shapes)]
+    # Calls with the same operator and shapes share one model evaluation.
+    key = [msgspec.json.encode((n, s)) for n, s in zip(names, shapes)]
+    cache: dict[bytes, tuple | None] = {}
+    models = [cache[k] if k in cache else cache.setdefault(k, op_model(n, s)) for k, n, s in zip(key, names, shapes)]
     has = np.array([m is not None for m in models], bool)
     if not has.any():
         return empty

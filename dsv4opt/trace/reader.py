@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import gc
 from array import array
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -81,14 +80,14 @@ class _Vocab(dict):
         return code
 
 
-@dataclass(frozen=True)
-class OpShapes:
-    """What record_shapes wrote for one operator call: per input its dims ([] for a scalar), its
-    type ("c10::BFloat16", "Scalar", ...) and its value when concrete ("" otherwise)."""
+class OpShapes(NamedTuple):
+    """What record_shapes wrote for one operator call, as in the file: per input its dims (a list of
+    ints, [] for a scalar, a list of those for a TensorList), its type ("c10::BFloat16", "Scalar",
+    ...) and its value when concrete ("" otherwise)."""
 
-    dims: tuple
-    types: tuple
-    concrete: tuple
+    dims: list
+    types: list
+    concrete: list
 
 
 def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[str] = frozenset()) -> Trace:
@@ -157,7 +156,9 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
                     ext = args.external_id
                     o_ts(ts), o_dur(dur), o_pid(threads[e.pid]), o_tid(threads[e.tid]), o_name(intern[name])
                     o_ext(ext if type(ext) is int else -1)
-                    o_shapes(_shapes(args) if name in shapes_of else None)
+                    dims = args.input_dims
+                    o_shapes(OpShapes(dims, args.input_type or [], args.concrete_inputs or [])
+                             if type(dims) is list and name in shapes_of else None)
                 elif cat in LAUNCH_CATS:
                     args = e.args or no_args
                     corr, ext = args.correlation, args.external_id
@@ -207,18 +208,6 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
         event_count=counts["events"],
         skipped_events=counts["skipped"],
     )
-
-
-def _shapes(args: Args) -> OpShapes | None:
-    dims, types = args.input_dims, args.input_type
-    if type(dims) is not list:
-        return None
-    concrete = args.concrete_inputs if type(args.concrete_inputs) is list else []
-    return OpShapes(_frozen(dims), tuple(types) if type(types) is list else (), tuple(concrete))
-
-
-def _frozen(value: Any) -> Any:
-    return tuple(_frozen(v) for v in value) if type(value) is list else value
 
 
 def _fill_correlation_from_flows(kernels: pd.DataFrame, flows: pd.DataFrame) -> None:

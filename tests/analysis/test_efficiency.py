@@ -21,8 +21,7 @@ BF, F32, F8 = "c10::BFloat16", "float", "c10::Float8_e4m3fn"
 
 
 def shapes(dims, types, concrete=()):
-    freeze = lambda v: tuple(freeze(x) for x in v) if isinstance(v, list) else v  # noqa: E731
-    return OpShapes(freeze(dims), tuple(types), tuple(concrete))
+    return OpShapes(dims, list(types), list(concrete))
 
 
 MODELS = [
