@@ -84,17 +84,27 @@ _ANON = re.compile(r"\(anonymous namespace\)::")
 def short_name(name: str) -> str:
     """A one-line name for tables: demangled, no return type, no parameter list, templates nested
     deeper than one level shown as <…>, namespaces dropped, at most ~96 characters."""
-    full = demangle(name)
-    text = _ANON.sub("", full)
+    return _readable(name, levels=1, limit=_MAX_CHARS)
+
+
+@lru_cache(maxsize=65536)
+def long_name(name: str) -> str:
+    """short_name with every template level kept: what tells apart two kernels whose short names
+    are equal (vectorized_elementwise_kernel<4, BinaryFunctor<…> > over a mul and over an add)."""
+    return _readable(name, levels=64, limit=4 * _MAX_CHARS)
+
+
+def _readable(name: str, levels: int, limit: int) -> str:
+    text = _ANON.sub("", demangle(name))
     if text.startswith("void "):
         text = text[5:]
     text = _drop_parameters(text)
-    text = _collapse_templates(text)
+    text = _collapse_templates(text, levels)
     text = _QUALIFIER.sub("", text)
     text = re.sub(r"\s+", " ", text).strip()
-    if len(text) > _MAX_CHARS:
-        text = text[: _MAX_CHARS - 1] + "…"
-    return text or name[:_MAX_CHARS]
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text or name[:limit]
 
 
 def _drop_parameters(text: str) -> str:
@@ -110,9 +120,9 @@ def _drop_parameters(text: str) -> str:
     return text
 
 
-def _collapse_templates(text: str) -> str:
-    """Keep the first template level (tile sizes, dtypes); replace anything deeper by <…>,
-    and drop lambdas' and functions' parameter lists inside template arguments."""
+def _collapse_templates(text: str, levels: int = 1) -> str:
+    """Keep the first `levels` template levels (the first: tile sizes, dtypes); replace anything
+    deeper by <…>, and drop lambdas' and functions' parameter lists inside template arguments."""
     out: list[str] = []
     angle = paren = 0
     for ch in text:
@@ -128,15 +138,15 @@ def _collapse_templates(text: str) -> str:
             continue
         if ch == "<":
             angle += 1
-            if angle == 2:
+            if angle == levels + 1:
                 out.append("<…>")
-            if angle >= 2:
+            if angle > levels:
                 continue
         elif ch == ">":
             angle = max(0, angle - 1)
-            if angle >= 1:
+            if angle >= levels:
                 continue
-        elif angle >= 2:
+        elif angle > levels:
             continue
         out.append(ch)
     return "".join(out)
