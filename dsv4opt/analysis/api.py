@@ -50,6 +50,8 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     has_stacks = False
     capture_match = {"replayed": 0, "matched": 0}
     glue_regions = None
+    rank_figures: list[tuple[int, figures.RankFigures]] = []
+    step_figures = None
     for i, f in enumerate(files):
         trace = read_trace(f, rank=_rank_of(f, i), shapes_of=efficiency.modelled_ops())
         if not one_capture:
@@ -63,7 +65,9 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
         for name, att in result["attribution"].items():
             attributions.setdefault(name, att)
         if step_info is None and result["steps"] is not None:
-            step_info = result["steps"]
+            step_info, step_figures = result["steps"], result["figures"]
+        if result["figures"] is not None:
+            rank_figures.append((_rank_of(f, i), result["figures"]))
         if not result["parts"].empty:
             part_frames.append(result["parts"])
         if result["cpu_table"] is not None:
@@ -119,14 +123,19 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     total = rank.total_gpu_us(kernels)
     ktable = rank.kernel_table(kernels, total)
     ctable = rank.category_table(ktable, total)
-    krows = [KernelRow(**row, **attributions.get(row["name"], {})) for row in rank.records(ktable)]
+    more = figures.kernel_fields(kernels, figures.merge_efficiency([f.efficiency for _, f in rank_figures]))
+    krows = [KernelRow(**row, **attributions.get(row["name"], {}), **more.get(row["name"], {})) for row in rank.records(ktable)]
+    if step_info is not None and step_figures is not None:
+        step_info = figures.steps_with_busy(step_info, step_figures)
     part_rows = None
     if part_frames:
         merged = pd.concat(part_frames, ignore_index=True).groupby("part").agg(count=("count", "sum"), total_us=("total_us", "sum")).reset_index()
         merged["share"] = merged["total_us"] / total
         part_rows = _rows(PartRow, merged.sort_values("total_us", ascending=False))
     return Profile(meta=profile_meta, total_us=total, kernels=krows, categories=_rows(CategoryRow, ctable),
-                   steps=step_info, time_basis="gpu", parts=part_rows, glue=glue_regions, **found)
+                   steps=step_info, time_basis="gpu", parts=part_rows, glue=glue_regions,
+                   timeline=figures.timeline_of(rank_figures),
+                   peak=figures.peak_row(devices[0] if len(devices) == 1 else None), **found)
 
 
 def _rows(row_type, table: pd.DataFrame) -> list:

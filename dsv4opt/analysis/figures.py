@@ -1,7 +1,8 @@
-"""One rank's timeline and efficiency tables from its trace, and the merge of several ranks'.
+"""One rank's timeline and efficiency tables from its trace, the merge of several ranks', and the
+profile fields they become.
 
-The glue between a Trace and the plain table functions of timeline.py and efficiency.py: which
-step, device and stream each GPU event belongs to, and which operator call launched it.
+The glue between a Trace and the plain table functions of timeline.py, efficiency.py and
+spread.py: which step, device and stream each GPU event belongs to, which operator call launched it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import pandas as pd
 from dsv4opt.analysis import efficiency, timeline
 from dsv4opt.analysis.attribute import Attributor
 from dsv4opt.analysis.devices import peak_of
+from dsv4opt.analysis.profile import (CategoryOverlapRow, DeviceBusyRow, DevicePeak, KernelEfficiency, StreamBusyRow,
+                                      Timeline)
+from dsv4opt.analysis.rank import records
+from dsv4opt.analysis.spread import kernel_spread
 from dsv4opt.trace.model import Trace
 
 _SUMS = ["launches", "modelled_us", "flop", "bytes", "flop_at_peak_us", "bytes_at_peak_us"]
@@ -71,3 +76,64 @@ def merge_efficiency(tables: list[pd.DataFrame]) -> pd.DataFrame:
     out = g[_SUMS].sum(min_count=1)
     out["op"] = g["op"].first()
     return efficiency.rates(out.reset_index())
+
+
+def timeline_of(per_rank: list[tuple[int | None, RankFigures]]) -> Timeline | None:
+    """The profile's timeline: every rank's rows (`rank` set when there are several)."""
+    if not per_rank:
+        return None
+    several = len(per_rank) > 1
+
+    def rows(row_type, table: pd.DataFrame, rank_id) -> list:
+        extra = {"rank": rank_id} if several else {}
+        return [row_type(**row, **extra) for row in records(table)]
+
+    return Timeline(
+        devices=[r for rank_id, f in per_rank for r in rows(DeviceBusyRow, f.devices, rank_id)],
+        streams=[r for rank_id, f in per_rank for r in rows(StreamBusyRow, f.streams, rank_id)],
+        categories=[r for rank_id, f in per_rank for r in rows(CategoryOverlapRow, f.categories, rank_id)],
+    )
+
+
+def steps_with_busy(steps: dict, figures: RankFigures) -> dict:
+    """The steps summary with each step's busy, idle and overlap time (summed over the rank's
+    devices: one per trace file as profilers write them) and their means per step."""
+    per_step = figures.devices.groupby("step")[["busy_us", "idle_us", "overlap_us"]].sum()
+    out = dict(steps)
+    rows = []
+    for i, row in enumerate(steps.get("steps") or []):
+        row = dict(row)
+        if i in per_step.index:
+            row.update({k: float(v) for k, v in per_step.loc[i].items()})
+        rows.append(row)
+    out["steps"] = rows
+    for key in ("busy_us", "idle_us", "overlap_us"):
+        values = [r[key] for r in rows if key in r]
+        if values:
+            out[f"{key}_per_step"] = float(np.mean(values))
+    return out
+
+
+def kernel_fields(kernels: pd.DataFrame, eff: pd.DataFrame) -> dict[str, dict]:
+    """name -> the KernelRow fields for its spread (all kernels) and efficiency (modelled ones)."""
+    out: dict[str, dict] = {}
+    for row in records(kernel_spread(kernels)):
+        out[row.pop("name")] = row
+    for row in records(eff):
+        name = row["name"]
+        out.setdefault(name, {})["efficiency"] = KernelEfficiency(
+            op=row["op"], launches=int(row["launches"]), modelled_us=row["modelled_us"], tflops=row["tflops"],
+            gbps=row["gbps"], compute_of_peak=_finite_or_none(row["compute_of_peak"]),
+            bandwidth_of_peak=_finite_or_none(row["bandwidth_of_peak"]))
+    return out
+
+
+def peak_row(device: str | None) -> DevicePeak | None:
+    peak = peak_of(device)
+    if peak is None:
+        return None
+    return DevicePeak(label=peak.label, hbm_gbps=peak.hbm_gbps, tflops=dict(peak.tflops), source=peak.source)
+
+
+def _finite_or_none(x) -> float | None:
+    return float(x) if x is not None and np.isfinite(x) else None

@@ -35,6 +35,19 @@ def _check_category(category: str) -> None:
         raise ValueError(f"category: expected one of {', '.join(CATEGORIES)}, got {category!r}")
 
 
+class KernelEfficiency(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Achieved rates of a kernel's modelled launches (analysis/efficiency.py): FLOPs and bytes of
+    the operator calls that launched them, over their GPU time."""
+
+    op: str  # the operator behind most of them
+    launches: int
+    modelled_us: float
+    tflops: float  # 1e12 FLOP/s
+    gbps: float  # 1e9 bytes/s (what the operator must read and write once: a floor)
+    compute_of_peak: float | None = None  # fraction of the device's dense tensor-core/FP32 peak
+    bandwidth_of_peak: float | None = None  # fraction of its HBM bandwidth
+
+
 class KernelRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One kernel name, all its launches summed (a CPU operator when time_basis is cpu_self)."""
 
@@ -51,6 +64,14 @@ class KernelRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     graph_replay_share: float | None = None
     capture_matched: str | None = None
     part: str | None = None
+    # Spread of its launch durations (GPU profiles).
+    min_us: float | None = None
+    median_us: float | None = None
+    p90_us: float | None = None
+    max_us: float | None = None
+    std_us: float | None = None  # population standard deviation
+    # Where the trace recorded shapes: the rate of the operator calls that launched it.
+    efficiency: KernelEfficiency | None = None
 
     def __post_init__(self) -> None:
         _check_category(self.category)
@@ -177,6 +198,63 @@ def step_gain(saving_us: float, step_us: float) -> float:
     return 1.0 / (1.0 - saving_us / step_us) if step_us > saving_us > 0 else 1.0
 
 
+class DeviceBusyRow(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One device in one step: the union of its kernel intervals against their plain sum."""
+
+    rank: int | None = None
+    step: int  # index into steps.steps; 0 for the whole trace when it has no steps
+    device: str
+    streams: int
+    launches: int
+    kernel_us: float  # plain sum of durations
+    span_us: float  # first kernel start to last kernel end
+    busy_us: float  # union of kernel intervals over all streams
+    idle_us: float  # span_us - busy_us
+    overlap_us: float  # time with at least two streams busy
+
+
+class StreamBusyRow(msgspec.Struct, kw_only=True, omit_defaults=True):
+    rank: int | None = None
+    step: int
+    device: str
+    stream: str
+    launches: int
+    kernel_us: float
+    busy_us: float
+    idle_us: float  # the device's span in that step minus this stream's busy time
+
+
+class CategoryOverlapRow(msgspec.Struct, kw_only=True, omit_defaults=True):
+    rank: int | None = None
+    step: int
+    device: str
+    category: str
+    kernel_us: float
+    busy_us: float  # union of this category's kernel intervals
+    exposed_us: float  # of that, while no other category ran on the device
+    overlapped_us: float  # busy_us - exposed_us
+
+    def __post_init__(self) -> None:
+        _check_category(self.category)
+
+
+class Timeline(msgspec.Struct, kw_only=True):
+    """Busy, idle and overlap time per step (analysis/timeline.py; docs/profile-schema.md)."""
+
+    devices: list[DeviceBusyRow] = []
+    streams: list[StreamBusyRow] = []
+    categories: list[CategoryOverlapRow] = []
+
+
+class DevicePeak(msgspec.Struct, kw_only=True):
+    """The datasheet figures efficiency fractions were taken against (analysis/devices.py)."""
+
+    label: str
+    hbm_gbps: float
+    tflops: dict[str, float]  # dense rate per input kind: fp8, bf16, tf32, fp32
+    source: str
+
+
 class CaptureMatch(msgspec.Struct):
     replayed: int  # GPU events from graph replays
     matched: int  # of those, mapped to a launch of the capture trace
@@ -202,6 +280,8 @@ class Profile(msgspec.Struct, kw_only=True):
     has_stacks: bool | None = None
     capture_match: CaptureMatch | None = None
     glue: GlueRegions | None = None  # GPU profiles analysed since glue regions exist
+    timeline: Timeline | None = None
+    peak: DevicePeak | None = None
     note: str | None = None
     load_metrics: dict[str, Any] | None = None  # an SGLang capture's load generator figures
     run_dir: str | None = None  # an SGLang capture's trace folder
@@ -329,6 +409,9 @@ class _Step(msgspec.Struct):
     launches: int | None = None
     median_kernel_us: float | None = None
     span_us: float | None = None
+    busy_us: float | None = None
+    idle_us: float | None = None
+    overlap_us: float | None = None
 
 
 class _Steps(msgspec.Struct):
@@ -337,6 +420,9 @@ class _Steps(msgspec.Struct):
     gpu_us_per_step: float | None = None
     launches_per_step: float | None = None
     median_kernel_us: float | None = None
+    busy_us_per_step: float | None = None
+    idle_us_per_step: float | None = None
+    overlap_us_per_step: float | None = None
     steps: list[_Step] | None = None
 
 
