@@ -39,7 +39,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     if not one_capture:
         one_run.check_names(files)
     run = one_run.OneRun()
-    reference = _Reference.of(read_trace(capture)) if capture is not None else None
+    reference = _Reference.of(read_trace(capture, shapes_of=efficiency.modelled_ops())) if capture is not None else None
     per_rank: list[RankRow] = []
     all_kernels: list[pd.DataFrame] = []
     attributions: dict[str, dict] = {}
@@ -150,23 +150,27 @@ def _rank_of(path: Path, index: int) -> int:
 @dataclass
 class _Reference:
     """The capture trace given with `capture=`, read once for every rank: its operators and, when it
-    is an eager reference run, the part of each of its kernels (None when it has no part annotations)."""
+    is an eager reference run, the part, launch sites and operator of each of its kernels (None when
+    it is a graph capture)."""
 
     trace: Trace
     attributor: attribute.Attributor
     kernel_parts: np.ndarray | None
     kernel_sites: pd.DataFrame | None  # launch_sites of its kernels, for an eager reference run
+    kernel_op_rows: np.ndarray | None  # [reference kernels] its operator's row in trace.cpu_ops, -1 none
 
     @classmethod
     def of(cls, trace: Trace) -> "_Reference":
-        part = sites = None
+        part = sites = op_rows = None
         attributor = attribute.Attributor(trace)
         if attribute.is_reference_run(trace):
             la = attribute.launch_info(trace)
             part = parts.kernel_parts(trace.kernels["ts_us"].to_numpy(), la["launch_ts_us"].to_numpy(),
                                       la["launch_tid"].to_numpy(), trace.annotations)
             sites = launch_sites.launch_sites(trace, la, attributor)
-        return cls(trace, attributor, part, sites)
+            op_rows = attributor.operator_rows(la["external_id"].to_numpy(), la["launch_pid"].to_numpy(),
+                                               la["launch_tid"].to_numpy(), la["launch_ts_us"].to_numpy())
+        return cls(trace, attributor, part, sites, op_rows)
 
 
 def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
@@ -213,7 +217,10 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
         out["steps"] = steps.steps_summary(source, table, k["dur_us"].to_numpy()[inside])
         step_of = np.where(inside, idx, -1)
     category = k["name"].map(dict(zip(ktable["name"], ktable["category"]))).to_numpy(object)
-    out["figures"] = figures.rank_figures(trace, launches, attributor, step_of, category)
+    replayed = None
+    if captured is not None and reference.kernel_op_rows is not None:
+        replayed = figures.ReplayedOps(captured["cap_kernel"].to_numpy(), reference.kernel_op_rows, reference.trace.cpu_ops)
+    out["figures"] = figures.rank_figures(trace, launches, attributor, step_of, category, replayed)
     part = parts.kernel_parts(k["ts_us"].to_numpy(), launches["launch_ts_us"].to_numpy(),
                               launches["launch_tid"].to_numpy(), trace.annotations)
     if captured is not None and reference.kernel_parts is not None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from dsv4opt.analysis.busy import timeline_summary
 from dsv4opt.analysis.categories import CATEGORIES, category_label, members
 from dsv4opt.analysis.profile import KernelRow, Profile
 from dsv4opt.display import pct
@@ -33,6 +34,9 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     change: ThroughputChange | None = None  # ms/step before and after, against the measured noise
     steps: dict[str, int | None] = field(default_factory=dict)  # profiled steps the totals cover, a and b
+    # Per-step means of the union of kernel intervals (not their sum) before and after: busy, idle
+    # and stream overlap of the devices, and each category's exposed and overlapped time.
+    timeline: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {"schema": "dsv4opt.comparison/1", **asdict(self)}
@@ -110,7 +114,7 @@ def compare_profiles(a: Profile, b: Profile) -> Comparison:
         time_basis=a.time_basis,
         total_us={"a": a.total_us, "b": b.total_us},
         categories=categories, moved=moved, top_kernel=top_kernel, top_category=top_category,
-        throughput=_throughput(a, b), verdict=verdict, bottleneck_moved=moved_flag,
+        throughput=_throughput(a, b), verdict=verdict, bottleneck_moved=moved_flag, timeline=_timeline(a, b),
         change=throughput_change(a, b), steps={"a": a.step_count, "b": b.step_count},
     )
 
@@ -157,6 +161,24 @@ def _throughput(a: Profile, b: Profile) -> dict | None:
         out["gpu_us_per_step"] = {"a": sa["gpu_us_per_step"], "b": sb["gpu_us_per_step"],
                                   "ratio": sb["gpu_us_per_step"] / sa["gpu_us_per_step"]}
     return out or None
+
+
+def _timeline(a: Profile, b: Profile) -> dict | None:
+    ta, tb = timeline_summary(a.timeline), timeline_summary(b.timeline)
+    if ta is None or tb is None:
+        return None
+    out: dict[str, Any] = {"steps": {"a": ta.steps, "b": tb.steps}}
+    for key in ("kernel_us", "span_us", "busy_us", "idle_us", "overlap_us"):
+        va, vb = ta.device_total(key), tb.device_total(key)
+        out[key] = {"a": va, "b": vb, "delta": vb - va}
+    cats_a = {c.label: c for c in ta.categories}
+    cats_b = {c.label: c for c in tb.categories}
+    out["categories"] = [
+        {"category": cat, **{f"{key}_{side}": getattr(c.get(cat), key, 0.0) if c.get(cat) else 0.0
+                             for key in ("busy_us", "exposed_us", "overlapped_us") for side, c in (("a", cats_a), ("b", cats_b))}}
+        for cat in CATEGORIES if cat in cats_a or cat in cats_b
+    ]
+    return out
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from dsv4opt.analysis.categories import GEMM_TC
 from dsv4opt.analysis.devices import BF16, FP8, FP32, TF32, DevicePeak
 from dsv4opt.trace.reader import OpShapes
 
-EFFICIENCY_COLUMNS = ["name", "op", "launches", "modelled_us", "flop", "bytes", "flop_at_peak_us", "bytes_at_peak_us",
-                      "tflops", "gbps", "compute_of_peak", "bandwidth_of_peak"]
+EFFICIENCY_COLUMNS = ["name", "op", "launches", "modelled_us", "rated_us", "flop", "bytes", "flop_at_peak_us",
+                      "bytes_at_peak_us", "tflops", "gbps", "compute_of_peak", "bandwidth_of_peak"]
 
 _BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "short int": 2,
           "bool": 1, "unsigned char": 1, "signed char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
@@ -124,10 +124,14 @@ def _broadcast(shapes: list[tuple]) -> tuple:
     return tuple(max(col) for col in zip(*padded))
 
 
-def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.DataFrame, peak: DevicePeak | None) -> pd.DataFrame:
+def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.DataFrame, peak: DevicePeak | None,
+                      call: np.ndarray | None = None) -> pd.DataFrame:
     """[GPU events] name, cat, category, dur_us, with op_row: [GPU events] the row of cpu_ops (name,
-    shapes) of each launch's operator call, -1 unknown -> [kernel names with a modelled launch]
+    shapes) of each launch's operator, -1 unknown, and call: [GPU events] which call of it the
+    launch belongs to (by default its op_row; graph replays of one captured call are separate calls)
+    -> [kernel names with a modelled launch]
     EFFICIENCY_COLUMNS, by modelled time descending. tflops in 1e12 FLOP/s, gbps in 1e9 bytes/s;
+    rated_us: the modelled time of launches whose operator has a compute rate (GEMMs, attention);
     flop_at_peak_us / bytes_at_peak_us: how long the work would take at the datasheet rate and
     bandwidth; compute_of_peak / bandwidth_of_peak: those over the time it took (NaN when the device
     or the kind of rate is not known)."""
@@ -137,6 +141,7 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
         if "cat" in kernels else np.asarray(op_row, np.int64)
     if kernels.empty or "shapes" not in cpu_ops or not (op_row >= 0).any():
         return empty
+    call = op_row if call is None else np.asarray(call, np.int64)
     known = np.flatnonzero(op_row >= 0)
     rows = op_row[known]
     calls = pd.unique(rows)
@@ -156,8 +161,9 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
     sel = known[pd.Index(calls[has]).get_indexer(rows) >= 0]
     rows = op_row[sel]
     dur = kernels["dur_us"].to_numpy()[sel]
-    call_us = pd.Series(dur).groupby(rows).sum()
-    part = dur / call_us.reindex(rows).to_numpy()
+    calls_of = call[sel]
+    call_us = pd.Series(dur).groupby(calls_of).sum()
+    part = dur / call_us.reindex(calls_of).to_numpy()
     part = np.where(np.isfinite(part), part, 0.0)
     flop = call_flop.reindex(rows).to_numpy() * part
     nbytes = call_bytes.reindex(rows).to_numpy() * part
@@ -169,11 +175,13 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
     at_peak_us = flop / (peak_tflops * 1e6)
     bw_us = nbytes / (peak.hbm_gbps * 1e3) if peak is not None else np.full(len(sel), np.nan)
     frame = pd.DataFrame({"name": kernels["name"].astype(object).to_numpy()[sel], "op": call_op.reindex(rows).to_numpy(),
-                          "dur": dur, "flop": flop, "bytes": nbytes, "at_peak": at_peak_us, "bw": bw_us})
+                          "dur": dur, "flop": flop, "bytes": nbytes, "at_peak": at_peak_us, "bw": bw_us,
+                          "rated": np.where(np.isfinite(at_peak_us), dur, 0.0)})
     g = frame.groupby("name", sort=False)
     out = pd.DataFrame({
         "launches": g["dur"].size(),
         "modelled_us": g["dur"].sum(),
+        "rated_us": g["rated"].sum(),
         "flop": g["flop"].sum(),
         "bytes": g["bytes"].sum(),
         "flop_at_peak_us": g["at_peak"].sum(min_count=1),
@@ -189,11 +197,13 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
 def rates(sums: pd.DataFrame) -> pd.DataFrame:
     """[kernel names] name, op and the summed columns -> EFFICIENCY_COLUMNS: tflops and gbps
     achieved, and the fractions of the peak (time the work would take at the datasheet rate over the
-    time it took; NaN where no launch had a known rate), by modelled time descending."""
+    time it took - for compute, the time of the launches whose operator has a tensor-core or FP32
+    rate, so a copy among GEMM launches does not dilute it; NaN where none has), by modelled time
+    descending."""
     out = sums.copy()
     out["tflops"] = out["flop"] / out["modelled_us"] / 1e6
     out["gbps"] = out["bytes"] / out["modelled_us"] / 1e3
-    out["compute_of_peak"] = out["flop_at_peak_us"] / out["modelled_us"]
+    out["compute_of_peak"] = out["flop_at_peak_us"] / out["rated_us"].where(out["rated_us"] > 0)
     out["bandwidth_of_peak"] = out["bytes_at_peak_us"] / out["modelled_us"]
     out = out.sort_values(["modelled_us", "name"], ascending=[False, True], kind="mergesort")
     return out.reset_index(drop=True)[EFFICIENCY_COLUMNS]

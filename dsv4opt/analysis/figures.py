@@ -21,7 +21,7 @@ from dsv4opt.analysis.rank import records
 from dsv4opt.analysis.spread import kernel_spread
 from dsv4opt.trace.model import Trace
 
-_SUMS = ["launches", "modelled_us", "flop", "bytes", "flop_at_peak_us", "bytes_at_peak_us"]
+_SUMS = ["launches", "modelled_us", "rated_us", "flop", "bytes", "flop_at_peak_us", "bytes_at_peak_us"]
 
 
 @dataclass
@@ -32,17 +32,40 @@ class RankFigures:
     efficiency: pd.DataFrame  # efficiency.EFFICIENCY_COLUMNS
 
 
+@dataclass
+class ReplayedOps:
+    """For a graph replay analysed with an eager reference: the reference kernel each replayed
+    kernel was matched to, and the reference's operator calls."""
+
+    reference_kernel: np.ndarray  # [GPU events of the replay] row in the reference's kernels, -1 none
+    reference_op_row: np.ndarray  # [reference kernels] row in reference_ops of its operator, -1 none
+    reference_ops: pd.DataFrame  # the reference's cpu_ops (name, shapes)
+
+
 def rank_figures(trace: Trace, launches: pd.DataFrame, attributor: Attributor, step: np.ndarray,
-                 category: np.ndarray) -> RankFigures:
+                 category: np.ndarray, replayed: ReplayedOps | None = None) -> RankFigures:
     """step: [GPU events] the step each belongs to (-1 outside every step; all 0 when the trace has
-    no steps: the whole trace is one window); category: [GPU events] its category."""
+    no steps: the whole trace is one window); category: [GPU events] its category. A replayed
+    kernel matched to a reference kernel takes the reference's operator call for its efficiency,
+    one call per graph launch."""
     k = trace.kernels
     events = pd.DataFrame({"step": np.asarray(step, np.int64), "device": device_labels(trace),
                            "stream": stream_labels(trace), "category": category,
                            "ts_us": k["ts_us"].to_numpy(), "dur_us": k["dur_us"].to_numpy()})
     rows = attributor.operator_rows(launches["external_id"].to_numpy(), launches["launch_pid"].to_numpy(),
                                     launches["launch_tid"].to_numpy(), launches["launch_ts_us"].to_numpy())
-    eff = efficiency.kernel_efficiency(k.assign(category=category), rows, trace.cpu_ops, peak_of(trace.device))
+    ops, call = trace.cpu_ops[["name", "shapes"]], rows
+    if replayed is not None:
+        ref = replayed.reference_kernel
+        ref_row = np.where(ref >= 0, replayed.reference_op_row[np.maximum(ref, 0)], -1)
+        take = (rows < 0) & (ref_row >= 0)
+        rows = np.where(take, len(ops) + ref_row, rows)
+        ops = pd.concat([ops.astype({"name": object}), replayed.reference_ops[["name", "shapes"]].astype({"name": object})],
+                        ignore_index=True)
+        # The same captured call replayed by several graph launches is one call per launch.
+        pair = pd.MultiIndex.from_arrays([np.where(take, k["correlation"].to_numpy(), -1), rows])
+        call = np.where(rows >= 0, pd.factorize(pair)[0], -1)
+    eff = efficiency.kernel_efficiency(k.assign(category=category), rows, ops, peak_of(trace.device), call=call)
     return RankFigures(timeline.device_busy(events), timeline.stream_busy(events), timeline.category_overlap(events), eff)
 
 

@@ -252,7 +252,9 @@ def _profile_steps(step: Callable[[], None], n: int, device: torch.device, path:
     # A schedule is what makes prof.step() emit ProfilerStep#N ranges; its warm-up step keeps the
     # profiler's start-up cost out of the recorded steps.
     plan = schedule(wait=0, warmup=1, active=n, repeat=1)
-    with without_kineto_markers(), profile(activities=activities, schedule=plan, with_stack=with_stack,
+    # Shapes let analysis rate each kernel's operator call against the device's peak
+    # (analysis/efficiency.py); they cost CPU time in the profiled steps only, not GPU time.
+    with without_kineto_markers(), profile(activities=activities, schedule=plan, with_stack=with_stack, record_shapes=True,
                                            on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
         for i in range(n + 1):
             step()

@@ -7,9 +7,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dsv4opt.analysis.busy import timeline_summary
 from dsv4opt.analysis.categories import GLUE, category_label
-from dsv4opt.display import duration, pct
-from dsv4opt.report.layout import Column, clip, print_table
+from dsv4opt.analysis.names import long_name
+from dsv4opt.display import MISSING, duration, pct, value
+from dsv4opt.report.fit import distinct_labels
+from dsv4opt.report.layout import Column, print_table
 
 
 def headline(profile) -> str | None:
@@ -20,9 +23,52 @@ def headline(profile) -> str | None:
     return f"#1 category {top_c.label} {pct(top_c.share)}; #1 kernel {top_k.display_name} {pct(top_k.share)}"
 
 
+# Separators a rich table with box.SIMPLE_HEAD and pad_edge=False adds around n columns: a space
+# at each edge, and between two columns a padding space each side of a one-space rule.
+def _table_overhead(columns: int) -> int:
+    return 2 + 3 * (columns - 1)
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
+
+
+def _fit(table: Table, rows: list[list[str]], headers: list[str], text_columns: dict[int, list[str]],
+         width: int, floor: int = 12) -> list[list[str]]:
+    """Give every column but the text ones the width its widest cell needs, and the text columns
+    (index -> the full texts, with their keys) what is left, shortened so different entries stay
+    different. Figures are never cut; a name is."""
+    fixed = [max([len(headers[c])] + [len(r[c]) for r in rows]) for c in range(len(headers))]
+    spare = width - _table_overhead(len(headers)) - sum(w for c, w in enumerate(fixed) if c not in text_columns)
+    share = max(floor, spare // max(1, len(text_columns)))
+    for c, h in enumerate(headers):
+        justify = "left" if c in text_columns or not rows or not _numeric(rows[0][c]) else "right"
+        w = min(fixed[c], share) if c in text_columns else fixed[c]
+        table.add_column(h, justify=justify, no_wrap=True, min_width=w, max_width=w)
+    if table.title:  # a title wider than its table would wrap
+        table.min_width = min(len(str(table.title)), width)
+    out = [list(r) for r in rows]
+    for c, (texts, keys, fuller) in text_columns.items():
+        labels = distinct_labels(texts, min(fixed[c], share), keys=keys, fuller=fuller)
+        for r, label in zip(out, labels):
+            r[c] = label
+    return out
+
+
+def _numeric(cell: str) -> bool:
+    return bool(cell) and (cell[0].isdigit() or cell[0] in "-+" or cell == MISSING)
+
+
+def _names(kernels) -> tuple[list[str], list[str], list[str]]:
+    return ([k.display_name for k in kernels], [k.name for k in kernels], [long_name(k.name) for k in kernels])
+
+
 def print_profile(profile, top: int = 15, console: Console | None = None) -> None:
-    """Top kernels (with who launched them), categories with the glue roll-up, steps, parts, ranks."""
+    """Top kernels, who launched them, categories with the glue roll-up, steps, GPU busy/idle and
+    overlap, efficiency where shapes were recorded, parts, ranks. Fits the console's width: figures
+    are never cut, names are shortened so different kernels stay different."""
     console = console or Console()
+    width = console.width
     cpu = profile.time_basis == "cpu_self"
     basis = "CPU self time (no GPU events in the trace)" if cpu else "GPU time"
     src = ", ".join((profile.meta.get("sources") or [])[:3]) or "profile"
@@ -31,55 +77,38 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
     if not profile.kernels:
         console.print("no kernels in this profile")
         return
+    shown = profile.kernels[:top]
     # the totals cover every profiled step: say how many
     span = f"totals over {profile.step_count} profiled steps" if profile.step_count else "totals over the whole trace"
-    t = Table(title=f"top {min(top, len(profile.kernels))} {'CPU operators' if cpu else 'kernels'} by {basis} ({span})",
-              box=box.SIMPLE_HEAD, pad_edge=False)
-    # Numbers never wrap; on a narrow terminal the names give way (ellipsis) and attribution moves
-    # below the table, rather than the figures being squeezed.
-    wide = console.width >= 120
-    num = {"justify": "right", "no_wrap": True}
-    columns = [("#", num), ("share", num), ("total", num), ("calls" if cpu else "launches", num), ("mean", num),
-               ("category", {"no_wrap": True}),
-               ("name", {"no_wrap": True})]
-    name_width = 56 if wide else max(16, console.width - 64)
-    if wide:
-        columns.append(("launched by", {"overflow": "fold", "max_width": 40}))
-    for col, kw in columns:
-        t.add_column(col, **kw)
-    notes = []
-    for i, k in enumerate(profile.kernels[:top], 1):
-        who = " ".join(x for x in (f"[{k.part}]" if k.part else None, k.launched_by, k.source) if x)
-        if k.graph_replay_share:
-            who += f" [graph replay {pct(k.graph_replay_share)}]"
-        row = [str(i), pct(k.share), duration(k.total_us), str(k.count), duration(k.mean_us),
-               k.category_label, escape(clip([k.display_name], name_width)[0])]
-        if wide:
-            row.append(escape(who))
-        elif who and i <= 5:
-            notes.append(f"  #{i} launched by {escape(who)}")
-        t.add_row(*row)
+    spread = width >= 120 and not cpu and any(k.p90_us is not None for k in shown)
+    headers = ["#", "share", "total", "calls" if cpu else "launches", "mean"] + (["p90", "max"] if spread else []) + ["category", "name"]
+    rows = [[str(i), pct(k.share), duration(k.total_us), str(k.count), duration(k.mean_us)]
+            + ([duration(k.p90_us), duration(k.max_us)] if spread else []) + [k.category_label, k.display_name]
+            for i, k in enumerate(shown, 1)]
+    t = _table(f"top {len(shown)} {'CPU operators' if cpu else 'kernels'} by {basis} ({span})")
+    for row in _fit(t, rows, headers, {len(headers) - 1: _names(shown)}, width):
+        t.add_row(*map(escape, row))
     console.print(t)
-    for line in notes:
-        console.print(line, highlight=False)
+    _print_launchers(shown, width, console)
     if profile.categories:
-        c = Table(title=f"categories ({span})")
-        for col in ("category", "share", "total", "calls" if cpu else "launches"):
-            c.add_column(col, justify="left" if col == "category" else "right")
+        c = _table(f"categories ({span})")
         # the glue categories last, so the glue row sums the rows right above it
         glue = sorted((r for r in profile.categories if r.category in GLUE), key=lambda r: -r.total_us)
-        rows = sorted((r for r in profile.categories if r.category not in GLUE), key=lambda r: -r.total_us) + glue
-        for i, row in enumerate(rows):
-            c.add_row(row.label, pct(row.share), duration(row.total_us), str(row.count), end_section=i == len(rows) - 1)
+        ordered = sorted((r for r in profile.categories if r.category not in GLUE), key=lambda r: -r.total_us) + glue
+        rows = [[row.label, pct(row.share), duration(row.total_us), str(row.count)] for row in ordered]
         if glue:
-            c.add_row(f"glue: sum of the {len(glue)} rows above", pct(sum(r.share for r in glue)),
-                      duration(sum(r.total_us for r in glue)), str(sum(r.count for r in glue)))
+            rows.append([f"glue: sum of the {len(glue)} rows above", pct(sum(r.share for r in glue)),
+                         duration(sum(r.total_us for r in glue)), str(sum(r.count for r in glue))])
+        for i, row in enumerate(_fit(c, rows, ["category", "share", "total", "calls" if cpu else "launches"], {}, width)):
+            c.add_row(*row, end_section=bool(glue) and i == len(ordered) - 1)
         console.print(c)
     if profile.steps:
         s = profile.steps
         console.print(f"steps ({escape(s.get('source', ''))}): {s['count']}, {profile.time_label}/step "
                       f"{duration(s['gpu_us_per_step'])}, {'calls' if cpu else 'launches'}/step {s['launches_per_step']:.0f}, "
                       f"median {'call' if cpu else 'kernel'} {duration(s.get('median_kernel_us'))}", highlight=False)
+    _print_timeline(profile, width, console)
+    _print_efficiency(profile, top, width, console)
     match = profile.capture_match
     if match and match.replayed:
         console.print(f"graph-replayed launches matched to the reference step: {match.matched}/{match.replayed} "
@@ -95,15 +124,86 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
             line += " (spread unknown: timed once)"
         console.print(line, highlight=False)
     if profile.parts:
-        p = Table(title="model parts (record_function ranges)")
-        for col in ("part", "share", "total", "launches"):
-            p.add_column(col, justify="left" if col == "part" else "right")
-        for row in profile.parts[:top]:
-            p.add_row(escape(row.part), pct(row.share), duration(row.total_us), str(row.count))
+        p = _table("model parts (record_function ranges)")
+        parts = profile.parts[:top]
+        names = [row.part for row in parts]
+        rows = [[row.part, pct(row.share), duration(row.total_us), str(row.count)] for row in parts]
+        for row in _fit(p, rows, ["part", "share", "total", "launches"], {0: (names, names, None)}, width):
+            p.add_row(*map(escape, row))
         console.print(p)
     from dsv4opt.report.rank_balance import print_rank_balance
 
     print_rank_balance(profile, console)
+
+
+def _print_launchers(kernels, width: int, console: Console, limit: int = 5) -> None:
+    """Who launched the top kernels: one block, by the numbers of the table above."""
+    rows = []
+    for i, k in enumerate(kernels[:limit], 1):
+        if not (k.launched_by or k.source or k.part):
+            continue
+        replay = pct(k.graph_replay_share) if k.graph_replay_share else ""
+        rows.append([str(i), k.part or "", k.launched_by or MISSING, k.source or MISSING] + ([replay] if replay else []))
+    if not rows:
+        return
+    headers = ["#", "part", "launched by", "source"]
+    if any(len(r) == 5 for r in rows):
+        headers.append("graph replay")
+        rows = [r + [""] * (5 - len(r)) for r in rows]
+    t = _table(f"who launched the top {len(rows)}")
+    text = {c: ([r[c] for r in rows], [r[c] for r in rows], None) for c in (1, 2, 3)}
+    for row in _fit(t, rows, headers, text, width):
+        t.add_row(*map(escape, row))
+    console.print(t)
+
+
+def _print_timeline(profile, width: int, console: Console) -> None:
+    """GPU busy and idle time and stream overlap per step (the union of kernel intervals, not their
+    sum), per stream, and per category what ran alone (exposed) and what ran under other work."""
+    tl = timeline_summary(profile.timeline)
+    if tl is None:
+        return
+    per = "per step" if profile.steps else "whole trace"
+    d = _table(f"GPU busy time, {per} (mean of {tl.steps}; busy = union of kernel intervals)")
+    rows = [[m.label, duration(m.kernel_us), duration(m.span_us), duration(m.busy_us), duration(m.idle_us),
+             pct(m.idle_us / m.span_us) if m.span_us else MISSING, duration(m.overlap_us)] for m in tl.devices]
+    rows += [["  " + m.label, duration(m.kernel_us), "", duration(m.busy_us), duration(m.idle_us), "", ""] for m in tl.streams]
+    headers = ["", "kernel sum", "span", "busy", "idle", "idle %", "overlap"]
+    for row in _fit(d, rows, headers, {0: ([r[0] for r in rows], [r[0] for r in rows], None)}, width):
+        d.add_row(*map(escape, row))
+    console.print(d)
+    if not any(c.overlapped_us for c in tl.categories):
+        console.print("no two categories ran at the same time: each category's busy time is all exposed", highlight=False)
+        return
+    c = _table(f"categories under other work, {per} (mean)")
+    rows = [[category_label(m.label), duration(m.busy_us), duration(m.exposed_us), duration(m.overlapped_us),
+             pct(m.overlapped_us / m.busy_us) if m.busy_us else MISSING] for m in tl.categories]
+    for row in _fit(c, rows, ["category", "busy", "exposed", "overlapped", "hidden"], {}, width):
+        c.add_row(*row)
+    console.print(c)
+
+
+def _print_efficiency(profile, top: int, width: int, console: Console) -> None:
+    """Achieved rates where the trace recorded shapes, against the device's datasheet peaks."""
+    rated = sorted((k for k in profile.kernels if k.efficiency is not None), key=lambda k: -k.efficiency.modelled_us)[:top]
+    if not rated:
+        return
+    peak = profile.peak
+    t = _table("efficiency of the operator calls behind each kernel (record_shapes)")
+    rows = [[k.display_name, k.efficiency.op, duration(k.efficiency.modelled_us), value(k.efficiency.tflops, ".1f"),
+             pct(k.efficiency.compute_of_peak), value(k.efficiency.gbps, ".0f"), pct(k.efficiency.bandwidth_of_peak)]
+            for k in rated]
+    headers = ["kernel", "op", "time", "TFLOP/s", "of peak", "GB/s", "of HBM"]
+    texts = {0: _names(rated), 1: ([r[1] for r in rows], [r[1] for r in rows], None)}
+    for row in _fit(t, rows, headers, texts, width):
+        t.add_row(*map(escape, row))
+    console.print(t)
+    if peak is not None:
+        rates = ", ".join(f"{kind} {v:g}" for kind, v in peak.tflops.items())
+        console.print(f"peaks ({escape(peak.label)}, {escape(peak.source)}): TFLOP/s dense {rates}; HBM {peak.hbm_gbps:g} GB/s",
+                      highlight=False)
+    else:
+        console.print("device peaks unknown for this GPU: rates without fractions", highlight=False)
 
 
 def print_comparison(comparison, console: Console | None = None) -> None:
@@ -137,6 +237,15 @@ def print_comparison(comparison, console: Console | None = None) -> None:
         if k and cat:
             console.print(f"{label}: #1 kernel {escape(k['short_name'])} {pct(k['share'])}; "
                           f"#1 category {category_label(cat['category'])} {pct(cat['share'])}", highlight=False)
+    tl = comparison.timeline
+    if tl:
+        rows = [[label, duration(tl[key]["a"]), duration(tl[key]["b"]), duration(tl[key]["delta"])]
+                for key, label in (("kernel_us", "kernel sum"), ("span_us", "span"), ("busy_us", "busy"),
+                                   ("idle_us", "idle"), ("overlap_us", "stream overlap"))]
+        rows += [[f"{category_label(c['category'])} exposed", duration(c["exposed_us_a"]), duration(c["exposed_us_b"]),
+                  duration(c["exposed_us_b"] - c["exposed_us_a"])] for c in tl["categories"] if c["overlapped_us_a"] or c["overlapped_us_b"]]
+        print_table(console, [Column(""), Column("before", right=True), Column("after", right=True), Column("change", right=True)],
+                    rows, title=f"GPU time per step (mean of {tl['steps']['a']} -> {tl['steps']['b']}; busy = union of kernel intervals)")
     for line in throughput_lines(comparison):
         console.print(line, highlight=False)
     console.print(f"[bold]{escape(comparison.verdict)}[/]", highlight=False)

@@ -106,3 +106,33 @@ def test_gemm_rate_on_a_real_trace_against_plain_json():
     assert dur > 0 and math.isclose(got.loc[gemm, "modelled_us"], dur, rel_tol=1e-12)
     assert math.isclose(got.loc[gemm, "flop"], flop, rel_tol=1e-9)
     assert math.isclose(got.loc[gemm, "compute_of_peak"], flop / dur / 1e6 / 989.4, rel_tol=1e-9)  # H100 SXM BF16
+
+
+def test_graph_replays_take_the_reference_call_once_per_launch(tmp_path):
+    from dsv4opt.analysis import analyze_paths
+
+    m, k, n = 256, 512, 128
+    props = {"deviceProperties": [{"name": "NVIDIA H200"}]}
+    reference = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0.0, "dur": 10.0,
+         "args": {"External id": 1, "Input Dims": [[m, k], [k, n]], "Input type": [BF, BF]}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1.0, "dur": 1.0,
+         "args": {"correlation": 11, "External id": 1}},
+        {"ph": "X", "cat": "kernel", "name": "gemm_bf16", "pid": 0, "tid": 7, "ts": 20.0, "dur": 5.0,
+         "args": {"correlation": 11, "External id": 1}},
+    ]
+    replay = [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1.0, "args": {"correlation": 500}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": 100.0, "dur": 1.0, "args": {"correlation": 501}},
+        {"ph": "X", "cat": "kernel", "name": "gemm_bf16", "pid": 0, "tid": 7, "ts": 5.0, "dur": 4.0, "args": {"correlation": 500}},
+        {"ph": "X", "cat": "kernel", "name": "gemm_bf16", "pid": 0, "tid": 7, "ts": 105.0, "dur": 2.0, "args": {"correlation": 501}},
+    ]
+    (tmp_path / "ref.json").write_text(json.dumps({"traceEvents": reference, **props}))
+    (tmp_path / "replay.json").write_text(json.dumps({"traceEvents": replay, **props}))
+    plain = analyze_paths([tmp_path / "replay.json"])
+    assert plain.kernels[0].efficiency is None  # a replayed kernel has no operator of its own
+    row = analyze_paths([tmp_path / "replay.json"], capture=tmp_path / "ref.json").kernels[0].efficiency
+    flop = 2.0 * m * n * k  # per replay: each graph launch ran the captured call once
+    assert row.op == "aten::mm" and row.launches == 2 and row.modelled_us == 6.0
+    assert math.isclose(row.tflops, 2 * flop / 6e-6 / 1e12, rel_tol=1e-12)
+    assert math.isclose(row.compute_of_peak, 2 * flop / 6e-6 / 989.4e12, rel_tol=1e-12)
