@@ -198,12 +198,15 @@ def step_gain(saving_us: float, step_us: float) -> float:
     return 1.0 / (1.0 - saving_us / step_us) if step_us > saving_us > 0 else 1.0
 
 
-class DeviceBusyRow(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One device in one step: the union of its kernel intervals against their plain sum."""
-
-    rank: int | None = None
+class _StepDeviceRow(msgspec.Struct, kw_only=True, omit_defaults=True):
+    rank: int | None = None  # with several trace files
     step: int  # index into steps.steps; 0 for the whole trace when it has no steps
     device: str
+
+
+class DeviceBusyRow(_StepDeviceRow, kw_only=True, omit_defaults=True):
+    """One device in one step: the union of its kernel intervals against their plain sum."""
+
     streams: int
     launches: int
     kernel_us: float  # plain sum of durations
@@ -213,10 +216,7 @@ class DeviceBusyRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     overlap_us: float  # time with at least two streams busy
 
 
-class StreamBusyRow(msgspec.Struct, kw_only=True, omit_defaults=True):
-    rank: int | None = None
-    step: int
-    device: str
+class StreamBusyRow(_StepDeviceRow, kw_only=True, omit_defaults=True):
     stream: str
     launches: int
     kernel_us: float
@@ -224,10 +224,7 @@ class StreamBusyRow(msgspec.Struct, kw_only=True, omit_defaults=True):
     idle_us: float  # the device's span in that step minus this stream's busy time
 
 
-class CategoryOverlapRow(msgspec.Struct, kw_only=True, omit_defaults=True):
-    rank: int | None = None
-    step: int
-    device: str
+class CategoryOverlapRow(_StepDeviceRow, kw_only=True, omit_defaults=True):
     category: str
     kernel_us: float
     busy_us: float  # union of this category's kernel intervals

@@ -1,7 +1,5 @@
 """Per-kernel duration spread against the statistics module on a real trace."""
 
-import gzip
-import json
 import math
 import statistics
 from collections import defaultdict
@@ -11,6 +9,7 @@ import pytest
 
 from dsv4opt.analysis.spread import SPREAD_COLUMNS, kernel_spread
 from tests.helpers import SHARED_TRACES
+from tests.trace.traces import gpu_events
 
 
 def test_empty_input_keeps_the_schema():
@@ -19,8 +18,7 @@ def test_empty_input_keeps_the_schema():
 
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces absent")
 def test_kernel_spread_against_the_statistics_module():
-    with gzip.open(SHARED_TRACES / "hta_v100_ns_resolution.json.gz", "rt") as f:
-        gpu = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    gpu = gpu_events(SHARED_TRACES / "hta_v100_ns_resolution.json.gz")
     durs = defaultdict(list)
     for e in gpu:
         durs[e["name"]].append(e["dur"])

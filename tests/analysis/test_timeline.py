@@ -1,7 +1,5 @@
 """Busy/idle/overlap against hand-worked cases and plain-Python interval walks of a real trace."""
 
-import gzip
-import json
 import math
 from collections import defaultdict
 
@@ -11,6 +9,7 @@ import pytest
 from dsv4opt.analysis.timeline import (CATEGORY_COLUMNS, DEVICE_COLUMNS, STREAM_COLUMNS, category_overlap, device_busy,
                                        stream_busy)
 from tests.helpers import SHARED_TRACES
+from tests.trace.traces import gpu_events
 
 
 def _events(rows):
@@ -89,8 +88,7 @@ def _at_least_two(per_stream):
 
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces absent")
 def test_real_trace_with_several_streams_against_plain_walks():
-    with gzip.open(SHARED_TRACES / "hta_a100_train_control.json.gz", "rt") as f:
-        gpu = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    gpu = gpu_events(SHARED_TRACES / "hta_a100_train_control.json.gz")
     per_stream = defaultdict(list)
     for e in gpu:
         per_stream[e["tid"]].append((e["ts"], e["ts"] + e["dur"]))

@@ -34,3 +34,12 @@ def plain_gpu_sums(path: Path) -> tuple[float, dict[str, float], dict[str, int]]
             per_name[e["name"]].append(e["dur"])
     total = math.fsum(d for v in per_name.values() for d in v)
     return total, {n: math.fsum(v) for n, v in per_name.items()}, {n: len(v) for n, v in per_name.items()}
+
+
+def gpu_events(path: Path) -> list[dict]:
+    """The GPU events of a trace as plain json.load gives them."""
+    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
