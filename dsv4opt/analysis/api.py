@@ -216,11 +216,11 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
         inside = (idx >= 0) & (anchor <= ranges["end_us"].to_numpy()[np.clip(idx, 0, None)])
         out["steps"] = steps.steps_summary(source, table, k["dur_us"].to_numpy()[inside])
         step_of = np.where(inside, idx, -1)
-    category = k["name"].map(dict(zip(ktable["name"], ktable["category"]))).to_numpy(object)
     replayed = None
     if captured is not None and reference.kernel_op_rows is not None:
         replayed = figures.ReplayedOps(captured["cap_kernel"].to_numpy(), reference.kernel_op_rows, reference.trace.cpu_ops)
-    out["figures"] = figures.rank_figures(trace, launches, attributor, step_of, category, replayed)
+    category_of = dict(zip(ktable["name"], ktable["category"]))
+    out["figures"] = figures.rank_figures(trace, launches, attributor, step_of, category_of, replayed)
     part = parts.kernel_parts(k["ts_us"].to_numpy(), launches["launch_ts_us"].to_numpy(),
                               launches["launch_tid"].to_numpy(), trace.annotations)
     if captured is not None and reference.kernel_parts is not None:

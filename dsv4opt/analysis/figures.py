@@ -43,12 +43,13 @@ class ReplayedOps:
 
 
 def rank_figures(trace: Trace, launches: pd.DataFrame, attributor: Attributor, step: np.ndarray,
-                 category: np.ndarray, replayed: ReplayedOps | None = None) -> RankFigures:
+                 category_of: dict[str, str], replayed: ReplayedOps | None = None) -> RankFigures:
     """step: [GPU events] the step each belongs to (-1 outside every step; all 0 when the trace has
-    no steps: the whole trace is one window); category: [GPU events] its category. A replayed
+    no steps: the whole trace is one window); category_of: kernel name -> category. A replayed
     kernel matched to a reference kernel takes the reference's operator call for its efficiency,
     one call per graph launch."""
     k = trace.kernels
+    category = event_categories(trace, category_of)
     events = pd.DataFrame({"step": np.asarray(step, np.int64), "device": device_labels(trace),
                            "stream": stream_labels(trace), "category": category,
                            "ts_us": k["ts_us"].to_numpy(), "dur_us": k["dur_us"].to_numpy()})
@@ -69,22 +70,32 @@ def rank_figures(trace: Trace, launches: pd.DataFrame, attributor: Attributor, s
     return RankFigures(timeline.device_busy(events), timeline.stream_busy(events), timeline.category_overlap(events), eff)
 
 
-def device_labels(trace: Trace) -> np.ndarray:
+def device_labels(trace: Trace) -> pd.Categorical:
     """[GPU events] the device as a label: args.device, else the event's process as written."""
     k = trace.kernels
-    raw = np.array([str(p) for p in trace.threads], object) if trace.threads else np.zeros(0, object)
     dev = k["device"].to_numpy()
-    out = raw[k["pid"].to_numpy()] if len(raw) else np.zeros(len(k), object)
-    known = dev >= 0
-    out = out.astype(object)
-    out[known] = dev[known].astype(str)
-    return out
+    key = np.where(dev >= 0, dev, -1 - k["pid"].to_numpy())
+    return _labelled(key, lambda x: str(x) if x >= 0 else str(trace.threads[-1 - x]))
 
 
-def stream_labels(trace: Trace) -> np.ndarray:
+def stream_labels(trace: Trace) -> pd.Categorical:
     """[GPU events] the stream as written in the trace (Kineto puts it in the event's tid)."""
-    raw = np.array([str(t) for t in trace.threads], object) if trace.threads else np.zeros(0, object)
-    return raw[trace.kernels["tid"].to_numpy()] if len(raw) else np.zeros(len(trace.kernels), object)
+    return _labelled(trace.kernels["tid"].to_numpy(), lambda x: str(trace.threads[x]))
+
+
+def event_categories(trace: Trace, category_of: dict[str, str]) -> pd.Categorical:
+    """[GPU events] each event's category, from its name's."""
+    names = trace.kernels["name"]
+    vocab = names.cat.categories
+    return _labelled(names.cat.codes.to_numpy(), lambda code: category_of[vocab[code]])
+
+
+def _labelled(keys: np.ndarray, label_of) -> pd.Categorical:
+    """[events] int keys -> a categorical of their labels, each label made once per distinct key
+    (labels as strings cost a hash per event to group by; a categorical groups by small codes)."""
+    codes, distinct = pd.factorize(np.asarray(keys, np.int64))
+    label_codes, labels = pd.factorize(np.array([label_of(x) for x in distinct], dtype=object))
+    return pd.Categorical.from_codes(label_codes[codes] if len(codes) else codes, categories=pd.Index(labels, dtype=object))
 
 
 def merge_efficiency(tables: list[pd.DataFrame]) -> pd.DataFrame:

@@ -86,7 +86,7 @@ def _in_steps(events: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, np.ndarray]
     cols["dur_us"] = ev["dur_us"].to_numpy(np.float64)
     labels = {}
     for c in ("device", "stream", "category"):
-        cols[c], uniques = pd.factorize(ev[c].to_numpy(), sort=True)
+        cols[c], uniques = pd.factorize(ev[c], sort=True)  # a categorical factorizes by its codes
         labels[c] = np.asarray(uniques, dtype=object)
     return pd.DataFrame(cols), labels
 

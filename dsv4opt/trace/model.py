@@ -19,7 +19,8 @@ class Trace:
       kernels     name, cat, ts_us, dur_us, pid, tid, correlation, external_id, device
       launches    CUDA/HIP runtime+driver calls: name, kernel (args.kernel, "" when absent), ts_us,
                   dur_us, pid, tid, correlation, external_id
-      cpu_ops     name, ts_us, dur_us, pid, tid, external_id
+      cpu_ops     name, ts_us, dur_us, pid, tid, external_id, shapes (reader.OpShapes or None; one object
+                  per distinct recorded shape)
       frames      python_function events (with_stack=True): name "file.py(line): func", ts_us, dur_us, pid, tid
       annotations record_function / ProfilerStep ranges: name, ts_us, dur_us, pid, tid, on_gpu (0/1)
     """

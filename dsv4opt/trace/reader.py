@@ -12,6 +12,7 @@ from array import array
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -26,19 +27,19 @@ ANNOTATION_CATS = ("user_annotation", "gpu_user_annotation")
 HEADER_KEYS = ("schemaVersion", "deviceProperties", "distributedInfo", "with_stack", "traceName",
                "cuda_runtime_version", "hip_runtime_version", "cupti_version", "roctracer_version",
                "host_name", "baseTimeNanoseconds")  # the last two say where and when: ranks of one run?
-_NUMBER = (int, float)
+_NUMBER = frozenset((int, float))
+# Set lookups for the per-event tests (the public tuples above stay tuples).
+_GPU, _LAUNCH, _ANNOTATION = frozenset(GPU_CATS), frozenset(LAUNCH_CATS), frozenset(ANNOTATION_CATS)
 _KEPT_CATS = ("python_function", "cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "gpu_user_annotation")
 
 
 class _Columns:
-    """Append-only columns for one event kind: interned strings, float64 and int64 arrays, and
-    Python objects (kept only where the caller asks for them)."""
+    """Append-only columns for one event kind: interned strings, float64 and int64 arrays."""
 
-    def __init__(self, floats: tuple[str, ...], ints: tuple[str, ...], strings: tuple[str, ...], objects: tuple[str, ...] = ()):
+    def __init__(self, floats: tuple[str, ...], ints: tuple[str, ...], strings: tuple[str, ...]):
         self.floats = {k: array("d") for k in floats}
         self.ints = {k: array("q") for k in ints}
         self.strings = {k: array("q") for k in strings}
-        self.objects: dict[str, list] = {k: [] for k in objects}
 
     def frame(self, vocab: list[str]) -> pd.DataFrame:
         cols: dict[str, Any] = {}
@@ -50,9 +51,6 @@ class _Columns:
             cols[k] = np.frombuffer(a, dtype=np.float64).copy() if len(a) else np.zeros(0, np.float64)
         for k, a in self.ints.items():
             cols[k] = np.frombuffer(a, dtype=np.int64).copy() if len(a) else np.zeros(0, np.int64)
-        for k, v in self.objects.items():
-            cols[k] = np.empty(len(v), dtype=object)
-            cols[k][:] = v
         return pd.DataFrame(cols)
 
 
@@ -103,7 +101,7 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
 
     kernels = _Columns(("ts_us", "dur_us"), ("pid", "tid", "correlation", "external_id", "device"), ("name", "cat"))
     launches = _Columns(("ts_us", "dur_us"), ("pid", "tid", "correlation", "external_id"), ("name", "kernel"))
-    cpu_ops = _Columns(("ts_us", "dur_us"), ("pid", "tid", "external_id"), ("name",), ("shapes",))
+    cpu_ops = _Columns(("ts_us", "dur_us"), ("pid", "tid", "external_id", "shape_code"), ("name",))
     frames = _Columns(("ts_us", "dur_us"), ("pid", "tid"), ("name",))
     annotations = _Columns(("ts_us", "dur_us"), ("pid", "tid", "on_gpu"), ("name",))
     flows = _Columns(("ts_us",), ("pid", "tid", "flow_id"), ())
@@ -119,7 +117,11 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
     k_ts, k_dur, k_pid, k_tid, k_name, k_corr, k_ext, k_dev, k_cat = binder(kernels, ("correlation", "external_id", "device"), ("cat",))
     f_ts, f_dur, f_pid, f_tid, f_name = binder(frames)
     o_ts, o_dur, o_pid, o_tid, o_name, o_ext = binder(cpu_ops, ("external_id",))
-    o_shapes = cpu_ops.objects["shapes"].append
+    o_shape = cpu_ops.ints["shape_code"].append
+    # Recorded shapes, each distinct one kept once as its encoded text: most calls repeat a few
+    # shapes, and holding every call's nested lists would cost more than reading them.
+    shape_codes = _Codes()
+    encode = msgspec.json.encode
     l_ts, l_dur, l_pid, l_tid, l_name, l_corr, l_ext, l_kernel = binder(launches, ("correlation", "external_id"), ("kernel",))
     a_ts, a_dur, a_pid, a_tid, a_name, a_gpu = binder(annotations, ("on_gpu",))
     fl_ts, fl_pid, fl_tid, fl_id = (flows.floats["ts_us"].append, flows.ints["pid"].append,
@@ -127,13 +129,13 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
     no_args = Args()
 
     def on_events(events: list[Event]) -> None:
-        index = counts["events"]
+        first = counts["events"]
         counts["events"] += len(events)
-        for e in events:
+        for index, e in enumerate(events, first):
             ph = e.ph
             if ph == "X":
                 cat, ts, dur = e.cat, e.ts, e.dur
-                if cat in GPU_CATS:
+                if cat in _GPU:
                     name = e.name
                     if not isinstance(name, str) or type(ts) not in _NUMBER or type(dur) not in _NUMBER or dur < 0:
                         raise TraceError(
@@ -157,15 +159,15 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
                     o_ts(ts), o_dur(dur), o_pid(threads[e.pid]), o_tid(threads[e.tid]), o_name(intern[name])
                     o_ext(ext if type(ext) is int else -1)
                     dims = args.input_dims
-                    o_shapes(OpShapes(dims, args.input_type or [], args.concrete_inputs or [])
-                             if type(dims) is list and name in shapes_of else None)
-                elif cat in LAUNCH_CATS:
+                    o_shape(shape_codes[encode((dims, args.input_type, args.concrete_inputs))]
+                            if type(dims) is list and name in shapes_of else -1)
+                elif cat in _LAUNCH:
                     args = e.args or no_args
                     corr, ext = args.correlation, args.external_id
                     l_ts(ts), l_dur(dur), l_pid(threads[e.pid]), l_tid(threads[e.tid]), l_name(intern[e.name])
                     l_corr(corr if type(corr) is int else -1), l_ext(ext if type(ext) is int else -1)
                     l_kernel(intern[args.kernel])
-                elif cat in ANNOTATION_CATS:
+                elif cat in _ANNOTATION:
                     a_ts(ts), a_dur(dur), a_pid(threads[e.pid]), a_tid(threads[e.tid]), a_name(intern[e.name])
                     a_gpu(int(cat == "gpu_user_annotation"))
             elif ph == "f" and e.cat == "ac2g":
@@ -176,7 +178,6 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
             elif ph == "M" and e.name == "process_name":
                 if e.args is not None:
                     process_names[e.pid] = "" if e.args.name is None else str(e.args.name)
-            index += 1
 
     # Events are acyclic and freed by reference counting as soon as they are handled; the cyclic
     # collector would only rescan the growing tables (about 20% of the read time on big traces).
@@ -192,6 +193,10 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
     for raw, code in threads.items():
         by_code[code] = raw
     vocab = intern.strings
+    ops_table = cpu_ops.frame(vocab)
+    distinct = np.empty(len(shape_codes) + 1, dtype=object)  # the last entry: no shapes recorded
+    distinct[:-1] = [OpShapes(d, t or [], c or []) for d, t, c in map(msgspec.json.decode, shape_codes)]
+    ops_table["shapes"] = distinct[ops_table.pop("shape_code").to_numpy()]
     kernel_table = kernels.frame(vocab)
     _fill_correlation_from_flows(kernel_table, flows.frame(vocab))
     return Trace(
@@ -200,7 +205,7 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
         header=header,
         kernels=kernel_table,
         launches=launches.frame(vocab),
-        cpu_ops=cpu_ops.frame(vocab),
+        cpu_ops=ops_table,
         frames=frames.frame(vocab),
         annotations=annotations.frame(vocab),
         threads=by_code,
