@@ -26,30 +26,29 @@ def launch_sites(trace: Trace, launches: pd.DataFrame, attributor: attribute.Att
     """[kernels] SITE_COLUMNS from this trace's own CPU side: None / -1 where unknown. op_call is the
     launch's External id (the operator call); frame_call numbers the user frame calls."""
     n = len(trace.kernels)
-    site = np.full(n, None, object)
-    op = np.full(n, None, object)
-    frame_key: list = [None] * n
     ext = launches["external_id"].to_numpy()
     lpid, ltid = launches["launch_pid"].to_numpy(), launches["launch_tid"].to_numpy()
     lts = launches["launch_ts_us"].to_numpy()
     via = launches["via_graph"].to_numpy()
-    known_ops: dict[int, str | None] = {}
-    for i in np.flatnonzero(~via):
-        e = int(ext[i])
-        if e >= 0:
-            if e not in known_ops:
-                known_ops[e] = attributor.operator(e)
-            op[i] = known_ops[e]
-        if op[i] is None and np.isfinite(lts[i]):
-            op[i] = attributor.operator_at(int(lpid[i]), int(ltid[i]), float(lts[i]))
-        if attributor.has_stacks and np.isfinite(lts[i]):
-            frame, start = attributor.frame_call(int(lpid[i]), int(ltid[i]), float(lts[i]))
-            if frame is not None:
-                site[i] = attribute.frame_site(frame)
-                frame_key[i] = (int(lpid[i]), int(ltid[i]), start)
-    codes = pd.factorize(pd.Series(frame_key, dtype=object))[0]
+    direct = np.flatnonzero(~via)
+    op = np.full(n, None, object)
+    op[direct] = attributor.operators(np.where(ext[direct] >= 0, ext[direct], -1))
+    gap = direct[(op[direct] == None) & np.isfinite(lts[direct])]  # noqa: E711 (elementwise)
+    op[gap] = attributor.operators_at(lpid[gap], ltid[gap], lts[gap])
+    site = np.full(n, None, object)
+    frame_call = np.full(n, -1, np.int64)
+    timed = direct[np.isfinite(lts[direct])]
+    if attributor.has_stacks and len(timed):
+        frame, start = attributor.frame_calls(lpid[timed], ltid[timed], lts[timed])
+        found = frame != None  # noqa: E711
+        rows = timed[found]
+        distinct = pd.unique(frame[found])
+        where = dict(zip(distinct, (attribute.frame_site(str(x)) for x in distinct)))
+        site[rows] = [where[x] for x in frame[found]]
+        # One number per call of a frame: its thread and start, in order of first launch.
+        frame_call[rows] = pd.MultiIndex.from_arrays([lpid[rows], ltid[rows], start[found]]).factorize()[0]
     return pd.DataFrame({"site": site, "op": op, "op_call": np.where(~via & (ext >= 0), ext, -1).astype(np.int64),
-                         "frame_call": codes.astype(np.int64)})
+                         "frame_call": frame_call})
 
 
 def with_replayed_sites(own: pd.DataFrame, via: np.ndarray, reference_index: np.ndarray,
