@@ -8,7 +8,7 @@ import pytest
 
 from dsv4opt.analysis.timeline import (CATEGORY_COLUMNS, DEVICE_COLUMNS, STREAM_COLUMNS, category_overlap, device_busy,
                                        stream_busy)
-from tests.helpers import SHARED_TRACES
+from tests.helpers import SHARED_TRACES, merged_intervals
 from tests.trace.traces import gpu_events
 
 
@@ -55,28 +55,13 @@ def test_empty_input_keeps_the_schema():
 
 
 def _union(intervals):
-    total, end = 0.0, -math.inf
-    for s, e in sorted(intervals):
-        if e > end:
-            total += e - max(s, end)
-            end = e
-    return total
-
-
-def _merge(intervals):
-    out = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
+    return sum(e - s for s, e in merged_intervals(intervals))
 
 
 def _at_least_two(per_stream):
     """Time covered by intervals of at least two different streams: each stream's merged ranges as
     +1/-1 edges, walked in time order (an end before a start at the same time)."""
-    edges = sorted((t, d) for ivs in per_stream.values() for s, e in _merge(ivs) for t, d in ((s, 1), (e, -1)))
+    edges = sorted((t, d) for ivs in per_stream.values() for s, e in merged_intervals(ivs) for t, d in ((s, 1), (e, -1)))
     total, active, last = 0.0, 0, None
     for t, d in edges:
         if active >= 2:
