@@ -12,8 +12,10 @@ from tests.trace.traces import ids, real_traces
 TRACES = real_traces()
 
 
-def _ms_or_us(us: float) -> str:  # written independently of dsv4opt.display
-    return f"{us / 1000:.2f} ms" if abs(us) >= 1000 else f"{us:.1f} µs"
+def _ms_or_us(us: float) -> str:  # the house format (dsv4opt/display.py), written out here
+    if abs(us) >= 1000:
+        return f"{us / 1000:.2f} ms"
+    return f"{us:.1f} µs" if abs(us) >= 1 or us == 0 else f"{us:.2f} µs"
 
 
 @pytest.fixture(scope="module")
