@@ -17,6 +17,8 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from dsv4opt.report.fit import distinct_labels
+
 
 @dataclass(frozen=True)
 class Column:
@@ -52,7 +54,7 @@ def natural_width(columns: list[Column], rows: list[list[str]]) -> int:
 
 
 def print_table(console: Console, columns: list[Column], rows: list[list[str]], title: str | None = None,
-                shorten: Callable[[list[str], int], list[str]] = clip) -> None:
+                shorten: Callable[[list[str], int], list[str]] = distinct_labels) -> None:
     """The rows (plain text, one cell per column) as a table of the columns that fit the console;
     under it, for each row, its first cell and the cells of the columns left out. A shrink column
     gets the width the others leave, its texts shortened by `shorten(texts, width)`."""
