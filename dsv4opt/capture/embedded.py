@@ -87,8 +87,15 @@ def plan_run(settings: EmbeddedSettings, device: torch.device | None = None) -> 
                      "self time, not GPU kernels")
     return RunPlan(device=device, config_name=config_name, cfg=cfg,
                    dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
-                   max_new=settings.warmup + 2 * settings.steps + 8,
+                   max_new=tokens_decoded(settings),
                    use_graph=settings.cuda_graph and device.type == "cuda", notes=notes)
+
+
+def tokens_decoded(settings: EmbeddedSettings) -> int:
+    """Tokens each request decodes in one run, with room to spare: the warm-up, the eager reference
+    step, the profiler's own warm-up step and the profiled steps, then `repeat` timed windows (and
+    a few for graph-capture warm-ups). The caches and RoPE tables are sized for this many."""
+    return settings.warmup + 2 + settings.steps + max(1, settings.repeat) * settings.steps + 8
 
 
 @dataclass

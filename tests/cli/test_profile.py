@@ -51,3 +51,14 @@ def test_profile_refuses_an_existing_out(tmp_path):
 def test_profile_unknown_config_is_one_line(tmp_path):
     r = runner.invoke(app, ["profile", "--config", "dsv4-huge", "--device", "cpu", "--out", str(tmp_path / "p.json")])
     assert r.exit_code == 1 and "dsv4-tiny" in r.output and "Traceback" not in r.output
+
+
+def test_many_timed_windows_stay_inside_the_caches_and_rope_tables(tmp_path, monkeypatch):
+    """Every step a run takes (warm-up, profiler warm-up, profiled, `--repeat` timed windows)
+    advances each request by a token: the workload must be built for all of them. Six windows of
+    four steps once ran past the RoPE table (an IndexError from the README's own command)."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["profile", "--config", "dsv4-tiny", "--device", "cpu", "--concurrency", "2", "--context", "24",
+                            "--steps", "4", "--warmup", "2", "--repeat", "6", "--layers", "2", "--out", str(tmp_path / "p.json")])
+    assert r.exit_code == 0, r.output
+    assert len(Profile.load(tmp_path / "p.json").throughput["ms_per_step_windows"]) == 6
