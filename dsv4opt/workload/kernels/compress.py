@@ -19,7 +19,7 @@ import triton.language as tl
 
 from dsv4opt.tritonlib import interpreted, quantize_e4m3, runs_triton
 from dsv4opt.workload.kernels import naive
-from dsv4opt.workload.kernels.rope import _ceil_pow2_exponent, _rotate, _store_latent, cache_args  # noqa: F401
+from dsv4opt.workload.kernels.rope import _rotate, _store_latent, cache_args  # noqa: F401
 from dsv4opt.workload.kvcache import AMAX_EPS, IndexKeyCache, KVCache, quantize_index_key
 
 AMAX_EPS_ = tl.constexpr(AMAX_EPS)
