@@ -165,6 +165,26 @@ def test_bench_refuses_unknown_name_and_existing_json(tmp_path):
     assert existing.read_text() == "{}"
 
 
+def test_choose_tiles_takes_narrow_tiles_for_four_byte_q():
+    cpu = torch.device("cpu")
+    for batch in (1, 64):
+        for fp8 in (True, False):
+            t = kernel.choose_tiles(batch, 64, 640, cpu, fp8=fp8, itemsize=4)
+            assert (t.block_k, t.num_stages, t.block_v) == (16, 2, 0)
+    assert kernel.choose_tiles(64, 64, 640, cpu, fp8=True).block_k == kernel.FP8_TILES["block_k"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("layout", ["fp8", "bf16"])
+@pytest.mark.parametrize("batch", [3, 64])
+def test_float32_q_runs_at_the_models_sizes(batch, layout):
+    """The model's float32 runs (the torch-compile gate's) call the kernel with fp32 q: the bf16
+    tiles would ask for 384 KiB of shared memory there and fail to launch."""
+    case = AttnCase(batch, 512, "short", layout=layout)
+    row = check_module.run_case(case, torch.device("cuda"), torch.float32, seed=5)
+    assert row["passed"] and row["nonfinite"] == 0, row
+
+
 @needs_gpu
 def test_full_table_on_gpu():
     result = check_module.check("cuda")

@@ -46,7 +46,8 @@ def test_figures_are_whole_and_names_distinct(profiles, path, width):
     assert text.count("who launched") <= 1 and "launched by " not in text.replace("launched by   ", "")
 
 
-@pytest.mark.skipif(not TRACES, reason="no real traces")
+@pytest.mark.skipif("hta_a100_train_control.json.gz" not in {p.name for p in TRACES},
+                    reason="../shared/traces absent (hta_a100_train_control)")
 def test_busy_and_efficiency_shown_where_the_trace_allows(profiles):
     by_name = {p.name: prof for p, prof in profiles.items()}
     console = Console(record=True, width=120)

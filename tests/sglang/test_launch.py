@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -91,11 +92,21 @@ def fake_sglang(root: Path, entry: str | None = ENTRY, backend: str = "triton", 
     }
     if entry_module:
         files["sglang/srt/layers/attention/flash_mla_sm120_triton.py"] = entry or "X = 1\n"
+    if not _plugin_registered():
+        # A checkout run from its tree (PYTHONPATH=., as on the GPU machine) has no installed
+        # metadata: the same entry point `pip install -e .` writes, beside the stand-in sglang.
+        files["dsv4opt_from_tree-0.dist-info/METADATA"] = "Metadata-Version: 2.1\nName: dsv4opt-from-tree\nVersion: 0\n"
+        files["dsv4opt_from_tree-0.dist-info/entry_points.txt"] = (
+            f"[{dropins.PLUGIN_GROUP}]\n{dropins.PLUGIN_NAME} = {dropins.PLUGIN_TARGET}\n")
     for rel, text in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
     return root
+
+
+def _plugin_registered() -> bool:
+    return any(ep.name == dropins.PLUGIN_NAME for ep in entry_points(group=dropins.PLUGIN_GROUP))
 
 
 @pytest.fixture

@@ -232,14 +232,21 @@ SMALL_BATCH_TILES = {"block_k": 32, "num_warps": 4, "num_stages": 4, "block_v": 
 FP8_TILES = {"block_k": 64, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "split_factor": 1.0}
 FP8_SMALL_BATCH_TILES = {"block_k": 32, "num_warps": 4, "num_stages": 3, "block_v": 128, "reload_v": True, "split_factor": 1.0}
 SMALL_BATCH_MAX = 4
+# Four-byte q (float32, the model's fp32 runs, e.g. the torch-compile gate): tiles twice as wide
+# in shared memory. 16-row tiles fit 193 KiB of the H200's 227 (ptxas for sm_90a, Triton 3.6,
+# both KV layouts); the bf16 family asks for 384 KiB and fails to launch.
+WIDE_DTYPE_TILES = {"block_k": 16, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "split_factor": 1.0}
 
 
-def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: int = 512, fp8: bool = False) -> Tiles:
+def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: int = 512, fp8: bool = False,
+                 itemsize: int = 2) -> Tiles:
     """Tiles from B, H and K (all the slots one launch covers): 64-head tiles (Hopper's MMA wants
     64 rows), then split the slots until about `split_factor` programs per SM; at large B a single
-    pass needs no partials."""
+    pass needs no partials. `itemsize`: bytes per element of q (the dtype the products run in)."""
     small = batch <= SMALL_BATCH_MAX
     d = (FP8_SMALL_BATCH_TILES if small else FP8_TILES) if fp8 else (SMALL_BATCH_TILES if small else TILE_DEFAULTS)
+    if itemsize > 2:
+        d = WIDE_DTYPE_TILES
     block_h = min(64, max(16, triton.next_power_of_2(heads)))
     d_p = triton.next_power_of_2(dim)
     block_v = d["block_v"] if d["block_v"] and d_p % d["block_v"] == 0 else 0
@@ -329,14 +336,14 @@ def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, til
     caches = [(swa, swa_indices)] + ([(extra, extra_indices)] if extra is not None else [])
     per_cache = []
     for cache, indices in caches:
-        t = tiles or choose_tiles(B, H, indices.shape[1], q.device, D)
+        t = tiles or choose_tiles(B, H, indices.shape[1], q.device, D, itemsize=q.element_size())
         chunk, nsplit = split_chunks(indices.shape[1], t.block_k, t.nsplit)
         per_cache.append((replace(t, nsplit=nsplit), chunk, nsplit))
     if all(engine(q, cache, indices, t) == "gluon" for (cache, indices), (t, _, _) in zip(caches, per_cache)):
         t = per_cache[0][0]
         return Plan("gluon", t, per_cache[0][1], sum(n for _, _, n in per_cache), tuple(per_cache))
     K = sum(indices.shape[1] for _, indices in caches)
-    t = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8)
+    t = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8, itemsize=q.element_size())
     chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
     return Plan("triton", replace(t, nsplit=nsplit), chunk, nsplit)
 
