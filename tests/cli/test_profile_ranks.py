@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.cli import app
 from dsv4opt.trace.files import SGLANG_TRACE_NAME, rank_from_name
-from tests.helpers import merged_intervals
+from tests.helpers import REPO, merged_intervals
 
 runner = CliRunner()
 RUN = ["profile", "--config", "dsv4-tiny", "--device", "cpu", "--concurrency", "2", "--context", "24",
@@ -161,11 +161,13 @@ def _alive(pid: int) -> bool:
 def test_a_rank_killed_mid_run_ends_the_command_with_one_line(tmp_path):
     """A real `dsv4opt profile --ranks 2`: one rank is killed while they step; the command exits 1
     with one line naming it, and no rank, fork server or other child outlives it."""
-    env = {**os.environ, "TRITON_INTERPRET": "0", "DSV4OPT_STATE": str(tmp_path / "state.json"), "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "TRITON_INTERPRET": "0", "DSV4OPT_STATE": str(tmp_path / "state.json"), "TMPDIR": str(tmp_path),
+           # the checkout first, absolute: run from its tree (PYTHONPATH=.) the cwd below would hide it
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
     cli = subprocess.Popen([sys.executable, "-m", "dsv4opt", *RUN[:-6], "--steps", "200", "--warmup", "200", "--ranks", "2"],
                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline, ranks, family = time.monotonic() + 240, [], []  # a loaded machine (pytest -n 12) takes a minute
+        deadline, ranks, family = time.monotonic() + 120, [], []  # a loaded machine (pytest -n 12) is slow to start them
         while len(ranks) < 2 and time.monotonic() < deadline:  # the CLI -> fork server -> ranks
             family = _children(cli.pid)
             ranks = [r for child in family for r in _children(child)]

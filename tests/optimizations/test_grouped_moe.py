@@ -27,7 +27,7 @@ def test_route_puts_every_slot_of_this_rank_in_one_tile_of_its_expert(seed):
     M, k, R, bm = 37, 6, 9, 4
     ids = torch.randint(-1, R, (M, k), generator=gen, dtype=torch.int32)
     ids[ids == 3] = 0  # an expert with no slot, another with many
-    r = kernel.route(ids, R, bm)
+    r = kernel.route_torch(ids, R, bm)
     rows, tile_expert = r.rows.tolist(), r.tile_expert.tolist()
     assert len(rows) % bm == 0 and len(tile_expert) == len(rows) // bm
     flat = ids.reshape(-1).tolist()
@@ -41,6 +41,27 @@ def test_route_puts_every_slot_of_this_rank_in_one_tile_of_its_expert(seed):
             assert all(flat[s] == e for s in tile)
     # an expert's slots fill whole tiles from the start of its run: no tile holds two experts
     assert tile_expert == sorted(tile_expert)
+
+
+ROUTE_SHAPES = [(37, 6, 9, 4, "mixed"), (1, 1, 1, 16, "mixed"), (13, 3, 5, 16, "all_other_ranks"),
+                (40, 6, 32, 16, "one_expert"), (256, 6, 32, 16, "mixed"), (96, 6, 255, 16, "mixed"), (0, 6, 8, 16, "mixed")]
+
+
+@pytest.mark.skipif(not (INTERPRETED or torch.cuda.is_available()), reason="needs the interpreter or a GPU")
+@pytest.mark.parametrize("M, k, R, bm, pattern", ROUTE_SHAPES, ids=lambda v: str(v))
+def test_route_kernel_equals_the_torch_routing_exactly(M, k, R, bm, pattern):
+    """The one-launch routing against route_torch (which the test above holds to the definition):
+    same rows, same tile experts, every element, on chunk-crossing, empty and one-expert shapes."""
+    gen = torch.Generator().manual_seed(M * 31 + R)
+    ids = torch.randint(-1, R, (M, k), generator=gen, dtype=torch.int32)
+    if pattern == "all_other_ranks":
+        ids[:] = -1
+    elif pattern == "one_expert":
+        ids[ids >= 0] = R - 1
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    want = kernel.route_torch(ids, R, bm)
+    got = kernel.route(ids.to(dev), R, bm)
+    assert torch.equal(got.rows.cpu(), want.rows) and torch.equal(got.tile_expert.cpu(), want.tile_expert)
 
 
 @on_cpu
