@@ -43,6 +43,25 @@ def test_every_kind_of_block_compiles_whole_and_matches_eager(torch_path):
     assert r.figures["block_rel_worst"] <= 1e-6 and r.figures["step_rel_worst"] <= 1e-6, r.summary
 
 
+def test_step_goes_unbounded_only_beside_an_optimisation_that_changes_selection(monkeypatch):
+    import importlib
+
+    check_mod = importlib.import_module("dsv4opt.optimizations.torch_compile.check")
+    seen = []
+    monkeypatch.setattr(check_mod, "run_check", lambda dev, impls, settings=None, step_bounded=True: seen.append(step_bounded))
+    for others in ((), ("grouped-moe", "mma-attn"), ("mma-attn", "bf16-gemm")):
+        check_mod.check("cpu", others=others)
+    assert seen == [True, True, False]
+
+
+def test_a_wrong_stand_in_fails_the_gate_with_the_step_unbounded(torch_path, monkeypatch):
+    """With the step figures unbounded (beside bf16-gemm) the blocks alone still catch a wrong op."""
+    monkeypatch.setitem(ops.STAND_INS, "rms_norm", lambda x, weight, eps: torch.ops.dsv4opt.rms_norm(x, None, eps))
+    r = run_check(torch.device("cpu"), aot_eager(), SMALL, step_bounded=False)
+    assert not r.passed and "step_rel_median" not in r.bounds, r.summary
+    assert r.figures["block_rel_worst"] > BOUNDS["block_rel_worst"], r.summary
+
+
 def test_a_wrong_stand_in_fails_the_gate(torch_path, monkeypatch):
     """An RMS norm whose stand-in drops the weight: the compiled blocks compute something else."""
     monkeypatch.setitem(ops.STAND_INS, "rms_norm", lambda x, weight, eps: torch.ops.dsv4opt.rms_norm(x, None, eps))
