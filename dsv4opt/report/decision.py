@@ -70,7 +70,9 @@ def print_optimisations(optimisations: list[Optimization], checks: dict, enabled
                         console: Console) -> None:
     """What dsv4opt can switch on: target, env gate, latest gate verdict, whether on; what each
     replaces and risks under the table."""
-    columns = [Column("name"), Column("target"), Column("env gate"), Column("check"), Column("on"),
+    # target and verdict go under the table when they do not fit: the names and env gates stay whole
+    columns = [Column("name"), Column("target", optional=True), Column("env gate"), Column("check", optional=True),
+               Column("on"),
                Column("replaces", below=True), Column("risk", below=True)]
     rows = []
     for opt in optimisations:

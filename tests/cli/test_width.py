@@ -58,6 +58,23 @@ def test_list(width):
 
 
 @pytest.mark.parametrize("width", WIDTHS)
+def test_list_after_the_gates_ran_on_a_named_gpu(width):
+    """The verdict column ("passes on NVIDIA H200") made the table too wide at 80 columns and cut
+    every column, the names and env gates a user types included; it goes under the table instead."""
+    from dsv4opt.state import CheckVerdict
+
+    save_state(State(checks={o: CheckVerdict(passed=o != "torch-compile", device="NVIDIA H200")
+                             for o in OPTIMIZATIONS}))
+    text = run(width, "list")
+    check_lines(text, width)
+    assert "…" not in text
+    for opt in OPTIMIZATIONS.values():
+        assert re.search(rf"^{re.escape(opt.name)}\s.*{opt.env_gate}=1\s", text, re.M), text
+    flat = " ".join(text.split())
+    assert "passes on NVIDIA H200" in flat and "FAILS on NVIDIA H200" in flat
+
+
+@pytest.mark.parametrize("width", WIDTHS)
 def test_compare(width):
     text = run(width, "compare", str(BASELINE), str(BOTH))
     check_lines(text, width)

@@ -44,3 +44,17 @@ def story_after_attention() -> Profile:
         steps=10,
         meta={"concurrency": 32, "optimizations": ["mma-attn"], "model": "deepseek-ai/DeepSeek-V4-Flash"},
     )
+
+
+def fuse_glue_on_record(concurrency: int) -> float:
+    """fuse-glue's kernel speed-up at `concurrency` as committed from the H200 bench (read here, not
+    through the code under test)."""
+    import json
+    from pathlib import Path
+
+    record = json.loads((Path(__file__).resolve().parents[2] / "dsv4opt/optimizations/fuse_glue/measured.json").read_text())
+    return float(record["kernel_speedup"][str(concurrency)])
+
+
+def amdahl_of(share: float, speedup: float) -> float:
+    return 1 / ((1 - share) + share / speedup)

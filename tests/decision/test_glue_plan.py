@@ -10,7 +10,7 @@ from dsv4opt.analysis.profile import GlueRegionRow, GlueRegions
 from dsv4opt.decision.glue_plan import glue_outcome, glue_plan
 from dsv4opt.decision.recommend import recommend
 from dsv4opt.errors import DsvOptError
-from tests.decision.profiles import make_profile
+from tests.decision.profiles import amdahl_of, fuse_glue_on_record, make_profile
 
 STEP_US = 10_000.0  # GPU time per step of the profiles below (10 steps)
 
@@ -61,7 +61,7 @@ def test_recommend_bounds_fuse_glue_by_the_share_of_the_regions_it_fuses():
     fuse = {c.name: c for c in rec.candidates}["fuse-glue"]
     assert fuse.kind == "optimisation" and fuse.fits is True
     assert fuse.share == pytest.approx(83.0 / STEP_US)
-    assert fuse.amdahl_bound == pytest.approx(1 / (1 - 83.0 / STEP_US))
+    assert fuse.amdahl_bound == pytest.approx(amdahl_of(83.0 / STEP_US, fuse_glue_on_record(32)))
     assert any("fuses 2 glue regions" in n and "15 launches/step fewer" in n for n in fuse.notes)
     assert rec.chosen is not fuse  # under 1.05x: never chosen for its launches alone
     assert [r.where for r in rec.glue_regions] == [OTHER.where, MOE_ACT.where, HC.where]

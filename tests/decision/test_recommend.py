@@ -5,7 +5,7 @@ import pytest
 from dsv4opt.decision.diagnose import diagnose
 from dsv4opt.decision.fragmentation import fragmentation
 from dsv4opt.decision.recommend import amdahl, recommend
-from tests.decision.profiles import make_profile, story_after_attention
+from tests.decision.profiles import amdahl_of, fuse_glue_on_record, make_profile, story_after_attention
 
 
 @pytest.mark.parametrize(
@@ -34,7 +34,7 @@ def test_story_recommends_the_fp32_gemm_flip_over_speculative_glue():
     assert rec.chosen.share == pytest.approx(0.192)
     by_name = {c.name: c for c in rec.candidates}
     assert by_name["mma-attn"].enabled  # already on: listed, not chosen
-    assert by_name["fuse-glue"].amdahl_bound == pytest.approx(1 / (1 - 0.6))
+    assert by_name["fuse-glue"].amdahl_bound == pytest.approx(amdahl_of(0.6, fuse_glue_on_record(32)))
     text = " ".join(rec.explanation)
     assert "fuse-glue" in text and "launches/step" in text
 
