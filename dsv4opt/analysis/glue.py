@@ -103,9 +103,15 @@ def assign_regions(seq: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 def _joined(keys: np.ndarray, values: pd.Series) -> pd.Series:
     """Per key: its distinct non-empty values in order of first appearance, joined by SEP."""
-    frame = pd.DataFrame({"k": keys, "v": values.fillna("").astype(str).to_numpy()})
-    frame = frame[(frame["v"] != "") & ~frame.duplicated()]
-    return frame.groupby("k", sort=False)["v"].agg(SEP.join)
+    # a plain loop: a pandas groupby with a Python aggregation builds a Series per group (0.14 s of
+    # a 55 MB trace's analysis for the four columns, against ~0.01 s here)
+    seen: set = set()
+    out: dict = {}
+    for k, v in zip(np.asarray(keys).tolist(), values.fillna("").astype(str).tolist()):
+        if v and (k, v) not in seen:
+            seen.add((k, v))
+            out.setdefault(k, []).append(v)
+    return pd.Series({k: SEP.join(vs) for k, vs in out.items()}, dtype=object)
 
 
 def region_table(seq: pd.DataFrame, instance: np.ndarray, steps: int, total_us: float, floor_us: float,
