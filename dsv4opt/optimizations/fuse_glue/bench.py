@@ -141,21 +141,25 @@ def run_bench(batches: Sequence[int] = BATCHES, on_step: Callable[[str], None] =
 
 
 def render(result: BenchResult):
-    """A rich table of the rows and the per-layer sums (or of the failed check)."""
+    """The rows as a table whose names stay whole at 80 columns, the per-layer sums and the check
+    under it (or the failed check)."""
+    from rich import box
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     if not result.check.passed:
         from dsv4opt.optimizations.gate_table import failed_table
 
         return failed_table("fuse-glue", result.check, ("rel_err", "mismatches", "eager_rel_err"))
-    table = Table(title=f"fuse-glue on {result.device} (dsv4-flash, {FLASH.layers} layers; copy {result.copy_gbps:.0f} GB/s); "
-                        f"check: {result.check.summary}")
+    table = Table(title=f"fuse-glue on {result.device} (dsv4-flash, {FLASH.layers} layers; copy {result.copy_gbps:.0f} GB/s)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for col in ("C", "region", "eager µs", "fused µs", "x eager", "bytes", "floor µs", "sets"):
-        table.add_column(col, justify="left" if col == "region" else "right")
+        table.add_column(col, justify="left" if col == "region" else "right", no_wrap=True)
     for r in result.rows:
         table.add_row(str(r.concurrency), r.region, f"{r.eager_us:.2f}", f"{r.fused_us:.2f}", f"{r.speedup:.1f}",
                       f"{r.bytes_moved / 1e6:.2f} MB", f"{r.floor_us:.2f}", str(r.input_sets))
-    for c, v in result.per_layer().items():
-        table.add_row(str(c), "one layer", f"{v['eager_us']:.2f}", f"{v['fused_us']:.2f}", f"{v['speedup']:.1f}",
-                      f"saves {v['saving_us']:.1f} µs", f"x{FLASH.layers}: {v['saving_us'] * FLASH.layers / 1e3:.2f} ms", "")
-    return table
+    sums = [f"C = {c}: one layer {v['eager_us']:.2f} -> {v['fused_us']:.2f} µs ({v['speedup']:.1f}x), saves "
+            f"{v['saving_us']:.1f} µs, x{FLASH.layers}: {v['saving_us'] * FLASH.layers / 1e3:.2f} ms a step"
+            for c, v in result.per_layer().items()]
+    return Group(table, *(Text(line) for line in sums), Text(f"check: {result.check.summary}"))
