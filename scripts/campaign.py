@@ -16,8 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dsv4opt.analysis.categories import GLUE  # noqa: E402
 from dsv4opt.analysis.profile import Profile  # noqa: E402
-from dsv4opt.decision.glue_plan import glue_of, glue_plan  # noqa: E402
+from dsv4opt.decision.glue_plan import glue_of, glue_outcome, glue_plan, require_glue  # noqa: E402
 from dsv4opt.decision.recommend import candidates  # noqa: E402
 
 MBG = "mma-attn+bf16-gemm+grouped-moe"
@@ -96,8 +97,6 @@ def table(concurrencies=(1, 32, 64)) -> list[str]:
 def glue_outcomes(concurrencies=(1, 32, 64)) -> list[str]:
     """fuse-glue and torch-compile against the profile before them: the glue time per step removed
     against the saving `dsv4opt glue` predicted for the regions fuse-glue fuses."""
-    from dsv4opt.decision.glue_plan import glue_outcome
-
     lines = ["| C | switched on | launches/step | glue ms/step | saved ms/step | predicted for fuse-glue's regions | "
              "of prediction | step ms saved |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for c in concurrencies:
@@ -105,40 +104,27 @@ def glue_outcomes(concurrencies=(1, 32, 64)) -> list[str]:
         if before is None or glue_of(before) is None:
             continue
         lines.append(f"| {c} | (before) | {before.steps['launches_per_step']:.0f} | "
-                     f"{require_glue(before).glue_us_per_step / 1e3:.2f} | | | | |")
+                     f"{require_glue(before, 'profile').glue_us_per_step / 1e3:.2f} | | | | |")
         for label, path, _ in [STEPS[3]] + ALTERNATIVES:
             after = load(path, c)
             if after is None:
                 continue
             o = glue_outcome(before, after)
             step_saved = before.throughput["ms_per_step"] - after.throughput["ms_per_step"]
-            lines.append(f"| {c} | {label.lstrip('+ ')} | {o.launches_per_step_after:.0f} | {o.glue_us_per_step_after / 1e3:.2f} | "
+            lines.append(f"| {c} | {label.removeprefix('+ ')} | {o.launches_per_step_after:.0f} | {o.glue_us_per_step_after / 1e3:.2f} | "
                          f"{o.measured_saving_us_per_step / 1e3:.2f} | {o.predicted_saving_us_per_step / 1e3:.2f} | "
                          f"{o.of_prediction:.1%} | {step_saved:.2f} |")
     return lines
 
 
-def require_glue(p: Profile):
-    from dsv4opt.decision.glue_plan import require_glue as req
-
-    return req(p, "profile")
-
-
 def ms_by_category(p: Profile) -> dict[str, float]:
-    """GPU ms per step by chart category: the kernel time scaled to the step's measured ms."""
+    """ms per step by chart category: the step's measured ms split by the categories' GPU-time shares."""
     total = sum(r.total_us for r in p.categories) or 1.0
-    out = dict.fromkeys(CHART_CATEGORIES, 0.0)  # categories outside these (none today) count as glue
+    out = dict.fromkeys(CHART_CATEGORIES, 0.0)
     for r in p.categories:
-        key = "glue" if r.category in _glue() else next(
-            (k for k in CHART_CATEGORIES if r.category == k or r.category.startswith(k)), "glue")
+        key = next((k for k in CHART_CATEGORIES if r.category.startswith(k)), "glue") if r.category not in GLUE else "glue"
         out[key] += r.total_us / total * p.throughput["ms_per_step"]
     return out
-
-
-def _glue() -> set[str]:
-    from dsv4opt.analysis.categories import GLUE
-
-    return set(GLUE)
 
 
 def chart(path: Path, concurrencies=(1, 32, 64)) -> None:
@@ -162,7 +148,7 @@ def chart(path: Path, concurrencies=(1, 32, 64)) -> None:
             ax.bar(range(len(steps)), vals, bottom=bottoms, color=colours[cat], label=cat)
             bottoms = [b + v for b, v in zip(bottoms, vals)]
         ax.set_xticks(range(len(steps)), [label for label, _ in steps], rotation=35, ha="right", fontsize=8)
-        ax.set_ylabel("GPU ms per step")
+        ax.set_ylabel("ms per step, split by GPU-time share")
         ax.set_title(f"C = {c} (baseline: {base.throughput['ms_per_step']:.0f} ms, "
                      f"{base.throughput['tokens_per_s']:.1f} tok/s)", fontsize=9)
         for i, (_, p) in enumerate(steps):
