@@ -55,6 +55,7 @@ def interpreter_cases() -> list[GlueCase]:
         GlueCase("hc_split_sum", "odd-width", 3, 100),
         GlueCase("hc_split_sum", "several-blocks", 2, 2500),
         GlueCase("hc_split_sum", "two-copies", 5, 64, hc=2),
+        GlueCase("hc_split_sum", "tokens-past-a-sinkhorn-block", 37, 24),
         GlueCase("moe_local", "one-slot", 1, 0, k=1, experts=4, ranks=1, resident=4, mine=1.0),
         GlueCase("moe_local", "slots-past-one-block", 50, 0, k=6, experts=16, ranks=4, resident=4),
         GlueCase("moe_local", "every-slot-elsewhere", 3, 0, k=3, experts=8, ranks=2, resident=2, mine=0.0),
