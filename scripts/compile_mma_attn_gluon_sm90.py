@@ -1,6 +1,6 @@
 """Compile mma-attn's Gluon main loops for sm_90a without a GPU and print what ptxas says.
 
-    python3 scripts/compile_mma_attn_gluon_sm90.py [--kernel fp8|bf16|both] [--batch 64] [--dump DIR]
+    python3 scripts/compile_mma_attn_gluon_sm90.py [--kernel fp8|bf16|both] [--batch 64] [--dump DIR] [--json OUT]
 
 Needs Triton 3.6 (the version the Gluon loops are gated on) and no GPU: the launch's signature
 and constexprs are written out here for the dsv4-flash shapes (64 heads of 512, K 512 + window
@@ -12,6 +12,7 @@ Triton's shared memory, and what the PTX holds (cp.async by width, zero-filling 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -120,14 +121,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", default="both", choices=("fp8", "bf16", "both"))
     ap.add_argument("--batch", default="64")
-    ap.add_argument("--dump", type=Path)
+    ap.add_argument("--dump", type=Path, help="write the TTGIR, LLVM IR and PTX here")
+    ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, target sm_90a")
+    rows = []
     for b in (int(x) for x in args.batch.split(",")):
         if args.kernel in ("fp8", "both"):
-            report(*fp8_source(b), args.dump)
+            rows.append(report(*fp8_source(b), args.dump))
         if args.kernel in ("bf16", "both"):
-            report(*bf16_source(b), args.dump)
+            rows.append(report(*bf16_source(b), args.dump))
+    if args.json:
+        args.json.write_text(json.dumps({"triton": triton.__version__, "target": "sm_90a", "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

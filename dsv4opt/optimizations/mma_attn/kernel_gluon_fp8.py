@@ -193,9 +193,10 @@ def gluon_fp8_sparse_decode_kernel(
         _dequant_tile(kv_smem, st_nope, st_rope, st_scale, buf, L_NOPE, L_ROPE)
         fence_async_shared()  # this thread's stores, before the wgmma reads them through the async proxy
         gl.thread_barrier()  # every warp's part of the tile stored, every warp done with staging buffer buf
-        if t + NBUF < N_TILES:
-            _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, t + NBUF, buf, start, x_delta,
-                        KW, PS_W, PB_W, PS_X, PB_X, BK, L_NOPE, L_ROPE, L_SCALE)
+        if N_TILES > NBUF:  # static: a chunk of NBUF tiles or fewer was issued whole before the loop
+            if t + NBUF < N_TILES:
+                _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, t + NBUF, buf, start,
+                            x_delta, KW, PS_W, PB_W, PS_X, PB_X, BK, L_NOPE, L_ROPE, L_SCALE)
         cp.commit_group()  # an empty group past the chunk keeps wait_group's count per tile
         b_s = warpgroup_mma(q_smem, kv_smem.permute((1, 0)), s_zero, use_acc=False)  # [BH, BK]
         b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))  # [BK]
