@@ -3,9 +3,9 @@
 The block-level kernel (kernel.py) dequantises FP8 rows in registers on their way to the tensor
 cores, and Triton's pipeliner keeps one tile in flight for that gather -> dequantise -> MMA chain.
 Here the schedule is written out. The chunk's indices are read into shared memory once; the raw
-bytes of tiles t + 1 and t + 2 (448 e4m3 nope bytes, 128 rope bytes and the 8-byte scale record of
-each selected row) are gathered by cp.async into staging buffers while tile t is dequantised and
-multiplied. Per tile: staged bytes -> registers -> bf16 (e4m3 times 2^(exp - 127), exact: the
+bytes of each selected row (448 e4m3 nope bytes, 128 rope bytes, the 8-byte scale record) are
+gathered by cp.async into two staging buffers: tile t + 1's are in flight while tile t is
+dequantised, tiles t + 1's and t + 2's while it is multiplied. Per tile: staged bytes -> registers -> bf16 (e4m3 times 2^(exp - 127), exact: the
 scales are powers of two; the rope is bf16 already) -> one NVMMA-swizzled [BK, 512] bf16 tile ->
 QK and PV wgmma as in kernel_gluon.py. The buffer a tile was staged in is refilled with tile
 t + NBUF as soon as every warp has read it, before the MMAs, so the gather of two tiles overlaps
