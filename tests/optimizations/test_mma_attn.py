@@ -240,6 +240,13 @@ class _FakeCudaTensor:
     def __init__(self, shape, strides, dtype=torch.bfloat16, ptr=1 << 20):
         self.shape, self._strides, self.dtype, self._ptr = shape, strides, dtype, ptr
 
+    def is_contiguous(self):
+        expected, step = [], 1
+        for n in reversed(self.shape):
+            expected.insert(0, step)
+            step *= n
+        return tuple(self._strides) == tuple(expected)
+
     def stride(self, dim=None):
         return self._strides if dim is None else self._strides[dim]
 
@@ -322,3 +329,97 @@ def test_split_chunks_cover_every_slot_with_whole_tiles_and_no_empty_split():
                 chunk, nsplit = kernel.split_chunks(topk, block_k, asked)
                 assert chunk % block_k == 0 and 1 <= nsplit <= max(1, asked)
                 assert (nsplit - 1) * chunk < topk <= nsplit * chunk, (topk, block_k, asked, chunk, nsplit)
+
+
+def test_fp8_gluon_loop_is_off_until_a_gpu_run_validates_it():
+    assert kernel.GLUON_FP8_ENABLED is False
+
+
+def _fp8_caches(swa_ptr=1 << 20, extra_ptr=1 << 30, tile=64):
+    from dsv4opt.workload.kvcache import KVLayout
+
+    w, x = KVLayout(True, 448, 64, tile, 256), KVLayout(True, 448, 64, tile, 64)
+    swa = KVCache(w, _FakeCudaTensor((64, w.page_bytes), (w.page_bytes, 1), dtype=torch.uint8, ptr=swa_ptr))
+    extra = KVCache(x, _FakeCudaTensor((4096, x.page_bytes), (x.page_bytes, 1), dtype=torch.uint8, ptr=extra_ptr))
+    return swa, extra
+
+
+def test_fp8_engine_takes_the_gluon_loop_only_when_switched_on_and_it_applies(monkeypatch):
+    from dsv4opt.workload.kvcache import KVLayout
+
+    cpu = torch.device("cpu")
+    wide = kernel.choose_tiles(64, 64, 640, cpu, fp8=True)  # whole width, 64-row tiles, split in two
+    q = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1))
+    widx = _FakeCudaTensor((64, 128), (128, 1), dtype=torch.int32)
+    xidx = _FakeCudaTensor((64, 512), (512, 1), dtype=torch.int32)
+    swa, extra = _fp8_caches()
+    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
+    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "triton"  # the switch is off
+    monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", True)
+    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "gluon-fp8"
+    assert kernel.fp8_engine(q, swa, widx, None, None, wide) == "gluon-fp8"  # a window-only layer
+    for s, x in (_fp8_caches(swa_ptr=(1 << 20) + 8), _fp8_caches(extra_ptr=(1 << 30) + 4)):
+        assert kernel.fp8_engine(q, s, widx, x, xidx, wide) == "triton"  # cp.async moves 16 aligned bytes
+    assert kernel.fp8_engine(q, *_fp8_caches(tile=32)[:1], widx, None, None, wide) == "triton"  # another geometry
+    bf16 = KVCache(KVLayout(False, 448, 64, 64, 256), _FakeCudaTensor((1 << 20, 512), (512, 1)))
+    assert kernel.fp8_engine(q, bf16, widx, None, None, wide) == "triton"
+    fp16 = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1), dtype=torch.float16)
+    assert kernel.fp8_engine(fp16, swa, widx, extra, xidx, wide) == "triton"
+    strided = _FakeCudaTensor((64, 512), (1024, 2), dtype=torch.int32)
+    assert kernel.fp8_engine(q, swa, widx, extra, strided, wide) == "triton"
+    assert kernel.fp8_engine(q, swa, strided, extra, xidx, wide) == "triton"
+    small = kernel.choose_tiles(1, 64, 640, cpu, fp8=True)  # value-split tiles at small B
+    single_pass = kernel.choose_tiles(256, 64, 640, cpu, fp8=True)  # no split: no partials to merge
+    for tiles in (small, single_pass, replace(wide, block_k=32)):
+        assert kernel.fp8_engine(q, swa, widx, extra, xidx, tiles) == "triton", tiles
+    monkeypatch.setattr(kernel, "gluon_available", lambda: False)
+    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "triton"
+
+
+def test_fp8_dispatch_on_the_cpu_is_the_block_level_kernel(monkeypatch):
+    monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", True)
+    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
+    for case in interpreter_cases():
+        x = make_inputs(case, "cpu", torch.float16)
+        assert kernel.plan(x.q, x.swa, x.swa_indices, x.extra, x.extra_indices).engine == "triton", case.name
+
+
+def test_plan_gives_the_fp8_gluon_loop_the_block_level_chunks(monkeypatch):
+    from dsv4opt.workload.kvcache import KVLayout
+
+    q = torch.empty(64, 64, 512, dtype=torch.bfloat16)
+    swa = KVCache(KVLayout(True, 448, 64, 64, 256), torch.empty(1, 1, dtype=torch.uint8))
+    extra = KVCache(KVLayout(True, 448, 64, 64, 64), torch.empty(1, 1, dtype=torch.uint8))
+    widx, xidx = torch.empty(64, 128, dtype=torch.int32), torch.empty(64, 512, dtype=torch.int32)
+    block = kernel.plan(q, swa, widx, extra, xidx)
+    monkeypatch.setattr(kernel, "fp8_engine", lambda *a: "gluon-fp8")
+    loop = kernel.plan(q, swa, widx, extra, xidx)
+    assert (block.engine, loop.engine) == ("triton", "gluon-fp8")
+    assert (loop.tiles, loop.chunk, loop.nsplit) == (block.tiles, block.chunk, block.nsplit)
+    assert loop.chunk % 64 == 0 and loop.nsplit == 2  # two splits of 320 slots at B = 64
+
+
+@pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),
+                    reason="the Gluon loops are compiled and gated on Triton 3.6 only")
+def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path):
+    """Compiled ahead of time for an H200 (no GPU needed): no spills, within 227 KB of shared memory,
+    every gather a cp.async that zero-fills masked rows, 16 bytes wide for the data records."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    out = tmp_path / "compile.json"
+    done = subprocess.run([sys.executable, str(root / "scripts/compile_mma_attn_gluon_sm90.py"), "--kernel", "fp8",
+                           "--batch", "1,32,64", "--json", str(out)], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=str(root))
+    assert done.returncode == 0, done.stderr[-2000:]
+    for row in json.loads(out.read_text())["rows"]:
+        assert row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0, row
+        assert row["fits_227KB"], row
+        widths = row["cp_async_by_width"]
+        assert widths["16"] > 0 and widths["8"] == 0 and row["cp_async_zero_fill"] == sum(widths.values()), row

@@ -317,11 +317,51 @@ def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles)
     return "triton"
 
 
+# The FP8 Gluon loop (kernel_gluon_fp8.py) compiles for sm_90a with Triton 3.6
+# (scripts/compile_mma_attn_gluon_sm90.py) but has not yet run on a GPU: it stays off until
+# scripts/probe_mma_attn_fp8_gluon.py passes its correctness table on the H200 and times it faster
+# than the block-level kernel. Then set this to True; the conditions below still apply.
+GLUON_FP8_ENABLED = False
+
+
+def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
+    """bf16 q and caches in the FP8 geometry kernel_gluon_fp8.py is written for (7 tiles of 64 e4m3
+    nope values, 64 bf16 rope values: 576-byte data and 8-byte scale records), with 16-byte aligned
+    pages and buffers: its cp.async gathers move 16 bytes of a data record at a time."""
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8 as g
+
+    def fits(c: KVCache) -> bool:
+        L = c.layout
+        return (
+            L.fp8 and L.nope == g.NOPE_TILES * g.TILE and L.tile == g.TILE and L.rope == g.ROPE
+            and L.data_bytes == g.DATA_BYTES and L.scale_bytes == g.SCALE_BYTES and L.page_bytes % 16 == 0
+            and c.data.data_ptr() % 16 == 0 and c.data.is_contiguous()
+        )
+
+    return q.dtype == torch.bfloat16 and fits(swa) and (extra is None or fits(extra))
+
+
+def fp8_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles) -> str:
+    """Which main loop runs one launch over FP8 caches: "gluon-fp8" (kernel_gluon_fp8.py) where it
+    applies and GLUON_FP8_ENABLED is set, else "triton". Same shapes as the bf16 Gluon loop
+    (gluon_shape_ok: 64 heads of 512, 64-row whole-width tiles with a split)."""
+    B, H, D = q.shape
+    if (
+        GLUON_FP8_ENABLED and q.is_cuda and swa.layout.fp8
+        and gluon_shape_ok(H, D, tiles, True, q.stride(), swa_indices.stride(1))
+        and (extra_indices is None or extra_indices.stride(1) == 1)
+        and gluon_available() and gluon_fp8_operands_ok(q, swa, extra)
+    ):
+        return "gluon-fp8"
+    return "triton"
+
+
 @dataclass(frozen=True)
 class Plan:
     """How one call runs: "triton" is one launch of this file's kernel over the slots of both
-    caches (window first); "gluon" is kernel_gluon.py once per cache (`per_cache`: chunk and splits
-    of each), merged by the combine."""
+    caches (window first); "gluon-fp8" is one launch of kernel_gluon_fp8.py over the same slots and
+    chunks (FP8 caches); "gluon" is kernel_gluon.py once per cache (`per_cache`: chunk and splits
+    of each). The Gluon loops write partials, merged by the combine."""
 
     engine: str
     tiles: Tiles
@@ -345,7 +385,8 @@ def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, til
     K = sum(indices.shape[1] for _, indices in caches)
     t = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8, itemsize=q.element_size())
     chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
-    return Plan("triton", replace(t, nsplit=nsplit), chunk, nsplit)
+    t = replace(t, nsplit=nsplit)
+    return Plan(fp8_engine(q, swa, swa_indices, extra, extra_indices, t), t, chunk, nsplit)
 
 
 def _offset(a: torch.Tensor, base: torch.Tensor, unit: int) -> int:
@@ -402,7 +443,8 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     One split-K launch covers the slots of both caches (a tile of 64 heads shares every KV tile
     read; FP8 rows are dequantised in registers); with a split, every split writes fp32 partials
     and one combine kernel merges them with the sink, else the single pass writes o and lse. On
-    bf16 rows where the Gluon loop applies it runs once per cache instead, always with partials.
+    bf16 rows where the Gluon loop applies it runs once per cache instead, always with partials;
+    on FP8 rows the FP8 Gluon loop replaces the main kernel where `fp8_engine` says so.
     CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
     """
     if q.device.type != "cuda" and not _INTERPRETED:
@@ -432,6 +474,11 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
             gluon_sparse_decode_partials(q, cache.data, indices, lengths, o_part, lse_part, chunk, nsplit, scale,
                                          split_base=base, ns_total=ns_total)
             base += nsplit
+    elif p.engine == "gluon-fp8":
+        from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
+
+        gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
+                                         o_part, lse_part, p.chunk, p.nsplit, scale)
     else:
         _launch_fused(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p,
                       o, lse, o_part, lse_part)

@@ -1,0 +1,254 @@
+"""mma-attn's main loop for SGLang's FP8 KV layout, in Gluon (Hopper): gathers two tiles ahead.
+
+The block-level kernel (kernel.py) dequantises FP8 rows in registers on their way to the tensor
+cores, and Triton's pipeliner keeps one tile in flight for that gather -> dequantise -> MMA chain.
+Here the schedule is written out. The chunk's indices are read into shared memory once; the raw
+bytes of each selected row (448 e4m3 nope bytes, 128 rope bytes, the 8-byte scale record) are
+gathered by cp.async into two staging buffers: tile t + 1's are in flight while tile t is
+dequantised, tiles t + 1's and t + 2's while it is multiplied. Per tile: staged bytes -> registers -> bf16 (e4m3 times 2^(exp - 127), exact: the
+scales are powers of two; the rope is bf16 already) -> one NVMMA-swizzled [BK, 512] bf16 tile ->
+QK and PV wgmma as in kernel_gluon.py. The buffer a tile was staged in is refilled with tile
+t + NBUF as soon as every warp has read it, before the MMAs, so the gather of two tiles overlaps
+the products of one.
+
+One launch covers both caches, as kernel.py's main kernel does (the compressed cache's rows,
+indices and lengths at fixed offsets from the window cache's), with the same chunks; it writes the
+same fp32 partials (o normalised by its chunk's denominator, base-2 lse; -inf for a chunk with no
+used slot), which kernel.py's combine merges with the sink.
+
+GPU only (the interpreter cannot run Gluon), Triton 3.6 only (kernel.GLUON_VALIDATED_TRITON), and
+off by default in the dispatch (kernel.GLUON_FP8_ENABLED) until a GPU run validates it; design and
+offline compile figures in docs/kernels/mma_attn.md.
+"""
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+from dsv4opt.tritonlib import LOG2E
+
+# The geometry this loop is written for (DeepSeek-V4-Flash's FP8 layout, kvcache.py): 7 tiles of 64
+# e4m3 nope values, 64 bf16 rope values, 576-byte data records and 8-byte scale records.
+NOPE_TILES = 7
+TILE = 64
+ROPE = 64
+DATA_BYTES = 576
+SCALE_BYTES = 8
+HEADS = 64  # one warpgroup's MMA rows
+BLOCK_K = 64
+NUM_BUF = 2  # staging buffers: q 64 KB + bf16 tile 64 KB + 2 x 36.5 KB of FP8 bytes fit 227 KB; 3 do not
+
+# the same, for the kernels (Triton reads globals only as constexprs)
+_NOPE_TILES = gl.constexpr(NOPE_TILES)
+_TILE = gl.constexpr(TILE)
+_ROPE = gl.constexpr(ROPE)
+_DATA_BYTES = gl.constexpr(DATA_BYTES)
+_SCALE_BYTES = gl.constexpr(SCALE_BYTES)
+
+
+@gluon.jit
+def _tile_rows(idx_smem, t, start, x_delta, ROWS: gl.constexpr, KW: gl.constexpr, PS_W: gl.constexpr,
+               PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr, BK: gl.constexpr):
+    """Byte offsets [BK] (int64, from the window cache's first byte) of tile t's data and scale
+    records, and which rows are used, in layout ROWS. Slots at or past KW are the compressed
+    cache's, whose bytes start x_delta past the window cache's."""
+    b_idx = idx_smem.index(t).load(ROWS)  # [BK]
+    m_row = b_idx >= 0
+    tok = gl.where(m_row, b_idx, 0).to(gl.int64)  # caches can exceed 2^31 bytes
+    in_x = (start + t * BK + gl.arange(0, BK, layout=ROWS)) >= KW
+    page_w = tok // PS_W
+    slot_w = tok % PS_W
+    page_x = tok // PS_X
+    slot_x = tok % PS_X
+    at = gl.where(in_x, x_delta + page_x * PB_X + slot_x * _DATA_BYTES, page_w * PB_W + slot_w * _DATA_BYTES)
+    at_s = gl.where(in_x, x_delta + page_x * PB_X + PS_X * _DATA_BYTES + slot_x * _SCALE_BYTES,
+                    page_w * PB_W + PS_W * _DATA_BYTES + slot_w * _SCALE_BYTES)
+    return at, at_s, m_row
+
+
+@gluon.jit
+def _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, t, buf, start, x_delta,
+                KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
+                BK: gl.constexpr, L_NOPE: gl.constexpr, L_ROPE: gl.constexpr, L_SCALE: gl.constexpr):
+    """cp.async tile t's raw bytes into staging buffer `buf`: nope tile j of every row into
+    st_nope[buf * 7 + j] [BK, 64] u8, the rope into st_rope[buf] [BK, 64] bf16, the scale record's
+    two 32-bit words into st_scale[buf] [2, BK] i32. Unused rows (index -1) read nothing; cp.async
+    zero-fills them, so they dequantise to 0 and their masked scores multiply finite values."""
+    at, _, m_row = _tile_rows(idx_smem, t, start, x_delta, gl.SliceLayout(1, L_NOPE), KW, PS_W, PB_W, PS_X, PB_X, BK)
+    o_c = gl.arange(0, _TILE, layout=gl.SliceLayout(0, L_NOPE))
+    for j in gl.static_range(_NOPE_TILES):
+        # 16 bytes a thread, 4 KB of one nope tile a call: contiguous in shared memory, no bank conflict
+        cp.async_copy_global_to_shared(st_nope.index(buf * _NOPE_TILES + j), p_kv8 + (at + j * _TILE)[:, None] + o_c[None, :],
+                                       mask=m_row[:, None])
+    at_r, _, m_r = _tile_rows(idx_smem, t, start, x_delta, gl.SliceLayout(1, L_ROPE), KW, PS_W, PB_W, PS_X, PB_X, BK)
+    o_r = gl.arange(0, _ROPE, layout=gl.SliceLayout(0, L_ROPE))
+    cp.async_copy_global_to_shared(st_rope.index(buf), p_kv16 + ((at_r + _NOPE_TILES * _TILE) >> 1)[:, None] + o_r[None, :],
+                                   mask=m_r[:, None])
+    _, at_s, m_s = _tile_rows(idx_smem, t, start, x_delta, gl.SliceLayout(0, L_SCALE), KW, PS_W, PB_W, PS_X, PB_X, BK)
+    o_w = gl.arange(0, 2, layout=gl.SliceLayout(1, L_SCALE))
+    ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    st_words = st_scale.index(buf)._reinterpret(gl.int32, [2, BK], ROW2)  # [2, BK]: word w of every row
+    cp.async_copy_global_to_shared(st_words, p_kv32 + (at_s >> 2)[None, :] + o_w[:, None], mask=m_s[None, :])
+
+
+@gluon.jit
+def _dequant_tile(kv_smem, st_nope, st_rope, st_scale, buf, L_NOPE: gl.constexpr, L_ROPE: gl.constexpr):
+    """Staging buffer `buf` -> the bf16 tile kv_smem [BK, 512]: nope tile j is e4m3 times
+    2^(e_j - 127), e_j byte j % 4 of scale word j // 4; the scale is built as an fp32 with exponent
+    field e_j (exactly 2^(e_j - 127)), so the product is exact in bf16."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, L_NOPE)
+    BK: gl.constexpr = kv_smem.shape[0]
+    b_w0 = st_scale.index(buf).slice(0, BK).load(ROWS)  # [BK] int32: exponent bytes of nope tiles 0-3
+    b_w1 = st_scale.index(buf).slice(BK, BK).load(ROWS)  # [BK] int32: tiles 4-6 and the pad byte
+    for j in gl.static_range(_NOPE_TILES):
+        if j < 4:
+            b_w = b_w0
+        else:
+            b_w = b_w1
+        b_sc = (((b_w >> (8 * (j % 4))) & 0xFF) << 23).to(gl.float32, bitcast=True)  # [BK] 2^(e - 127); 0 for e = 0
+        b_raw = st_nope.index(buf * _NOPE_TILES + j).load(L_NOPE)  # [BK, 64] uint8
+        b_x = b_raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * b_sc[:, None]  # [BK, 64]
+        kv_smem.slice(j * _TILE, _TILE, dim=1).store(b_x.to(gl.bfloat16))
+    b_rope = st_rope.index(buf).load(L_ROPE)  # [BK, 64] bf16
+    kv_smem.slice(_NOPE_TILES * _TILE, _ROPE, dim=1).store(b_rope)
+
+
+@gluon.jit
+def gluon_fp8_sparse_decode_kernel(
+    p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part,
+    stride_qb, stride_iw, stride_ix, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
+    KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
+    PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
+    D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr,
+):
+    """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
+    followed by the KX compressed-cache slots; writes split i_s of o_part [B, NSPLIT, H, D] fp32
+    and lse_part [B, NSPLIT, H] (base 2)."""
+    gl.static_assert(gl.num_warps() == 8)
+    gl.static_assert(BK == 64)
+    gl.static_assert(D == _NOPE_TILES * _TILE + _ROPE)
+    # 16 bytes a thread: one nope tile [64, 64] u8 is one pass of 256 threads; the rope [64, 64]
+    # bf16 two; the scale words [2, 64] i32 one (4-byte copies, the narrowest cp.async).
+    L_NOPE: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
+    L_ROPE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    L_SCALE: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [1, 8], [1, 0])
+    LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    P_DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
+    SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    ROW1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+
+    i_b = gl.program_id(0)
+    i_s = gl.program_id(2)
+    n_w = gl.load(p_len + i_b)
+    n_x = 0
+    if KX > 0:
+        n_x = gl.load(p_len + len_x_delta + i_b)
+    start = i_s * CHUNK
+
+    # Every index of the chunk, once, into shared memory (-1 for slots past the chunk, past either
+    # cache's slots, past a request's length, or unused): no gather address and no score mask waits
+    # on a global load. NBUF tiles of run-out past the chunk, for the gathers issued ahead.
+    N_TILES: gl.constexpr = CHUNK // BK
+    IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + NBUF)
+    IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
+    IDX_S: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    o_k = start + gl.arange(0, IDX_ROWS * BK, layout=IDX_L)
+    in_x = o_k >= KW
+    o_kx = o_k - KW
+    m_k = (o_k < start + CHUNK) & (o_k < KW + KX) & gl.where(in_x, o_kx < n_x, o_k < n_w)
+    o_i = gl.where(in_x, idx_x_delta + i_b * stride_ix + o_kx, i_b * stride_iw + o_k)
+    b_idx_all = gl.load(p_idx + o_i, mask=m_k, other=-1)  # [IDX_ROWS * BK]
+    idx_flat = gl.allocate_shared_memory(gl.int32, [IDX_ROWS * BK], IDX_S, b_idx_all)
+    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_S)  # row t: tile t's indices
+    gl.thread_barrier()
+
+    st_nope = gl.allocate_shared_memory(gl.uint8, [NBUF * _NOPE_TILES, BK, _TILE], ROW2)
+    st_rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BK, _ROPE], ROW2)
+    st_scale = gl.allocate_shared_memory(gl.int32, [NBUF, 2 * BK], ROW1)
+    for i in gl.static_range(NBUF):
+        _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, i, i, start, x_delta,
+                    KW, PS_W, PB_W, PS_X, PB_X, BK, L_NOPE, L_ROPE, L_SCALE)
+        cp.commit_group()
+
+    o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, LOAD))
+    o_dq = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
+    b_q = gl.load(p_q + i_b * stride_qb + o_h[:, None] * D + o_dq[None, :])  # [BH, D]
+    q_smem = gl.allocate_shared_memory(p_q.dtype.element_ty, [BH, D], SMEM, b_q)
+    kv_smem = gl.allocate_shared_memory(gl.bfloat16, [BK, D], SMEM)
+
+    b_m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH] running max, base 2
+    b_l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH]
+    b_acc = gl.zeros([BH, D], gl.float32, layout=O_MMA)  # [BH, D]
+    s_zero = gl.zeros([BH, BK], gl.float32, layout=S_MMA)
+    for t in range(N_TILES):
+        buf = t % NBUF
+        cp.wait_group(NBUF - 1)  # tile t landed (the NBUF - 1 tiles after it may still be in flight)
+        gl.thread_barrier()  # ... for every thread's copies
+        _dequant_tile(kv_smem, st_nope, st_rope, st_scale, buf, L_NOPE, L_ROPE)
+        fence_async_shared()  # this thread's stores, before the wgmma reads them through the async proxy
+        gl.thread_barrier()  # every warp's part of the tile stored, every warp done with staging buffer buf
+        if N_TILES > NBUF:  # static: a chunk of NBUF tiles or fewer was issued whole before the loop
+            if t + NBUF < N_TILES:
+                _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, t + NBUF, buf, start,
+                            x_delta, KW, PS_W, PB_W, PS_X, PB_X, BK, L_NOPE, L_ROPE, L_SCALE)
+        cp.commit_group()  # an empty group past the chunk keeps wait_group's count per tile
+        b_s = warpgroup_mma(q_smem, kv_smem.permute((1, 0)), s_zero, use_acc=False)  # [BH, BK]
+        b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))  # [BK]
+        b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
+        b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
+        b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
+        b_p = gl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+        b_l = b_l * b_alpha + gl.sum(b_p, axis=1)
+        b_m = b_m_new
+        b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
+        p_dot = gl.convert_layout(b_p.to(gl.bfloat16), P_DOT)
+        b_acc = warpgroup_mma(p_dot, kv_smem, b_acc * b_alpha_o[:, None])  # [BH, D]
+        gl.thread_barrier()  # both warpgroups done with kv_smem before the next tile overwrites it
+    cp.wait_group(0)
+
+    m_any = b_l > 0
+    b_lse2 = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH]
+    inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
+    b_o = b_acc * inv[:, None]  # [BH, D]
+    o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
+    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
+    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
+    gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
+    o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
+    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
+
+
+def gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
+                                     o_part, lse_part, chunk: int, nsplit: int, scale: float) -> None:
+    """Fill o_part [B, nsplit, H, D] fp32 (o over each chunk of the window slots then the
+    compressed-cache slots, normalised) and lse_part [B, nsplit, H] (base 2) for q [B, 64, 512] bf16
+    (rows contiguous) over the FP8 caches swa and extra (KVCache; extra may be None), indices
+    [B, W] / [B, K] int32 with unit stride. The caches must pass kernel.gluon_fp8_operands_ok."""
+    from dsv4opt.optimizations.mma_attn.kernel import _offset
+
+    B, H, D = q.shape
+    L = swa.layout
+    LX = extra.layout if extra is not None else L
+    _, kvu8, kv16 = swa.views()
+    if extra is not None:
+        x_delta = _offset(extra.data, swa.data, 1)
+        idx_x_delta, len_x_delta = _offset(extra_indices, swa_indices, 4), _offset(extra_lengths, swa_lengths, 4)
+        stride_ix, kx = extra_indices.stride(0), extra_indices.shape[1]
+    else:
+        x_delta = idx_x_delta = len_x_delta = stride_ix = kx = 0
+    gluon_fp8_sparse_decode_kernel[(B, 1, nsplit)](
+        p_q=q, p_kv8=kvu8, p_kv16=kv16, p_kv32=kvu8.view(torch.int32), p_idx=swa_indices, p_len=swa_lengths,
+        p_o_part=o_part, p_lse_part=lse_part,
+        stride_qb=q.stride(0), stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H,
+        qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
+        KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit,
+        PS_W=L.page_size, PB_W=L.page_bytes, PS_X=LX.page_size, PB_X=LX.page_bytes,
+        D=D, BH=H, BK=BLOCK_K, NBUF=NUM_BUF, num_warps=8,
+    )
+

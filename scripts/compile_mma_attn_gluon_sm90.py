@@ -1,0 +1,139 @@
+"""Compile mma-attn's Gluon main loops for sm_90a without a GPU and print what ptxas says.
+
+    python3 scripts/compile_mma_attn_gluon_sm90.py [--kernel fp8|bf16|both] [--batch 64] [--dump DIR] [--json OUT]
+
+Needs Triton 3.6 (the version the Gluon loops are gated on) and no GPU: the launch's signature
+and constexprs are written out here for the dsv4-flash shapes (64 heads of 512, K 512 + window
+128, the FP8 layout's page geometry), with the chunking kernel.choose_tiles/split_chunks give for
+--batch on a 132-SM H200. Prints registers, spill bytes (ptxas -v on the PTX Triton produced),
+Triton's shared memory, and what the PTX holds (cp.async by width, zero-filling ones, wgmma).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
+
+from dsv4opt.optimizations.mma_attn import kernel  # noqa: E402
+from dsv4opt.workload.config import ModelConfig  # noqa: E402
+from dsv4opt.workload.kvcache import KVLayout  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+SMEM_LIMIT = 232448  # bytes of shared memory a CTA may use on H100/H200 (227 KB)
+D16 = [["tt.divisibility", 16]]
+
+
+def _signature(fn, types: dict, constexprs: dict) -> tuple[dict, dict]:
+    sig = {name: ("constexpr" if name in constexprs else types[name]) for name in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): D16 for n, t in types.items() if t.startswith("*") or n in DIVISIBLE}
+    return sig, attrs
+
+
+# integer arguments that are multiples of 16 in the model's launches (Triton specialises on that)
+DIVISIBLE = {"stride_qb", "stride_kv", "stride_ib", "stride_iw", "stride_ix", "H", "x_delta", "idx_x_delta", "len_x_delta"}
+
+
+def _chunking(batch: int) -> tuple[int, int]:
+    cfg = ModelConfig.from_name("dsv4-flash")
+    t = kernel.choose_tiles(max(batch, kernel.SMALL_BATCH_MAX + 1), cfg.heads, cfg.index_topk + cfg.window,
+                            torch.device("cpu"), cfg.head_dim, fp8=True)
+    if batch <= kernel.SMALL_BATCH_MAX:  # the Gluon loops use the whole-width family at every B
+        t = kernel.Tiles(64, 64, max(1, round(132 / batch)), 8, 2)
+    return kernel.split_chunks(cfg.index_topk + cfg.window, t.block_k, t.nsplit)
+
+
+def fp8_source(batch: int):
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8 as g
+
+    cfg = ModelConfig.from_name("dsv4-flash")
+    chunk, nsplit = _chunking(batch)
+    lw = KVLayout(True, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, cfg.window_page)
+    lx = KVLayout(True, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, cfg.extra_page("csa"))
+    fn = g.gluon_fp8_sparse_decode_kernel
+    constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, PS_W=lw.page_size,
+                      PB_W=lw.page_bytes, PS_X=lx.page_size, PB_X=lx.page_bytes, D=cfg.head_dim, BH=cfg.heads,
+                      BK=g.BLOCK_K, NBUF=g.NUM_BUF)
+    types = dict(p_q="*bf16", p_kv8="*u8", p_kv16="*bf16", p_kv32="*i32", p_idx="*i32", p_len="*i32",
+                 p_o_part="*fp32", p_lse_part="*fp32", stride_qb="i32", stride_iw="i32", stride_ix="i32", H="i32",
+                 qk_scale_log2="fp32", x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
+    sig, attrs = _signature(fn, types, constexprs)
+    return GluonASTSource(fn, sig, constexprs, attrs), f"FP8 loop, B {batch}: chunk {chunk}, {nsplit} splits"
+
+
+def bf16_source(batch: int):
+    from dsv4opt.optimizations.mma_attn import kernel_gluon as g
+
+    cfg = ModelConfig.from_name("dsv4-flash")
+    chunk, nsplit = kernel.split_chunks(cfg.index_topk, 64, max(2, round(132 / batch)))
+    fn = g.gluon_sparse_decode_kernel
+    constexprs = dict(K=cfg.index_topk, CHUNK=chunk, SPLIT_BASE=0, NS_TOTAL=nsplit, D=cfg.head_dim, BH=cfg.heads, BK=64)
+    types = dict(p_q="*bf16", p_kv="*bf16", p_idx="*i32", p_len="*i32", p_o_part="*fp32", p_lse_part="*fp32",
+                 stride_qb="i32", stride_kv="i32", stride_ib="i32", H="i32", qk_scale_log2="fp32")
+    sig, attrs = _signature(fn, types, constexprs)
+    return GluonASTSource(fn, sig, constexprs, attrs), f"bf16 loop (compressed cache), B {batch}: chunk {chunk}, {nsplit} splits"
+
+
+def report(src, label: str, dump: Path | None) -> dict:
+    compiled = triton.compile(src, target=TARGET, options={"num_warps": 8})
+    ptx = compiled.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        done = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(path), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True, check=True)
+    log = done.stderr + done.stdout
+    regs = int(re.search(r"Used (\d+) registers", log).group(1))
+    spill_st, spill_ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups())
+    shared = compiled.metadata.shared
+    widths = {w: len(re.findall(rf"cp\.async\.c[ag]\.shared\.global[^;]*\], {w:#x}(?:, |;)", ptx)) for w in (4, 8, 16)}
+    row = {
+        "kernel": label, "registers": regs, "spill_store_bytes": spill_st, "spill_load_bytes": spill_ld,
+        "shared_bytes": shared, "fits_227KB": shared <= SMEM_LIMIT,
+        "cp_async_by_width": widths, "cp_async_zero_fill": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*\], 0x\d+, %r", ptx)),
+        "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+    }
+    print(f"{label}\n  registers {regs}, spills {spill_st} B stored / {spill_ld} B loaded, shared memory {shared} B "
+          f"({shared / 1024:.1f} KiB; limit {SMEM_LIMIT / 1024:.0f} KiB)\n  PTX: cp.async by width {widths}, "
+          f"{row['cp_async_zero_fill']} with a run-time src-size (zero fill), {row['wgmma']} wgmma.mma_async\n"
+          f"  ptxas: {' '.join(line.strip() for line in log.splitlines() if 'Used' in line or 'spill' in line)}")
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "llir", "ptx"):
+            (dump / f"{label.split(',')[0].replace(' ', '_')}.{ext}").write_text(compiled.asm[ext])
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kernel", default="both", choices=("fp8", "bf16", "both"))
+    ap.add_argument("--batch", default="64")
+    ap.add_argument("--dump", type=Path, help="write the TTGIR, LLVM IR and PTX here")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    print(f"Triton {triton.__version__}, target sm_90a")
+    rows = []
+    for b in (int(x) for x in args.batch.split(",")):
+        if args.kernel in ("fp8", "both"):
+            rows.append(report(*fp8_source(b), args.dump))
+        if args.kernel in ("bf16", "both"):
+            rows.append(report(*bf16_source(b), args.dump))
+    if args.json:
+        args.json.write_text(json.dumps({"triton": triton.__version__, "target": "sm_90a", "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
