@@ -82,3 +82,16 @@ def round_to_bf16(x, EMULATE: tl.constexpr):
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         x = bits.to(tl.float32, bitcast=True)
     return x
+
+
+@triton.jit
+def approx_reciprocal(x, EMULATE: tl.constexpr):
+    """1 / x to within an ulp or two (PTX rcp.approx.ftz: one MUFU instruction), for dependent
+    chains where the range checks of a full-range division set the latency. Under the interpreter
+    (EMULATE true), which cannot run PTX, a plain division."""
+    if EMULATE:
+        y = 1.0 / x
+    else:
+        y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                      pack=1)
+    return y

@@ -28,6 +28,7 @@ from dsv4opt.optimizations.fuse_glue import kernel  # noqa: E402
 from dsv4opt.optimizations.fuse_glue.bench import fused_bytes, rotating  # noqa: E402
 from dsv4opt.optimizations.fuse_glue.cases import FLASH, GlueCase, make_args  # noqa: E402
 from dsv4opt.optimizations.timing import median_graph_ms, sets_needed  # noqa: E402
+from dsv4opt.tritonlib import interpreted  # noqa: E402
 from dsv4opt.workload.kernels.mhc import hc_post_comb, hc_pre_gate, hc_split_sinkhorn  # noqa: E402
 
 
@@ -72,7 +73,8 @@ def shipped(warps: int = 1, block_d: int = kernel.SUM_BLOCK_D, iters: int | None
         kernel._hc_split_sum_kernel[(grid,)](
             p_mix=mix, p_rsqrt=rsqrt, p_flat=flat, p_scale=scale, p_base=base, p_x=x, p_post=post, p_comb=comb,
             T=T, stride_mix=mix.stride(0), stride_flat=flat.stride(0), stride_x=x.stride(0), eps=eps,
-            D=d, HC=hc, ITERS=iters or n_iter, BLOCK_D=block, N_D=n_d, BLOCK_T=tokens, num_warps=warps)
+            D=d, HC=hc, ITERS=iters or n_iter, BLOCK_D=block, N_D=n_d, BLOCK_T=tokens, EMULATE=interpreted(),
+            num_warps=warps)
         return x, post, comb
     return run
 

@@ -331,10 +331,6 @@ def test_split_chunks_cover_every_slot_with_whole_tiles_and_no_empty_split():
                 assert (nsplit - 1) * chunk < topk <= nsplit * chunk, (topk, block_k, asked, chunk, nsplit)
 
 
-def test_fp8_gluon_loop_is_off_until_a_gpu_run_validates_it():
-    assert kernel.GLUON_FP8_ENABLED is False
-
-
 def _fp8_caches(swa_ptr=1 << 20, extra_ptr=1 << 30, tile=64):
     from dsv4opt.workload.kvcache import KVLayout
 

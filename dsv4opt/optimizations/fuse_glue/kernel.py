@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4opt.tritonlib import runs_triton
+from dsv4opt.tritonlib import approx_reciprocal, interpreted, runs_triton
 from dsv4opt.workload.kernels import naive
 from dsv4opt.workload.kernels.mhc import hc_pre_gate
 from dsv4opt.workload.kernels.moe import mxfp4_slot_gemv, silu_mul_clamp
@@ -28,7 +28,7 @@ SINKHORN_TOKENS = 32  # tokens per one-warp Sinkhorn program of the pre-mix spli
 
 
 @triton.jit
-def _scale_rows(c, eps, HC: tl.constexpr):
+def _scale_rows(c, eps, HC: tl.constexpr, EMULATE: tl.constexpr):
     """Each row j of the HC x HC matrix c (a tuple of HC * HC [BT] tensors, row-major) divided by
     its sum + eps."""
     r = ()
@@ -36,7 +36,7 @@ def _scale_rows(c, eps, HC: tl.constexpr):
         s = c[j * HC]
         for k in tl.static_range(1, HC):
             s = s + c[j * HC + k]
-        r = r + (1.0 / (s + eps),)
+        r = r + (approx_reciprocal(s + eps, EMULATE),)
     out = ()
     for e in tl.static_range(HC * HC):
         out = out + (c[e] * r[e // HC],)
@@ -44,14 +44,14 @@ def _scale_rows(c, eps, HC: tl.constexpr):
 
 
 @triton.jit
-def _scale_cols(c, eps, HC: tl.constexpr):
+def _scale_cols(c, eps, HC: tl.constexpr, EMULATE: tl.constexpr):
     """Each column k of c (as in _scale_rows) divided by its sum + eps."""
     r = ()
     for k in tl.static_range(HC):
         s = c[k]
         for j in tl.static_range(1, HC):
             s = s + c[j * HC + k]
-        r = r + (1.0 / (s + eps),)
+        r = r + (approx_reciprocal(s + eps, EMULATE),)
     out = ()
     for e in tl.static_range(HC * HC):
         out = out + (c[e] * r[e % HC],)
@@ -60,11 +60,13 @@ def _scale_cols(c, eps, HC: tl.constexpr):
 
 @triton.jit
 def _sinkhorn_tokens(p_mix, p_rsqrt, p_scale, p_base, p_post, p_comb, o_t, m_t, stride_mix, eps,
-                     HC: tl.constexpr, ITERS: tl.constexpr):
+                     HC: tl.constexpr, ITERS: tl.constexpr, EMULATE: tl.constexpr):
     """post [HC] and the Sinkhorn comb [HC, HC] of tokens o_t [BT], one token a lane, each
     token's numbers times its RMS factor. A lane holds its token's whole matrix in registers (a
     tuple of HC * HC values), so the 2 * ITERS dependent normalisations exchange nothing between
-    lanes, and each divides once per row or column instead of once per element."""
+    lanes, and each divides once per row or column instead of once per element, by an approximate
+    reciprocal: the chain is latency, about 100 ns an iteration on the H200 with full-range
+    divisions (scripts/probe_hc_split_sum.py)."""
     p_row = p_mix + o_t * stride_mix  # [BT]
     b_r = tl.load(p_rsqrt + o_t, mask=m_t, other=1.0)  # [BT]
     for j in tl.static_range(HC):
@@ -83,13 +85,13 @@ def _sinkhorn_tokens(p_mix, p_rsqrt, p_scale, p_base, p_post, p_comb, o_t, m_t, 
     x = ()
     for e in tl.static_range(HC * HC):
         x = x + (tl.exp(c[e] - top[e // HC]),)
-    c = _scale_rows(x, 0.0, HC)
+    c = _scale_rows(x, 0.0, HC, EMULATE)
     x = ()
     for e in tl.static_range(HC * HC):
         x = x + (c[e] + eps,)
-    c = _scale_cols(x, eps, HC)
+    c = _scale_cols(x, eps, HC, EMULATE)
     for _ in range(ITERS - 1):
-        c = _scale_cols(_scale_rows(c, eps, HC), eps, HC)
+        c = _scale_cols(_scale_rows(c, eps, HC, EMULATE), eps, HC, EMULATE)
     for e in tl.static_range(HC * HC):
         tl.store(p_comb + o_t * (HC * HC) + e, c[e], mask=m_t)
 
@@ -98,7 +100,7 @@ def _sinkhorn_tokens(p_mix, p_rsqrt, p_scale, p_base, p_post, p_comb, o_t, m_t, 
 def _hc_split_sum_kernel(p_mix, p_rsqrt, p_flat, p_scale, p_base, p_x, p_post, p_comb,
                          T, stride_mix, stride_flat, stride_x, eps,
                          D: tl.constexpr, HC: tl.constexpr, ITERS: tl.constexpr, BLOCK_D: tl.constexpr,
-                         N_D: tl.constexpr, BLOCK_T: tl.constexpr):
+                         N_D: tl.constexpr, BLOCK_T: tl.constexpr, EMULATE: tl.constexpr):
     # The first programs run the Sinkhorn iterations for BLOCK_T tokens each: their dependent chain
     # sets the kernel's time, so they start first. The rest sum one token's copies over one block
     # of columns each (pre needs no Sinkhorn), never waiting for them.
@@ -106,7 +108,8 @@ def _hc_split_sum_kernel(p_mix, p_rsqrt, p_flat, p_scale, p_base, p_x, p_post, p
     n_sinkhorn = tl.cdiv(T, BLOCK_T)
     if i_p < n_sinkhorn:
         o_t = (i_p * BLOCK_T + tl.arange(0, BLOCK_T)).to(tl.int64)
-        _sinkhorn_tokens(p_mix, p_rsqrt, p_scale, p_base, p_post, p_comb, o_t, o_t < T, stride_mix, eps, HC, ITERS)
+        _sinkhorn_tokens(p_mix, p_rsqrt, p_scale, p_base, p_post, p_comb, o_t, o_t < T, stride_mix, eps, HC, ITERS,
+                         EMULATE)
     else:
         i_t = ((i_p - n_sinkhorn) // N_D).to(tl.int64)
         i_d = (i_p - n_sinkhorn) % N_D
@@ -137,12 +140,11 @@ def hc_split_sum(mix: torch.Tensor, rsqrt: torch.Tensor, flat: torch.Tensor, sca
     if T:
         block = min(SUM_BLOCK_D, triton.next_power_of_2(d))
         n_d = triton.cdiv(d, block)
-        # One warp a program: a warp-wide reduction needs no barrier, which is what the Sinkhorn
-        # chain waits on (4 warps: 3.5 us at C = 1 on the H200, for 74 KB).
+        # One warp a program: 2 or 4 warps were no faster on the H200 (scripts/probe_hc_split_sum.py).
         _hc_split_sum_kernel[(triton.cdiv(T, SINKHORN_TOKENS) + T * n_d,)](
             p_mix=mix, p_rsqrt=rsqrt, p_flat=flat, p_scale=scale, p_base=base, p_x=x, p_post=post, p_comb=comb,
             T=T, stride_mix=mix.stride(0), stride_flat=flat.stride(0), stride_x=x.stride(0), eps=eps,
-            D=d, HC=hc, ITERS=iters, BLOCK_D=block, N_D=n_d, BLOCK_T=SINKHORN_TOKENS, num_warps=1,
+            D=d, HC=hc, ITERS=iters, BLOCK_D=block, N_D=n_d, BLOCK_T=SINKHORN_TOKENS, EMULATE=interpreted(), num_warps=1,
         )
     return x, post, comb
 

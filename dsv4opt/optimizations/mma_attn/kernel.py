@@ -317,11 +317,10 @@ def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles)
     return "triton"
 
 
-# The FP8 Gluon loop (kernel_gluon_fp8.py) compiles for sm_90a with Triton 3.6
-# (scripts/compile_mma_attn_gluon_sm90.py) but has not yet run on a GPU: it stays off until
-# scripts/probe_mma_attn_fp8_gluon.py passes its correctness table on the H200 and times it faster
-# than the block-level kernel. Then set this to True; the conditions below still apply.
-GLUON_FP8_ENABLED = False
+# The FP8 Gluon loop (kernel_gluon_fp8.py), on since scripts/probe_mma_attn_fp8_gluon.py passed its
+# 70-case correctness table on the H200 and timed it 1.3-1.4x faster than the block-level kernel
+# from B = 16 (commit d234bee, docs/kernels/mma_attn.md). False sends FP8 caches back to kernel.py.
+GLUON_FP8_ENABLED = True
 
 
 def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
