@@ -350,6 +350,7 @@ def test_fp8_engine_takes_the_gluon_loop_only_when_switched_on_and_it_applies(mo
     xidx = _FakeCudaTensor((64, 512), (512, 1), dtype=torch.int32)
     swa, extra = _fp8_caches()
     monkeypatch.setattr(kernel, "gluon_available", lambda: True)
+    monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", False)
     assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "triton"  # the switch is off
     monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", True)
     assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "gluon-fp8"
