@@ -90,8 +90,8 @@ def test_a_fake_that_lies_about_shape_fails_the_gate(torch_path, monkeypatch):
 
 
 def test_an_optimisations_slots_are_opaque_ops_in_the_graph(torch_path):
-    """bf16-gemm's and grouped-moe's kernels (their CPU paths here) enter the compiled blocks as slot
-    ops, not as code Dynamo would trace or break at, and the blocks still match eager."""
+    """bf16-gemm's, grouped-moe's and fuse-glue's kernels (their CPU paths here) enter the compiled
+    blocks as slot ops, not as code Dynamo would trace or break at, and the blocks still match eager."""
     from dsv4opt.optimizations.registry import implementations
 
     seen: set[str] = set()
@@ -101,10 +101,11 @@ def test_an_optimisations_slots_are_opaque_ops_in_the_graph(torch_path):
         return gm.forward
 
     settings = GateSettings(config="dsv4-tiny", concurrency=2, context=24, steps=1, layers=3, bf16_report=False)
-    others = implementations(["bf16-gemm", "grouped-moe"])
+    others = implementations(["bf16-gemm", "grouped-moe", "fuse-glue"])
     r = run_check(torch.device("cpu"), {**others, "regions": CompiledRegions(recording)}, settings)
     assert r.passed and r.figures["graph_breaks"] == 0, r.summary
-    assert {"dsv4opt.hc_premix_slot", "dsv4opt.indexer_logits_slot", "dsv4opt.routed_experts_slot"} <= seen, seen
+    assert {"dsv4opt.hc_premix_slot", "dsv4opt.indexer_logits_slot", "dsv4opt.routed_experts_slot",
+            "dsv4opt.hc_split_sum_slot", "dsv4opt.moe_local_slot"} <= seen, seen
 
 
 @pytest.fixture
@@ -216,7 +217,8 @@ def test_compiled_blocks_replay_in_a_cuda_graph():
 
 @needs_cuda
 @pytest.mark.slow
-@pytest.mark.parametrize("others", [(), ("mma-attn", "bf16-gemm", "grouped-moe")], ids=["baseline", "with-the-others"])
+@pytest.mark.parametrize("others", [(), ("mma-attn", "bf16-gemm", "grouped-moe"), ("mma-attn", "bf16-gemm", "grouped-moe", "fuse-glue")],
+                         ids=["baseline", "with-the-others", "with-fuse-glue-too"])
 def test_the_gate_passes_on_the_gpu(others):
     from dsv4opt.optimizations.torch_compile import check
 
