@@ -67,8 +67,16 @@ def row(c: int, label: str, before: Profile | None, after: Profile, names) -> st
     if before is None:
         return f"| {c} | {label} | {tps:.2f} | {ms:.1f} | {launches:.0f} | - | - | {after.meta.get('commit')} |"
     gain = tps / before.throughput["tokens_per_s"]
-    return (f"| {c} | {label} | {tps:.2f} | {ms:.1f} | {launches:.0f} | {gain:.3f}x | {bound(before, names)} | "
-            f"{after.meta.get('commit')} |")
+    return (f"| {c} | {label} | {tps:.2f} | {ms:.1f} | {launches:.0f} | {gain:.3f}x{mixed(before, after)} | "
+            f"{bound(before, names)} | {after.meta.get('commit')} |")
+
+
+MIXED_NOTE = ("* profiled at another commit than the profile before it: the gain also holds whatever else "
+              "changed between the two commits.")
+
+
+def mixed(before: Profile, after: Profile) -> str:
+    return "*" if before.meta.get("commit") != after.meta.get("commit") else ""
 
 
 def table(concurrencies=(1, 32, 64)) -> list[str]:
@@ -113,7 +121,7 @@ def glue_outcomes(concurrencies=(1, 32, 64)) -> list[str]:
             step_saved = before.throughput["ms_per_step"] - after.throughput["ms_per_step"]
             lines.append(f"| {c} | {label.removeprefix('+ ')} | {o.launches_per_step_after:.0f} | {o.glue_us_per_step_after / 1e3:.2f} | "
                          f"{o.measured_saving_us_per_step / 1e3:.2f} | {o.predicted_saving_us_per_step / 1e3:.2f} | "
-                         f"{o.of_prediction:.1%} | {step_saved:.2f} |")
+                         f"{o.of_prediction:.1%}{mixed(before, after)} | {step_saved:.2f} |")
     return lines
 
 
@@ -168,6 +176,8 @@ def main() -> None:
     print("\n".join(table()))
     print()
     print("\n".join(glue_outcomes()))
+    print()
+    print(MIXED_NOTE)
     if args.chart:
         chart(args.chart)
 
