@@ -6,6 +6,7 @@ does it for every command, so typer's test runner sees exactly what a user sees.
 
 from __future__ import annotations
 
+import gc
 from enum import Enum
 
 import typer
@@ -95,5 +96,25 @@ from dsv4opt.cli import loop as _loop  # noqa: E402,F401
 from dsv4opt.cli import sglang as _sglang  # noqa: E402,F401
 
 
+# True once main() runs: this process is one command and ends with it.
+_one_shot = False
+
+
+def settle_imports() -> None:
+    """Called by a command once its heavy imports are done. In a one-command process everything
+    imported so far lives until exit, so it is moved out of the cyclic collector's reach: the
+    collector stops rescanning pandas' and numpy's objects during the work and at exit. Not in a
+    long-lived caller (tests, notebooks), where freezing would keep its garbage cycles forever."""
+    if _one_shot:
+        gc.freeze()
+
+
 def main() -> None:
-    app()
+    global _one_shot
+    _one_shot = True
+    try:
+        app()
+    finally:
+        # Interpreter shutdown runs the cyclic collector over every tracked object (about 0.06 s
+        # with pandas loaded); frozen, they are skipped by it, and the exit reclaims them all the same.
+        gc.freeze()
