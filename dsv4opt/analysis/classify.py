@@ -11,11 +11,13 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
 import pandas as pd
 
 from dsv4opt.analysis.categories import (
     ATTENTION, COMMUNICATION, COPY, ELEMENTWISE, GEMM_FP32_SIMT, GEMM_TC, MOE, OTHER, REDUCTION, TOPK_SORT,
 )
+from dsv4opt.analysis.codes import factorize_names
 from dsv4opt.analysis.names import demangle
 
 
@@ -108,10 +110,10 @@ def classify(name: str) -> str:
 
 
 def classify_names(names: pd.Series) -> pd.Series:
-    """Vectorised over distinct names: [N] names -> [N] categories."""
-    distinct = pd.unique(names)
-    mapping = {n: classify(n) for n in distinct}
-    return names.map(mapping)
+    """Vectorised over distinct names: [N] names (strings or a categorical) -> [N] categories."""
+    codes, distinct = factorize_names(names)
+    return pd.Series(np.array([classify(n) for n in distinct], dtype=object)[codes], index=names.index,
+                     name=names.name)
 
 
 def _searchable(name: str) -> str:
