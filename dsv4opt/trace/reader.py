@@ -131,13 +131,14 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
     def on_events(events: list[Event]) -> None:
         first = counts["events"]
         counts["events"] += len(events)
-        for index, e in enumerate(events, first):
+        for e in events:
             ph = e.ph
             if ph == "X":
                 cat, ts, dur = e.cat, e.ts, e.dur
                 if cat in _GPU:
                     name = e.name
                     if not isinstance(name, str) or type(ts) not in _NUMBER or type(dur) not in _NUMBER or dur < 0:
+                        index = first + next(i for i, x in enumerate(events) if x is e)
                         raise TraceError(
                             f"{path}: event #{index} ({cat}) is corrupt: needs a string name and numeric "
                             f"ts and dur >= 0, got name={str(name)[:40]!r} ts={ts!r} dur={dur!r}"

@@ -79,6 +79,18 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, case):
     assert "\n" not in msg and str(p) in msg and words in msg
 
 
+@pytest.mark.parametrize("at", [0, 1, 150, 199])
+def test_a_corrupt_event_is_named_by_its_place_in_the_file(tmp_path, monkeypatch, at):
+    from dsv4opt.trace import stream
+
+    monkeypatch.setattr(stream, "CHUNK_CHARS", 500)  # the events arrive in many runs
+    events = [dict(EVENT, ts=float(i)) for i in range(200)]
+    events[at] = dict(EVENT, dur=-1.0)
+    p = _write(tmp_path, "t.json", json.dumps({"traceEvents": events}))
+    with pytest.raises(TraceError, match=rf"event #{at} \(kernel\) is corrupt"):
+        read_trace(p)
+
+
 def test_truncated_gzip(tmp_path):
     data = gzip.compress(json.dumps({"traceEvents": [EVENT] * 2000}).encode())
     p = _write(tmp_path, "t.json.gz", data[: len(data) // 2])
