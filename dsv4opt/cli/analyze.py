@@ -26,12 +26,12 @@ def analyze(
       dsv4opt analyze traces/ --json profile.json   # per-rank files of one run
       dsv4opt analyze graph.json.gz --capture eager.json.gz
     """
-    from dsv4opt.analysis import analyze_paths
-    from dsv4opt.cli import settle_imports
-    from dsv4opt.fileio import check_new_file
-    from dsv4opt.report.tables import print_profile
+    from dsv4opt.cli import heavy_imports
 
-    settle_imports()
+    with heavy_imports():
+        from dsv4opt.analysis import analyze_paths
+        from dsv4opt.fileio import check_new_file
+        from dsv4opt.report.tables import print_profile
     check_new_file(json_out, force, "--json")
     profile = analyze_paths(traces, capture=capture)
     print_profile(profile, top=top, console=console)

@@ -22,7 +22,8 @@ try:
     main()
 except SystemExit:
     pass
-print(json.dumps({"frozen": gc.get_freeze_count(), "modules": sorted({m.split(".")[0] for m in sys.modules})}))
+print(json.dumps({"frozen": gc.get_freeze_count(), "collecting": gc.isenabled(),
+                  "modules": sorted({m.split(".")[0] for m in sys.modules})}))
 """
 
 
@@ -45,7 +46,7 @@ def test_analyze_process_imports_nothing_unused_and_freezes(tmp_path):
     report = json.loads(r.stdout.splitlines()[-1])
     assert json.loads(out.read_text())["gpu_time_us"] == 2.5
     assert not set(report["modules"]) & set(UNUSED)
-    assert report["frozen"] > 0
+    assert report["frozen"] > 0 and report["collecting"]
 
 
 def test_analyze_in_process_freezes_nothing(tmp_path):
@@ -54,4 +55,4 @@ def test_analyze_in_process_freezes_nothing(tmp_path):
     before = gc.get_freeze_count()
     r = CliRunner().invoke(app, ["analyze", str(t)])
     assert r.exit_code == 0, r.output
-    assert gc.get_freeze_count() == before
+    assert gc.get_freeze_count() == before and gc.isenabled()
