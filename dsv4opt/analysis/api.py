@@ -62,7 +62,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
         if trace.device and trace.device not in devices:
             devices.append(trace.device)
         if not trace.kernels.empty:
-            all_kernels.append(trace.kernels[["name", "dur_us"]].assign(name=trace.kernels["name"].astype(object)))
+            all_kernels.append(trace.kernels[["name", "dur_us"]])  # names of several ranks concatenate as strings
         for name, att in result["attribution"].items():
             attributions.setdefault(name, att)
         if step_info is None and result["steps"] is not None:
