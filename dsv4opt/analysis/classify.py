@@ -99,14 +99,34 @@ RULES: tuple[Rule, ...] = (
 _COMPILED = tuple((re.compile(r.pattern, re.IGNORECASE), r.category) for r in RULES)
 
 
+def _lowercase_only(pattern: str) -> bool:
+    """Whether the pattern spells every letter it matches in lower case: no upper-case letter
+    outside an escape, no escape naming a character by number, no inline flags."""
+    escapes = re.findall(r"\\.", pattern)
+    bare = re.sub(r"\\.", "", pattern)
+    return not re.search(r"[A-Z]|\(\?[aiLmsux-]", bare) and not any(e[1] in "xuUN0123456789" for e in escapes)
+
+
+# For ASCII text, matching its lower-case copy case-sensitively is what IGNORECASE does, and about
+# four times faster over long demangled names (a rule written otherwise keeps IGNORECASE).
+_LOWER = tuple(re.compile(r.pattern) if _lowercase_only(r.pattern) else None for r in RULES)
+
+
+def _first_rule(text: str) -> int | None:
+    """Index in RULES of the first rule matching the text, None when none does."""
+    lowered = text.lower() if text.isascii() else None
+    for i, (pattern, _) in enumerate(_COMPILED):
+        fast = _LOWER[i]
+        if fast.search(lowered) if fast is not None and lowered is not None else pattern.search(text):
+            return i
+    return None
+
+
 @lru_cache(maxsize=65536)
 def classify(name: str) -> str:
     """Category of one kernel name (mangled or not); `other` when no rule matches."""
-    text = _searchable(name)
-    for pattern, category in _COMPILED:
-        if pattern.search(text):
-            return category
-    return OTHER
+    i = _first_rule(_searchable(name))
+    return OTHER if i is None else RULES[i].category
 
 
 def classify_names(names: pd.Series) -> pd.Series:
@@ -124,11 +144,8 @@ def _searchable(name: str) -> str:
 
 
 def matching_rule(name: str) -> Rule | None:
-    text = _searchable(name)
-    for rule, (pattern, _) in zip(RULES, _COMPILED):
-        if pattern.search(text):
-            return rule
-    return None
+    i = _first_rule(_searchable(name))
+    return None if i is None else RULES[i]
 
 
 # CPU operators (aten names, matched whole: `aten::add` and its in-place `aten::add_`), used when a

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import math
 
-import msgspec
 import numpy as np
 import pandas as pd
 
 from dsv4opt.analysis.categories import GEMM_TC
-from dsv4opt.analysis.codes import factorize_names
+from dsv4opt.analysis.codes import factorize_names, factorize_rows
 from dsv4opt.analysis.devices import BF16, FP8, FP32, TF32, DevicePeak
 from dsv4opt.trace.reader import OpShapes
 
@@ -148,10 +147,12 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
     calls = pd.unique(rows)
     names = cpu_ops["name"].astype(object).to_numpy()[calls]
     shapes = cpu_ops["shapes"].to_numpy()[calls]
-    # Calls with the same operator and shapes share one model evaluation.
-    key = [msgspec.json.encode((n, s)) for n, s in zip(names, shapes)]
-    cache: dict[bytes, tuple | None] = {}
-    models = [cache[k] if k in cache else cache.setdefault(k, op_model(n, s)) for k, n, s in zip(key, names, shapes)]
+    # Calls with the same operator and shapes share one model evaluation. A trace holds one object
+    # per distinct recorded shape, so the object stands for its content (two traces' equal shapes
+    # are only evaluated twice).
+    key = factorize_rows(pd.factorize(names)[0], np.fromiter(map(id, shapes), np.int64, len(shapes)))
+    per_key = [op_model(names[i], shapes[i]) for i in np.unique(key, return_index=True)[1]]
+    models = [per_key[k] for k in key]
     has = np.array([m is not None for m in models], bool)
     if not has.any():
         return empty
