@@ -140,6 +140,22 @@ def test_runs_cut_at_false_boundaries_still_read_every_event(tmp_path, monkeypat
     assert len(shapes) == 60 and all(s.dims == [[4, 8], [8, 16]] and s.types == ["float", "float"] for s in shapes)
 
 
+@pytest.mark.parametrize("layout", [{}, {"indent": 2}, {"separators": (",", ":")}], ids=["default", "indented", "compact"])
+@pytest.mark.parametrize("chunk", [64, 1 << 22], ids=["tiny-window", "default-window"])
+def test_recorded_shapes_whatever_the_layout(tmp_path, monkeypatch, layout, chunk):
+    from dsv4opt.trace import stream
+
+    monkeypatch.setattr(stream, "CHUNK_CHARS", chunk)
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 3, "dur": 4,
+          "args": {"Input Dims": [[4, 8], [8, 16]], "Input type": ["float", "c10::BFloat16"], "Concrete Inputs": ["", "µ"]}}
+    bare = dict(op, args={"Input Dims": [[4, 8], [8, 16]]})
+    events = [dict(e, ts=float(i)) for i in range(20) for e in (op, bare, dict(op, name="aten::add"))]
+    p = _write(tmp_path, "t.json", json.dumps({"traceEvents": events}, **layout))
+    shapes = read_trace(p, shapes_of=frozenset({"aten::mm"})).cpu_ops["shapes"].tolist()
+    assert shapes[0::3] == [([[4, 8], [8, 16]], ["float", "c10::BFloat16"], ["", "µ"])] * 20
+    assert shapes[1::3] == [([[4, 8], [8, 16]], [], [])] * 20 and shapes[2::3] == [None] * 20
+
+
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces absent")
 def test_recorded_shapes_as_in_the_file():
     path = SHARED_TRACES / "tracelens_h100_qwen1.5_0.5b.json.gz"
