@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
 import pandas as pd
@@ -96,7 +96,10 @@ RULES: tuple[Rule, ...] = (
          "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)"),
 )
 
-_COMPILED = tuple((re.compile(r.pattern, re.IGNORECASE), r.category) for r in RULES)
+@cache
+def _ignoring_case() -> tuple[re.Pattern, ...]:
+    """RULES compiled with IGNORECASE, on first use: ASCII names seldom need them (_LOWER)."""
+    return tuple(re.compile(r.pattern, re.IGNORECASE) for r in RULES)
 
 
 def _lowercase_only(pattern: str) -> bool:
@@ -115,9 +118,8 @@ _LOWER = tuple(re.compile(r.pattern) if _lowercase_only(r.pattern) else None for
 def _first_rule(text: str) -> int | None:
     """Index in RULES of the first rule matching the text, None when none does."""
     lowered = text.lower() if text.isascii() else None
-    for i, (pattern, _) in enumerate(_COMPILED):
-        fast = _LOWER[i]
-        if fast.search(lowered) if fast is not None and lowered is not None else pattern.search(text):
+    for i, fast in enumerate(_LOWER):
+        if fast.search(lowered) if fast is not None and lowered is not None else _ignoring_case()[i].search(text):
             return i
     return None
 
@@ -198,13 +200,16 @@ CPU_RULES: tuple[Rule, ...] = (
          "views and scalar reads: no data computed, only dispatch overhead; named here so the fall-through stays small"),
 )
 
-_CPU_COMPILED = tuple((re.compile(r.pattern), r.category) for r in CPU_RULES)
+@cache
+def _cpu_compiled() -> tuple[tuple[re.Pattern, str], ...]:
+    """CPU_RULES compiled on first use: only traces without GPU events need them."""
+    return tuple((re.compile(r.pattern), r.category) for r in CPU_RULES)
 
 
 @lru_cache(maxsize=8192)
 def classify_cpu_op(name: str) -> str:
     """Category of one CPU operator name (`aten::mm`); `other` when no CPU rule matches."""
-    for pattern, category in _CPU_COMPILED:
+    for pattern, category in _cpu_compiled():
         if pattern.search(name):
             return category
     return OTHER
