@@ -2,9 +2,10 @@
 
 Only this package turns a DsvOptError into a red one-line message and exit code 1; the group below
 does it for every command, so typer's test runner sees exactly what a user sees.
-"""
 
-from __future__ import annotations
+Its modules do without `from __future__ import annotations`: typer builds every command on each run
+and would evaluate their annotations from strings, twice each (10 ms of every command).
+"""
 
 import gc
 from contextlib import contextmanager

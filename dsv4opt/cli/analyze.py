@@ -1,7 +1,5 @@
 """`dsv4opt analyze` and `dsv4opt compare`: thin commands over dsv4opt.analysis."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Optional
 
