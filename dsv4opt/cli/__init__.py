@@ -8,6 +8,8 @@ and would evaluate their annotations from strings, twice each (10 ms of every co
 """
 
 import gc
+import os
+import sys
 from contextlib import contextmanager
 from enum import Enum
 
@@ -103,12 +105,14 @@ _one_shot = False
 
 
 @contextmanager
-def heavy_imports():
+def heavy_imports(uses_blas: bool = True):
     """Wraps a command's imports of pandas and the like. In a one-command process everything
     imported lives until exit, so the cyclic collector is kept off while they load (importing
     pandas runs it ~150 times) and what they built is then moved out of its reach: it stops
     rescanning pandas' and numpy's objects during the work, and interpreter shutdown skips them
-    (0.1 s of a 55 MB analyze); the exit reclaims them all the same.
+    (0.1 s of a 55 MB analyze); the exit reclaims them all the same. A command that makes no BLAS
+    call (uses_blas=False) loads numpy with one OpenBLAS thread, unless the user chose a number:
+    its worker threads spin for ~0.1 s of CPU after loading, taken from the work on a busy machine.
 
     Only for commands that load no extension with a leak check at exit (nanobind's, in triton,
     reports what shutdown did not free), and not in a long-lived caller (tests, notebooks), where
@@ -116,6 +120,8 @@ def heavy_imports():
     if not _one_shot:
         yield
         return
+    if not uses_blas and "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -26,7 +26,7 @@ def analyze(
     """
     from dsv4opt.cli import heavy_imports
 
-    with heavy_imports():
+    with heavy_imports(uses_blas=False):
         from dsv4opt.analysis import analyze_paths
         from dsv4opt.fileio import check_new_file
         from dsv4opt.report.tables import print_profile
