@@ -13,6 +13,7 @@ import pandas as pd
 from dsv4opt.analysis import (attribute, cpu_ops, efficiency, figures, glue, launch_sites, one_run, parts, rank,
                               rank_balance, steps)
 from dsv4opt.analysis.classify import classify_names
+from dsv4opt.analysis.codes import factorize_names, factorize_rows
 from dsv4opt.analysis.names import short_name
 from dsv4opt.analysis.profile import CaptureMatch, CategoryRow, KernelRow, PartRow, Profile, RankRow, is_profile_file
 from dsv4opt.analysis.sweep import SWEEP_SCHEMA, summary_rows
@@ -61,7 +62,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
         if trace.device and trace.device not in devices:
             devices.append(trace.device)
         if not trace.kernels.empty:
-            all_kernels.append(trace.kernels[["name", "dur_us"]].assign(name=trace.kernels["name"].astype(object)))
+            all_kernels.append(trace.kernels[["name", "dur_us"]])  # names of several ranks concatenate as strings
         for name, att in result["attribution"].items():
             attributions.setdefault(name, att)
         if step_info is None and result["steps"] is not None:
@@ -245,18 +246,16 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
 
 def _glue_sequence(k: pd.DataFrame, step_of: np.ndarray, part: np.ndarray | None, sites: pd.DataFrame) -> pd.DataFrame:
     """[GPU events] glue.SEQ_COLUMNS of one trace."""
-    names = k["name"].astype(object)
-    distinct = pd.unique(names)
-    short = dict(zip(distinct, (short_name(x) for x in distinct)))
-    eager = dict(zip(distinct, (launch_sites.is_eager_kernel(x) for x in distinct)))
-    stream = pd.factorize(pd.MultiIndex.from_arrays([k["pid"].to_numpy(), k["tid"].to_numpy()]))[0]
+    codes, distinct = factorize_names(k["name"])
+    short = np.array([short_name(x) for x in distinct], dtype=object)
+    eager = np.array([launch_sites.is_eager_kernel(x) for x in distinct], dtype=bool)
     return pd.DataFrame({
-        "stream": stream, "ts_us": k["ts_us"].to_numpy(), "dur_us": k["dur_us"].to_numpy(),
-        "category": classify_names(names).to_numpy(), "step": step_of,
+        "stream": factorize_rows(k["pid"].to_numpy(), k["tid"].to_numpy()), "ts_us": k["ts_us"].to_numpy(),
+        "dur_us": k["dur_us"].to_numpy(), "category": classify_names(k["name"]).to_numpy(), "step": step_of,
         "part": part if part is not None else np.full(len(k), None, object),
         "site": sites["site"].to_numpy(), "op": sites["op"].to_numpy(), "op_call": sites["op_call"].to_numpy(),
-        "frame_call": sites["frame_call"].to_numpy(), "name": names.map(short).to_numpy(),
-        "handwritten": ~names.map(eager).to_numpy(bool), "bytes": np.full(len(k), np.nan),
+        "frame_call": sites["frame_call"].to_numpy(), "name": short[codes],
+        "handwritten": ~eager[codes], "bytes": np.full(len(k), np.nan),
     })
 
 

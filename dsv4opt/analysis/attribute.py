@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dsv4opt.analysis.codes import factorize_names
 from dsv4opt.analysis.intervals import Intervals
 from dsv4opt.trace.model import Trace
 
@@ -45,23 +46,23 @@ def launch_info(trace: Trace) -> pd.DataFrame:
     pos = la.index.get_indexer(k["correlation"].to_numpy())
     found = pos >= 0
     p = pos[found]
-    out.loc[found, "launch_ts_us"] = la["ts_us"].to_numpy()[p]
-    out.loc[found, "launch_pid"] = la["pid"].to_numpy()[p]
-    out.loc[found, "launch_tid"] = la["tid"].to_numpy()[p]
-    names = la["name"].astype(object).to_numpy()[p]
-    out.loc[found, "launch_name"] = names
-    graph = np.array([bool(_GRAPH_LAUNCH.search(x)) for x in names], bool)
-    via = np.zeros(n, bool)
+    cols = {c: out[c].to_numpy().copy() for c in out}
+    cols["launch_ts_us"][found] = la["ts_us"].to_numpy()[p]
+    cols["launch_pid"][found] = la["pid"].to_numpy()[p]
+    cols["launch_tid"][found] = la["tid"].to_numpy()[p]
+    codes, distinct = factorize_names(la["name"])
+    cols["launch_name"] = np.full(n, "", object)
+    cols["launch_name"][found] = distinct[codes[p]]
+    graph = np.array([bool(_GRAPH_LAUNCH.search(x)) for x in distinct], bool)[codes[p]]
+    via = cols["via_graph"]
     via[np.flatnonzero(found)[graph]] = True
-    out["via_graph"] = via
-    ext = out["external_id"].to_numpy().copy()
+    ext = cols["external_id"]
     launch_ext = la["external_id"].to_numpy()[p]
     fill = found & (ext < 0)
     ext[fill] = launch_ext[fill[found]]
     # A graph launch's External id names the replay call, not the operator that built the kernel.
     ext[via] = -1
-    out["external_id"] = ext
-    return out
+    return pd.DataFrame(cols)
 
 
 def frame_location(name: str) -> str:
@@ -107,12 +108,10 @@ class Attributor:
         self._frames = None
         f = trace.frames
         if not f.empty:
-            names = f["name"].astype(object).to_numpy()
-            distinct = pd.unique(names)
-            user_map = dict(zip(distinct, (is_user_frame(x) for x in distinct)))
-            keep = np.fromiter((user_map[x] for x in names), bool, len(names))
+            codes, distinct = factorize_names(f["name"])
+            keep = np.array([is_user_frame(x) for x in distinct], dtype=bool)[codes]
             if keep.any():
-                self._frames = _Ranges.of(f[keep], names[keep])
+                self._frames = _Ranges.of(f[keep], distinct[codes[keep]])
 
     def operator_rows(self, external_id: np.ndarray, pid: np.ndarray | None = None, tid: np.ndarray | None = None,
                       ts_us: np.ndarray | None = None) -> np.ndarray:
@@ -384,9 +383,12 @@ def attribute_top(kernels: pd.DataFrame, launches: pd.DataFrame, names: list[str
     match are attributed to the graph replay itself, never guessed."""
     if kernels.empty:
         return {}
-    kname = kernels["name"].astype(object).to_numpy()
-    rows = np.flatnonzero(pd.Series(kname).isin(names).to_numpy())
-    groups = pd.Series(rows).groupby(kname[rows], sort=False).indices
+    codes, distinct = factorize_names(kernels["name"])
+    kname = distinct[codes]
+    wanted = set(names)
+    rows = np.flatnonzero(np.array([x in wanted for x in distinct], dtype=bool)[codes])
+    # By code, which counts up in order of first appearance as the names would group.
+    groups = {distinct[c]: pos for c, pos in pd.Series(rows).groupby(codes[rows], sort=False).indices.items()}
     via = launches["via_graph"].to_numpy()
     sample = np.concatenate([rows[pos[np.linspace(0, len(pos) - 1, min(len(pos), SAMPLES_PER_KERNEL)).astype(int)]]
                              for pos in groups.values()]) if groups else np.zeros(0, np.int64)
@@ -430,10 +432,13 @@ def attribute_top(kernels: pd.DataFrame, launches: pd.DataFrame, names: list[str
 
 def _most_common(keys: np.ndarray, values: np.ndarray) -> dict:
     """key -> its most frequent non-empty value; ties go to the value met first."""
-    known = np.array([v is not None and v != "" for v in values], bool) if len(values) else np.zeros(0, bool)
-    if not known.any():
-        return {}
-    frame = pd.DataFrame({"key": keys[known], "value": values[known], "first": np.arange(int(known.sum()))})
-    g = frame.groupby(["key", "value"], sort=False).agg(n=("first", "size"), first=("first", "min")).reset_index()
-    g = g.sort_values(["n", "first"], ascending=[False, True], kind="mergesort").drop_duplicates("key")
-    return dict(zip(g["key"], g["value"]))
+    # A plain count: the samples are a few hundred, where a pandas group-by costs more to set up.
+    seen: dict[tuple, list[int]] = {}  # (key, value) -> [count, first position]
+    for i, (k, v) in enumerate(zip(keys.tolist(), values.tolist())):
+        if v is not None and v != "":
+            seen.setdefault((k, v), [0, i])[0] += 1
+    best: dict = {}
+    for (k, v), (n, first) in seen.items():
+        if k not in best or (n, -first) > best[k][:2]:
+            best[k] = (n, -first, v)
+    return {k: v for k, (_, _, v) in best.items()}

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 
-import msgspec
 import numpy as np
 import pandas as pd
 
 from dsv4opt.analysis.categories import GEMM_TC
+from dsv4opt.analysis.codes import factorize_names, factorize_rows
 from dsv4opt.analysis.devices import BF16, FP8, FP32, TF32, DevicePeak
 from dsv4opt.trace.reader import OpShapes
 
@@ -147,10 +147,12 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
     calls = pd.unique(rows)
     names = cpu_ops["name"].astype(object).to_numpy()[calls]
     shapes = cpu_ops["shapes"].to_numpy()[calls]
-    # Calls with the same operator and shapes share one model evaluation.
-    key = [msgspec.json.encode((n, s)) for n, s in zip(names, shapes)]
-    cache: dict[bytes, tuple | None] = {}
-    models = [cache[k] if k in cache else cache.setdefault(k, op_model(n, s)) for k, n, s in zip(key, names, shapes)]
+    # Calls with the same operator and shapes share one model evaluation. A trace holds one object
+    # per distinct recorded shape, so the object stands for its content (two traces' equal shapes
+    # are only evaluated twice).
+    key = factorize_rows(pd.factorize(names)[0], np.fromiter(map(id, shapes), np.int64, len(shapes)))
+    per_key = [op_model(names[i], shapes[i]) for i in np.unique(key, return_index=True)[1]]
+    models = [per_key[k] for k in key]
     has = np.array([m is not None for m in models], bool)
     if not has.any():
         return empty
@@ -174,7 +176,8 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
     peak_tflops = np.array([(peak.tflops_for(x) if peak is not None and x is not None else None) or np.nan for x in kind], float)
     at_peak_us = flop / (peak_tflops * 1e6)
     bw_us = nbytes / (peak.hbm_gbps * 1e3) if peak is not None else np.full(len(sel), np.nan)
-    frame = pd.DataFrame({"name": kernels["name"].astype(object).to_numpy()[sel], "op": call_op.reindex(rows).to_numpy(),
+    codes, distinct = factorize_names(kernels["name"])
+    frame = pd.DataFrame({"name": codes[sel], "op": call_op.reindex(rows).to_numpy(),
                           "dur": dur, "flop": flop, "bytes": nbytes, "at_peak": at_peak_us, "bw": bw_us,
                           "rated": np.where(np.isfinite(at_peak_us), dur, 0.0)})
     g = frame.groupby("name", sort=False)
@@ -191,6 +194,7 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
     ops = frame.groupby(["name", "op"], sort=False).size().reset_index(name="n")
     ops = ops.sort_values("n", ascending=False, kind="mergesort").drop_duplicates("name").set_index("name")["op"]
     out["op"] = ops.reindex(out.index)
+    out.index = pd.Index(distinct[out.index.to_numpy()], name="name")
     return rates(out.reset_index())
 
 

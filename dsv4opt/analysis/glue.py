@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from dsv4opt.analysis.categories import ATTENTION, COMMUNICATION, GEMM_FP32_SIMT, GEMM_TC, GLUE, MOE
+from dsv4opt.analysis.codes import factorize_rows
 from dsv4opt.analysis.profile import GlueRegionRow, GlueRegions
 from dsv4opt.analysis.rank import records
 
@@ -87,7 +88,7 @@ def assign_regions(seq: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     part = pd.Series(s["part"].to_numpy(), dtype=object).fillna("").to_numpy()
     heavy = np.isin(cat, HEAVY)
     glue = np.isin(cat, GLUE) & (step >= 0)
-    segment = pd.factorize(pd.MultiIndex.from_arrays([stream, step]))[0]
+    segment = factorize_rows(stream, step)
     inside = _in_heavy_calls(heavy, s["op_call"].to_numpy(np.int64), s["frame_call"].to_numpy(np.int64), segment)
     member = glue & ~inside
     same_as_prev = np.zeros(n, bool)

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from dsv4opt.analysis import attribute
+from dsv4opt.analysis.codes import factorize_rows
 from dsv4opt.analysis.names import demangle
 from dsv4opt.trace.model import Trace
 
@@ -46,7 +47,7 @@ def launch_sites(trace: Trace, launches: pd.DataFrame, attributor: attribute.Att
         where = dict(zip(distinct, (attribute.frame_site(str(x)) for x in distinct)))
         site[rows] = [where[x] for x in frame[found]]
         # One number per call of a frame: its thread and start, in order of first launch.
-        frame_call[rows] = pd.MultiIndex.from_arrays([lpid[rows], ltid[rows], start[found]]).factorize()[0]
+        frame_call[rows] = factorize_rows(lpid[rows], ltid[rows], start[found])
     return pd.DataFrame({"site": site, "op": op, "op_call": np.where(~via & (ext >= 0), ext, -1).astype(np.int64),
                          "frame_call": frame_call})
 

@@ -9,6 +9,7 @@ import pandas as pd
 
 from dsv4opt.analysis.categories import CATEGORIES
 from dsv4opt.analysis.classify import classify_names
+from dsv4opt.analysis.codes import factorize_names
 from dsv4opt.analysis.names import short_name
 
 KERNEL_COLUMNS = ["name", "short_name", "category", "count", "total_us", "mean_us", "share"]
@@ -24,9 +25,9 @@ def kernel_table(kernels: pd.DataFrame, total_us: float | None = None) -> pd.Dat
     """[events] name, dur_us -> [distinct names] KERNEL_COLUMNS, sorted by total_us descending."""
     if kernels.empty:
         return pd.DataFrame({c: pd.Series(dtype=object if c in ("name", "short_name", "category") else float) for c in KERNEL_COLUMNS})
-    names = kernels["name"].astype(object)
-    g = pd.DataFrame({"name": names, "dur_us": kernels["dur_us"].to_numpy()}).groupby("name", sort=False)["dur_us"]
-    out = pd.DataFrame({"count": g.size(), "total_us": g.sum()}).reset_index()
+    codes, distinct = factorize_names(kernels["name"])
+    g = pd.Series(kernels["dur_us"].to_numpy()).groupby(codes)  # codes count up in order of first appearance
+    out = pd.DataFrame({"name": pd.Series(distinct), "count": g.size().to_numpy(), "total_us": g.sum().to_numpy()})
     total = total_gpu_us(kernels) if total_us is None else total_us
     out["mean_us"] = out["total_us"] / out["count"]
     out["share"] = out["total_us"] / total if total > 0 else 0.0

@@ -69,7 +69,7 @@ def _work_intervals(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     k = trace.kernels
     if not k.empty:
         start = k["ts_us"].to_numpy(np.float64)
-        comm = (classify_names(k["name"].astype(object)) == COMMUNICATION).to_numpy()
+        comm = (classify_names(k["name"]) == COMMUNICATION).to_numpy()
         return start, start + k["dur_us"].to_numpy(np.float64), comm
     ops = _top_level(trace.cpu_ops)
     ann = trace.annotations

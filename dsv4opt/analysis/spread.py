@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dsv4opt.analysis.codes import factorize_names
+
 SPREAD_COLUMNS = ["name", "min_us", "median_us", "p90_us", "max_us", "std_us"]
 
 
@@ -15,13 +17,14 @@ def kernel_spread(kernels: pd.DataFrame) -> pd.DataFrame:
     launch), in order of first appearance."""
     if kernels.empty:
         return pd.DataFrame({c: pd.Series(dtype=object if c == "name" else float) for c in SPREAD_COLUMNS})
-    frame = pd.DataFrame({"name": kernels["name"].astype(object).to_numpy(), "dur": kernels["dur_us"].to_numpy(np.float64)})
-    g = frame.groupby("name", sort=False)["dur"]
+    codes, distinct = factorize_names(kernels["name"])
+    g = pd.Series(kernels["dur_us"].to_numpy(np.float64)).groupby(codes)  # codes count up in order of first appearance
     out = pd.DataFrame({
-        "min_us": g.min(),
-        "median_us": g.median(),
-        "p90_us": g.quantile(0.9),
-        "max_us": g.max(),
-        "std_us": g.std(ddof=0),
-    }).reset_index()
+        "name": distinct,
+        "min_us": g.min().to_numpy(),
+        "median_us": g.median().to_numpy(),
+        "p90_us": g.quantile(0.9).to_numpy(),
+        "max_us": g.max().to_numpy(),
+        "std_us": g.std(ddof=0).to_numpy(),
+    })
     return out[SPREAD_COLUMNS]

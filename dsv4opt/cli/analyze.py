@@ -1,7 +1,5 @@
 """`dsv4opt analyze` and `dsv4opt compare`: thin commands over dsv4opt.analysis."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -26,10 +24,12 @@ def analyze(
       dsv4opt analyze traces/ --json profile.json   # per-rank files of one run
       dsv4opt analyze graph.json.gz --capture eager.json.gz
     """
-    from dsv4opt.analysis import analyze_paths
-    from dsv4opt.fileio import check_new_file
-    from dsv4opt.report.tables import print_profile
+    from dsv4opt.cli import heavy_imports
 
+    with heavy_imports(uses_blas=False):
+        from dsv4opt.analysis import analyze_paths
+        from dsv4opt.fileio import check_new_file
+        from dsv4opt.report.tables import print_profile
     check_new_file(json_out, force, "--json")
     profile = analyze_paths(traces, capture=capture)
     print_profile(profile, top=top, console=console)

@@ -1,7 +1,5 @@
 """`dsv4opt bench NAME`: an optimisation's micro-benchmark (check first, then timing)."""
 
-from __future__ import annotations
-
 import importlib
 import inspect
 from pathlib import Path

@@ -1,7 +1,5 @@
 """`dsv4opt glue`: the glue regions of a profile or trace, ranked by what fusing them would save."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Optional
 

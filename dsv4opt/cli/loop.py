@@ -1,7 +1,5 @@
 """The closed loop: list, apply, revert, status, recommend, sweep, report."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Optional
 

@@ -1,7 +1,5 @@
 """`dsv4opt profile`: capture steady-state decode and save a profile."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated, Optional
 

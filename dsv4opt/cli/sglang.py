@@ -1,7 +1,5 @@
 """`dsv4opt sglang-switches NAME`: the SGLang env + launch flags that apply an optimisation there."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

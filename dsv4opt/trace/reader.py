@@ -118,10 +118,9 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
     f_ts, f_dur, f_pid, f_tid, f_name = binder(frames)
     o_ts, o_dur, o_pid, o_tid, o_name, o_ext = binder(cpu_ops, ("external_id",))
     o_shape = cpu_ops.ints["shape_code"].append
-    # Recorded shapes, each distinct one kept once as its encoded text: most calls repeat a few
-    # shapes, and holding every call's nested lists would cost more than reading them.
+    # Recorded shapes, each distinct one kept once as its JSON text: most calls repeat a few shapes,
+    # and holding every call's nested lists would cost more than reading them.
     shape_codes = _Codes()
-    encode = msgspec.json.encode
     l_ts, l_dur, l_pid, l_tid, l_name, l_corr, l_ext, l_kernel = binder(launches, ("correlation", "external_id"), ("kernel",))
     a_ts, a_dur, a_pid, a_tid, a_name, a_gpu = binder(annotations, ("on_gpu",))
     fl_ts, fl_pid, fl_tid, fl_id = (flows.floats["ts_us"].append, flows.ints["pid"].append,
@@ -131,13 +130,14 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
     def on_events(events: list[Event]) -> None:
         first = counts["events"]
         counts["events"] += len(events)
-        for index, e in enumerate(events, first):
+        for e in events:
             ph = e.ph
             if ph == "X":
                 cat, ts, dur = e.cat, e.ts, e.dur
                 if cat in _GPU:
                     name = e.name
                     if not isinstance(name, str) or type(ts) not in _NUMBER or type(dur) not in _NUMBER or dur < 0:
+                        index = first + next(i for i, x in enumerate(events) if x is e)
                         raise TraceError(
                             f"{path}: event #{index} ({cat}) is corrupt: needs a string name and numeric "
                             f"ts and dur >= 0, got name={str(name)[:40]!r} ts={ts!r} dur={dur!r}"
@@ -158,9 +158,10 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
                     ext = args.external_id
                     o_ts(ts), o_dur(dur), o_pid(threads[e.pid]), o_tid(threads[e.tid]), o_name(intern[name])
                     o_ext(ext if type(ext) is int else -1)
-                    dims = args.input_dims
-                    o_shape(shape_codes[encode((dims, args.input_type, args.concrete_inputs))]
-                            if type(dims) is list and name in shapes_of else -1)
+                    if name in shapes_of and (dims := bytes(args.input_dims))[:1] == b"[":
+                        o_shape(shape_codes[(dims, bytes(args.input_type), bytes(args.concrete_inputs))])
+                    else:
+                        o_shape(-1)
                 elif cat in _LAUNCH:
                     args = e.args or no_args
                     corr, ext = args.correlation, args.external_id
@@ -195,7 +196,8 @@ def read_trace(path: str | Path, rank: int | None = None, shapes_of: frozenset[s
     vocab = intern.strings
     ops_table = cpu_ops.frame(vocab)
     distinct = np.empty(len(shape_codes) + 1, dtype=object)  # the last entry: no shapes recorded
-    distinct[:-1] = [OpShapes(d, t or [], c or []) for d, t, c in map(msgspec.json.decode, shape_codes)]
+    decode = msgspec.json.decode
+    distinct[:-1] = [OpShapes(decode(d), decode(t) or [], decode(c) or []) for d, t, c in shape_codes]
     ops_table["shapes"] = distinct[ops_table.pop("shape_code").to_numpy()]
     kernel_table = kernels.frame(vocab)
     _fill_correlation_from_flows(kernel_table, flows.frame(vocab))

@@ -34,17 +34,22 @@ _BOUNDARY = re.compile(r"\}[ \t\n\r]*,[ \t\n\r]*\{")
 _scan_once = json.JSONDecoder().scan_once
 
 
+_NULL = msgspec.Raw(b"null")
+
+
 class Args(msgspec.Struct):
-    """The `args` keys the reader uses; any other key is skipped unread."""
+    """The `args` keys the reader uses; any other key is skipped unread. An operator's recorded
+    shapes stay JSON text (decoded by the reader for the few operators it models: building every
+    call's nested lists was a sixth of the decoding)."""
 
     correlation: Any = None
     external_id: Any = msgspec.field(default=None, name="External id")
     device: Any = None
     kernel: Any = None
     name: Any = None
-    input_dims: Any = msgspec.field(default=None, name="Input Dims")
-    input_type: Any = msgspec.field(default=None, name="Input type")
-    concrete_inputs: Any = msgspec.field(default=None, name="Concrete Inputs")
+    input_dims: msgspec.Raw = msgspec.field(default=_NULL, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_NULL, name="Input type")
+    concrete_inputs: msgspec.Raw = msgspec.field(default=_NULL, name="Concrete Inputs")
 
 
 class Event(msgspec.Struct):
@@ -63,14 +68,20 @@ class Event(msgspec.Struct):
 
 _RUN = msgspec.json.Decoder(list[Event])
 _ARG_FIELDS = {f.encode_name: f.name for f in msgspec.structs.fields(Args)}
+_RAW_ARGS = frozenset(f.name for f in msgspec.structs.fields(Args) if f.type is msgspec.Raw)
 _EVENT_FIELDS = tuple(f.name for f in msgspec.structs.fields(Event) if f.name != "args")
 
 
 def event_of(d: dict) -> Event:
     """An Event from a decoded dict (the one-at-a-time path), `args` kept only when an object."""
     a = d.get("args")
-    args = Args(**{_ARG_FIELDS[k]: v for k, v in a.items() if k in _ARG_FIELDS}) if type(a) is dict else None
+    args = Args(**{_ARG_FIELDS[k]: _arg(_ARG_FIELDS[k], v) for k, v in a.items() if k in _ARG_FIELDS}) \
+        if type(a) is dict else None
     return Event(*(d.get(k) for k in _EVENT_FIELDS), args=args)
+
+
+def _arg(field: str, value: Any) -> Any:
+    return msgspec.Raw(msgspec.json.encode(value)) if field in _RAW_ARGS else value
 
 
 class _Window:

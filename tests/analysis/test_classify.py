@@ -1,7 +1,9 @@
+import re
+
 import pytest
 
 from dsv4opt.analysis.categories import CATEGORIES
-from dsv4opt.analysis.classify import RULES, classify, matching_rule
+from dsv4opt.analysis.classify import RULES, _first_rule, classify, matching_rule
 from dsv4opt.analysis.names import demangle, short_name
 
 # Names from ../shared/traces (NVIDIA A100/V100/H100, AMD MI300X) unless marked otherwise.
@@ -151,3 +153,16 @@ SERVING = [
 def test_serving_library_names(name, category):
     assert classify(name) == category
 
+
+
+def _first_rule_ignoring_case(text: str):
+    return next((i for i, rule in enumerate(RULES) if re.search(rule.pattern, text, re.IGNORECASE)), None)
+
+
+@pytest.mark.parametrize("case", [str, str.upper, str.swapcase, lambda s: s + " µs"], ids=["as-is", "upper", "swapped", "non-ascii"])
+def test_lower_case_matching_is_ignorecase(case):
+    """classify matches ASCII names in lower case (faster); every name must land where IGNORECASE puts it."""
+    names = [n for n, _ in REAL] + [r.example for r in RULES] + ["ſoftmax_kernel", "KERNEL_K", "misc_kernel"]
+    for name in names:
+        text = case(name)
+        assert _first_rule(text) == _first_rule_ignoring_case(text), text

@@ -79,6 +79,18 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, case):
     assert "\n" not in msg and str(p) in msg and words in msg
 
 
+@pytest.mark.parametrize("at", [0, 1, 150, 199])
+def test_a_corrupt_event_is_named_by_its_place_in_the_file(tmp_path, monkeypatch, at):
+    from dsv4opt.trace import stream
+
+    monkeypatch.setattr(stream, "CHUNK_CHARS", 500)  # the events arrive in many runs
+    events = [dict(EVENT, ts=float(i)) for i in range(200)]
+    events[at] = dict(EVENT, dur=-1.0)
+    p = _write(tmp_path, "t.json", json.dumps({"traceEvents": events}))
+    with pytest.raises(TraceError, match=rf"event #{at} \(kernel\) is corrupt"):
+        read_trace(p)
+
+
 def test_truncated_gzip(tmp_path):
     data = gzip.compress(json.dumps({"traceEvents": [EVENT] * 2000}).encode())
     p = _write(tmp_path, "t.json.gz", data[: len(data) // 2])
@@ -126,6 +138,22 @@ def test_runs_cut_at_false_boundaries_still_read_every_event(tmp_path, monkeypat
     assert trace.kernels["correlation"].tolist() == [e["args"].get("correlation", -1) if isinstance(e["args"], dict) else -1 for e in gpu]
     shapes = trace.cpu_ops["shapes"].tolist()
     assert len(shapes) == 60 and all(s.dims == [[4, 8], [8, 16]] and s.types == ["float", "float"] for s in shapes)
+
+
+@pytest.mark.parametrize("layout", [{}, {"indent": 2}, {"separators": (",", ":")}], ids=["default", "indented", "compact"])
+@pytest.mark.parametrize("chunk", [64, 1 << 22], ids=["tiny-window", "default-window"])
+def test_recorded_shapes_whatever_the_layout(tmp_path, monkeypatch, layout, chunk):
+    from dsv4opt.trace import stream
+
+    monkeypatch.setattr(stream, "CHUNK_CHARS", chunk)
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 3, "dur": 4,
+          "args": {"Input Dims": [[4, 8], [8, 16]], "Input type": ["float", "c10::BFloat16"], "Concrete Inputs": ["", "µ"]}}
+    bare = dict(op, args={"Input Dims": [[4, 8], [8, 16]]})
+    events = [dict(e, ts=float(i)) for i in range(20) for e in (op, bare, dict(op, name="aten::add"))]
+    p = _write(tmp_path, "t.json", json.dumps({"traceEvents": events}, **layout))
+    shapes = read_trace(p, shapes_of=frozenset({"aten::mm"})).cpu_ops["shapes"].tolist()
+    assert shapes[0::3] == [([[4, 8], [8, 16]], ["float", "c10::BFloat16"], ["", "µ"])] * 20
+    assert shapes[1::3] == [([[4, 8], [8, 16]], [], [])] * 20 and shapes[2::3] == [None] * 20
 
 
 @pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces absent")

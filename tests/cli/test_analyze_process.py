@@ -1,0 +1,67 @@
+"""`dsv4opt analyze` as its own process: what it imports, and the collector freeze that only a
+one-command process may do."""
+
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from dsv4opt.cli import app
+
+KERNEL = {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": 7, "ts": 1.0, "dur": 2.5}
+# Heavy packages that analyze has no use for; importing one costs the whole process its start-up time.
+UNUSED = ("torch", "triton", "matplotlib", "httpx", "scipy", "sglang")
+
+RUN_MAIN = """
+import gc, json, os, sys
+from dsv4opt.cli import main
+sys.argv = ["dsv4opt", "analyze", sys.argv[1], "--json", sys.argv[2]]
+try:
+    main()
+except SystemExit:
+    pass
+print(json.dumps({"frozen": gc.get_freeze_count(), "collecting": gc.isenabled(),
+                  "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+                  "modules": sorted({m.split(".")[0] for m in sys.modules})}))
+"""
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(*sys.modules)"], capture_output=True,
+                         text=True, check=True)
+    return {m.split(".")[0] for m in out.stdout.split()}
+
+
+def test_importing_the_cli_loads_no_analysis_or_unused_package():
+    loaded = _modules_after("import dsv4opt.cli")
+    assert not loaded & {*UNUSED, "pandas", "numpy"}
+
+
+@pytest.mark.parametrize("user_blas", [None, "3"], ids=["blas-unset", "blas-set-by-user"])
+def test_analyze_process_imports_nothing_unused_and_freezes(tmp_path, user_blas):
+    t = tmp_path / "t.json"
+    t.write_text(json.dumps({"traceEvents": [KERNEL]}))
+    out = tmp_path / "p.json"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if user_blas:
+        env["OPENBLAS_NUM_THREADS"] = user_blas
+    r = subprocess.run([sys.executable, "-c", RUN_MAIN, str(t), str(out)], capture_output=True, text=True, check=True,
+                       env=env)
+    report = json.loads(r.stdout.splitlines()[-1])
+    assert json.loads(out.read_text())["gpu_time_us"] == 2.5
+    assert not set(report["modules"]) & set(UNUSED)
+    assert report["frozen"] > 0 and report["collecting"]
+    assert report["blas_threads"] == (user_blas or "1")  # the analysis makes no BLAS call
+
+
+def test_analyze_in_process_freezes_and_sets_nothing(tmp_path):
+    t = tmp_path / "t.json"
+    t.write_text(json.dumps({"traceEvents": [KERNEL]}))
+    before, blas = gc.get_freeze_count(), os.environ.get("OPENBLAS_NUM_THREADS")
+    r = CliRunner().invoke(app, ["analyze", str(t)])
+    assert r.exit_code == 0, r.output
+    assert gc.get_freeze_count() == before and gc.isenabled() and os.environ.get("OPENBLAS_NUM_THREADS") == blas
