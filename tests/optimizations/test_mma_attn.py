@@ -433,6 +433,29 @@ def test_fp8_merge_in_kernel_is_off_by_default_and_rides_only_the_fp8_gluon_loop
     assert not kernel.plan(*x).merge_in_kernel  # the block-level kernel keeps its combine
 
 
+def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
+    """The GPU probe's variants name switches kernel.py has (a misspelt one would set nothing),
+    and each switches the loop on; the committed values come back after the calls."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts/probe_mma_attn_fp8_gluon.py"
+    spec = importlib.util.spec_from_file_location("probe_fp8_gluon", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    committed = {k: getattr(kernel, k) for v in probe.VARIANTS.values() for k in v}
+    assert set(probe.VARIANTS) >= {"loop", "merge"}
+    for name, on in probe.VARIANTS.items():
+        assert on["GLUON_FP8_ENABLED"], name
+        with probe.switches(**on):
+            assert all(getattr(kernel, k) == v for k, v in on.items()), name
+        assert {k: getattr(kernel, k) for k in committed} == committed, name
+    with pytest.raises(AttributeError):
+        with probe.switches(GLUON_FP8_MERGE_IN_KERNELS=True):
+            pass
+    assert len(probe.gate_cases()) == 70
+
+
 def test_merge_counts_are_zeroed_once_per_batch_outside_a_capture(monkeypatch):
     """The counts the in-kernel merge keeps at zero: one buffer per batch size, zeroed (and waited
     for) once; under a graph capture with none cached, a fresh one each call (recorded memset)."""
