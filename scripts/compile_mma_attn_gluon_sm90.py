@@ -1,6 +1,6 @@
 """Compile mma-attn's Gluon main loops for sm_90a without a GPU and print what ptxas says.
 
-    python3 scripts/compile_mma_attn_gluon_sm90.py [--kernel fp8|bf16|both] [--batch 64] [--dump DIR] [--json OUT]
+    python3 scripts/compile_mma_attn_gluon_sm90.py [--kernel fp8,fp8-merge,bf16|both|all] [--batch 64] [--dump DIR] [--json OUT]
 
 Needs Triton 3.6 (the version the Gluon loops are gated on) and no GPU: the launch's signature
 and constexprs are written out here for the dsv4-flash shapes (64 heads of 512, K 512 + window
@@ -42,7 +42,7 @@ def _signature(fn, types: dict, constexprs: dict) -> tuple[dict, dict]:
 
 
 # integer arguments that are multiples of 16 in the model's launches (Triton specialises on that)
-DIVISIBLE = {"stride_qb", "stride_kv", "stride_ib", "stride_iw", "stride_ix", "H", "x_delta", "idx_x_delta", "len_x_delta"}
+DIVISIBLE = {"stride_qb", "stride_ob", "stride_oh", "stride_kv", "stride_ib", "stride_iw", "stride_ix", "H", "x_delta", "idx_x_delta", "len_x_delta"}
 
 
 def _chunking(batch: int) -> tuple[int, int]:
@@ -54,7 +54,7 @@ def _chunking(batch: int) -> tuple[int, int]:
     return kernel.split_chunks(cfg.index_topk + cfg.window, t.block_k, t.nsplit)
 
 
-def fp8_source(batch: int):
+def fp8_source(batch: int, merge: bool = False):
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8 as g
 
     cfg = ModelConfig.from_name("dsv4-flash")
@@ -64,12 +64,14 @@ def fp8_source(batch: int):
     fn = g.gluon_fp8_sparse_decode_kernel
     constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, PS_W=lw.page_size,
                       PB_W=lw.page_bytes, PS_X=lx.page_size, PB_X=lx.page_bytes, D=cfg.head_dim, BH=cfg.heads,
-                      BK=g.BLOCK_K, NBUF=g.NUM_BUF)
+                      BK=g.BLOCK_K, NBUF=g.NUM_BUF, MERGE=merge)
     types = dict(p_q="*bf16", p_kv8="*u8", p_kv16="*bf16", p_kv32="*i32", p_idx="*i32", p_len="*i32",
-                 p_o_part="*fp32", p_lse_part="*fp32", stride_qb="i32", stride_iw="i32", stride_ix="i32", H="i32",
+                 p_o_part="*fp32", p_lse_part="*fp32", p_sink="*fp32", p_o="*bf16", p_lse="*fp32", p_count="*i32",
+                 stride_qb="i32", stride_iw="i32", stride_ix="i32", stride_ob="i32", stride_oh="i32", H="i32",
                  qk_scale_log2="fp32", x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
     sig, attrs = _signature(fn, types, constexprs)
-    return GluonASTSource(fn, sig, constexprs, attrs), f"FP8 loop, B {batch}: chunk {chunk}, {nsplit} splits"
+    name = "FP8 loop + merge" if merge else "FP8 loop"
+    return GluonASTSource(fn, sig, constexprs, attrs), f"{name}, B {batch}: chunk {chunk}, {nsplit} splits"
 
 
 def bf16_source(batch: int):
@@ -83,6 +85,14 @@ def bf16_source(batch: int):
                  stride_qb="i32", stride_kv="i32", stride_ib="i32", H="i32", qk_scale_log2="fp32")
     sig, attrs = _signature(fn, types, constexprs)
     return GluonASTSource(fn, sig, constexprs, attrs), f"bf16 loop (compressed cache), B {batch}: chunk {chunk}, {nsplit} splits"
+
+
+# what --kernel names: the main loops, each a source for a batch size
+VARIANTS = {
+    "fp8": fp8_source,
+    "fp8-merge": lambda b: fp8_source(b, merge=True),
+    "bf16": bf16_source,
+}
 
 
 def report(src, label: str, dump: Path | None) -> dict:
@@ -119,18 +129,21 @@ def report(src, label: str, dump: Path | None) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", default="both", choices=("fp8", "bf16", "both"))
+    ap.add_argument("--kernel", default="both",
+                    help=f"comma-separated, of {', '.join(VARIANTS)}; both: fp8,bf16; all: every one")
     ap.add_argument("--batch", default="64")
     ap.add_argument("--dump", type=Path, help="write the TTGIR, LLVM IR and PTX here")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, target sm_90a")
+    names = {"both": ["fp8", "bf16"], "all": list(VARIANTS)}.get(args.kernel, args.kernel.split(","))
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown --kernel {unknown}; known: {', '.join(VARIANTS)}, both, all")
     rows = []
     for b in (int(x) for x in args.batch.split(",")):
-        if args.kernel in ("fp8", "both"):
-            rows.append(report(*fp8_source(b), args.dump))
-        if args.kernel in ("bf16", "both"):
-            rows.append(report(*bf16_source(b), args.dump))
+        for n in names:
+            rows.append(report(*VARIANTS[n](b), args.dump))
     if args.json:
         args.json.write_text(json.dumps({"triton": triton.__version__, "target": "sm_90a", "rows": rows}, indent=1))
 

@@ -1,17 +1,23 @@
-"""The FP8 Gluon main loop (kernel_gluon_fp8.py) on a Hopper GPU: correctness first, then timing.
+"""The FP8 Gluon main loop (kernel_gluon_fp8.py) and its variants on a Hopper GPU: correctness
+first, then timing.
 
-    PYTHONPATH=. python3 scripts/probe_mma_attn_fp8_gluon.py --json $OUT/fp8_gluon.json
+    PYTHONPATH=. python3 scripts/probe_mma_attn_fp8_gluon.py --variants loop,merge --json $OUT/fp8_gluon.json
 
-1. Correctness: the loop's partials merged by kernel.py's combine (mma_attention with the FP8
-   Gluon loop switched on and the whole-width 64-row tiles at every B), against the float64
-   reference over B {1, 3, 32, 64} x top-k {1, 100, 512, 640} (+ the 128-slot window) x
-   {all slots used, half -1, one request with no used slot, contexts shorter than K}, window-only
-   rows, and the compressed cache lying below the window cache in memory; bf16, outputs
-   NaN-poisoned, relative error bound 1e-2 (the gate's). One line a case; FAIL lines say which
-   output, the error, the worst element and the non-finite count.
-2. Timing, only if every case passed: B {1, 16, 32, 64}, K 512 + window 128, FP8 layout,
-   CUDA-graph medians over rotating input sets (bench.py's helpers): the production path as
-   dispatched today, the FP8 Gluon loop + combine, and the loop alone.
+Variants (--variants, comma-separated; each is the dispatch's switches for the calls inside):
+  loop   the loop writing partials, kernel.py's combine merging them (production since 1fb1376)
+  merge  the loop merging the splits in each request's last program (GLUON_FP8_MERGE_IN_KERNEL)
+
+1. Correctness, per variant: mma_attention with the variant's switches on and the whole-width
+   64-row tiles at every B, against the float64 reference over B {1, 3, 32, 64} x top-k {1, 100,
+   512, 640} (+ the 128-slot window) x {all slots used, half -1, one request with no used slot,
+   contexts shorter than K}, window-only rows, and the compressed cache lying below the window
+   cache in memory; bf16, outputs NaN-poisoned, relative error bound 1e-2 (the gate's). One line a
+   case; FAIL lines say which output, the error, the worst element and the non-finite count. With
+   merge, the per-request counts must be back at zero after the table.
+2. Timing, only of the variants whose every case passed: B {1, 16, 32, 64}, K 512 + window 128,
+   FP8 layout, CUDA-graph medians over rotating input sets (bench.py's helpers): the production
+   path as dispatched today against each variant (loop: also the loop alone, without the combine);
+   each variant checked again after its replays (merge: the counts survive graph replays).
 
 Diagnostic only: the committed figures come from `dsv4opt bench mma-attn`.
 """
@@ -43,16 +49,25 @@ GATE_B = (1, 3, 32, 64)
 GATE_TOPK = (1, 100, 512, 640)
 
 
+# what each variant switches on in the dispatch (kernel.py's module switches)
+VARIANTS = {
+    "loop": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False},
+    "merge": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": True},
+}
+
+
 @contextlib.contextmanager
-def fp8_gluon(on: bool):
-    """The dispatch's switch, set for the calls inside (read when a call plans, so also during a
-    graph capture)."""
-    before = kernel.GLUON_FP8_ENABLED
-    kernel.GLUON_FP8_ENABLED = on
+def switches(**on: bool):
+    """The dispatch's switches set for the calls inside (read when a call plans, so also during a
+    graph capture); the committed values afterwards."""
+    before = {k: getattr(kernel, k) for k in on}  # AttributeError for a misspelt switch, not a new one
+    for k, v in on.items():
+        setattr(kernel, k, v)
     try:
         yield
     finally:
-        kernel.GLUON_FP8_ENABLED = before
+        for k, v in before.items():
+            setattr(kernel, k, v)
 
 
 def loop_tiles(batch: int, slots: int) -> kernel.Tiles:
@@ -66,14 +81,20 @@ def loop_tiles(batch: int, slots: int) -> kernel.Tiles:
     return replace(t, nsplit=max(2, t.nsplit))
 
 
-def gluon_call(*args, tiles: kernel.Tiles):
-    """mma_attention with the FP8 Gluon loop; refuses to run anything else under its name."""
-    with fp8_gluon(True):
+def gluon_call(*args, tiles: kernel.Tiles, variant: str = "loop"):
+    """mma_attention with `variant`'s switches; refuses to run anything else under its name."""
+    with switches(**VARIANTS[variant]):
         q, swa, swa_idx, _, extra, idx = args[:6]
-        engine = kernel.plan(q, swa, swa_idx, extra, idx, tiles).engine
-        if engine != "gluon-fp8":
-            raise RuntimeError(f"the dispatch took {engine!r}, not the FP8 Gluon loop (Hopper and Triton 3.6 needed)")
+        p = kernel.plan(q, swa, swa_idx, extra, idx, tiles)
+        if p.engine != "gluon-fp8" or p.merge_in_kernel != VARIANTS[variant]["GLUON_FP8_MERGE_IN_KERNEL"]:
+            raise RuntimeError(f"the dispatch took {p.engine!r} (merge in kernel: {p.merge_in_kernel}), not "
+                               f"variant {variant!r} (Hopper and Triton 3.6 needed)")
         return kernel.mma_attention(*args, tiles=tiles)
+
+
+def counts_at_zero() -> bool:
+    """The in-kernel merge left every cached per-request count at 0 (what the next launch needs)."""
+    return all(int(c.count_nonzero()) == 0 for c in kernel._MERGE_COUNTS.values())
 
 
 def below(x: AttnInputs) -> AttnInputs:
@@ -96,7 +117,7 @@ def gate_cases() -> list[tuple[str, AttnCase, bool]]:
     return cases
 
 
-def check_cases() -> tuple[list[dict], bool]:
+def check_cases(variant: str) -> tuple[list[dict], bool]:
     rows, ok = [], True
     for i, (name, case, swap) in enumerate(gate_cases()):
         x = make_inputs(case, "cuda", torch.bfloat16, seed=i)
@@ -106,7 +127,7 @@ def check_cases() -> tuple[list[dict], bool]:
         row = {"case": name, "passed": False}
         try:
             with nan_poisoned_allocations():
-                o, lse = gluon_call(*x.args(), tiles=tiles)
+                o, lse = gluon_call(*x.args(), tiles=tiles, variant=variant)
             torch.cuda.synchronize()
             ref_o, ref_lse = sparse_attention_ref(*x.args())
             eo, el = error_report(o, ref_o), error_report(lse, ref_lse)
@@ -122,10 +143,15 @@ def check_cases() -> tuple[list[dict], bool]:
             line = f"ERROR {row['error']}"
         rows.append(row)
         ok &= row["passed"]
-        print(f"{'pass' if row['passed'] else 'FAIL'}  {name:42s} {line}", flush=True)
+        print(f"{variant:5s} {'pass' if row['passed'] else 'FAIL'}  {name:42s} {line}", flush=True)
         if "error" in row and ("CUDA" in row["error"] or "illegal" in row["error"]):
             print("stopping the table: a CUDA error leaves the context unusable", flush=True)
             break
+    if variant == "merge":
+        zero = counts_at_zero()
+        rows.append({"case": "merge counts back at zero", "passed": zero})
+        ok &= zero
+        print(f"{variant:5s} {'pass' if zero else 'FAIL'}  per-request counts back at zero after the table", flush=True)
     return rows, ok
 
 
@@ -145,7 +171,9 @@ def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: flo
     return B.rotating(fn, swa, extra, sets, scale)
 
 
-def time_batches(batches: list[int], copy_gbps: float, tflops: float) -> list[dict]:
+def time_batches(batches: list[int], variants: list[str], copy_gbps: float, tflops: float) -> list[dict]:
+    """Production against each variant (all already through the table) per B; a variant whose
+    eager result here misses the bound is not timed, and each is checked again after its replays."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     layout = B._layout("fp8", B.EXTRA_PAGE)
     pages = int(B.POOL_GB * 2**30) // (layout.token_bytes * B.EXTRA_PAGE)
@@ -161,32 +189,42 @@ def time_batches(batches: list[int], copy_gbps: float, tflops: float) -> list[di
         q, swa_idx, swa_len, idx, lengths, sink = sets[0]
         x = (q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale)
         tiles = loop_tiles(batch, slots)
-        with fp8_gluon(False):
-            prod_plan = kernel.plan(q, swa, swa_idx, extra, idx)
+        prod_plan = kernel.plan(q, swa, swa_idx, extra, idx)
         ref_o, ref_lse = sparse_attention_ref(*x)
-        o, lse = gluon_call(*x, tiles=tiles)
-        err = max(error_report(o, ref_o).rel, error_report(lse, ref_lse).rel)
-        with fp8_gluon(False):
-            prod_us = B._median_graph_ms(B.rotating(kernel.mma_attention, swa, extra, sets, scale)) * 1e3
-        if err <= REL_TOL:
-            loop_us = B._median_graph_ms(B.rotating(lambda *a: gluon_call(*a, tiles=tiles), swa, extra, sets, scale)) * 1e3
-            alone_us = B._median_graph_ms(partials_only(tiles, sets, swa, extra, scale)) * 1e3
-        else:
-            loop_us = alone_us = float("nan")
+
+        def err_of(o, lse):
+            return max(error_report(o, ref_o).rel, error_report(lse, ref_lse).rel)
+
+        prod_us = B._median_graph_ms(B.rotating(kernel.mma_attention, swa, extra, sets, scale)) * 1e3
         unique = int(torch.unique(swa_idx).numel()) + int(torch.unique(idx).numel())
         moved = unique * layout.token_bytes + 2 * q.numel() * q.element_size()
         floor_us = max(moved / (copy_gbps * 1e9), 2 * 2 * batch * B.HEADS * slots * B.DIM / (tflops * 1e12)) * 1e6
         p = kernel.plan(q, swa, swa_idx, extra, idx, tiles)
         row = {"batch": batch, "production_engine": prod_plan.engine, "production_tiles": str(prod_plan.tiles),
-               "production_us": prod_us, "gluon_fp8_us": loop_us, "gluon_fp8_loop_alone_us": alone_us,
-               "gluon_chunk": p.chunk, "gluon_nsplit": p.nsplit, "rel_err": err, "floor_us": floor_us,
-               "input_sets": len(sets)}
-        rows.append(row)
+               "production_us": prod_us, "gluon_chunk": p.chunk, "gluon_nsplit": p.nsplit, "floor_us": floor_us,
+               "input_sets": len(sets), "variants": {}}
         roof = lambda us: f"{floor_us / us:6.1%}" if us == us else "   -  "  # noqa: E731
-        speed = f"{prod_us / loop_us:5.2f}x" if loop_us == loop_us else "  -  "
-        print(f"B {batch:3d}  production {prod_us:7.1f} us ({roof(prod_us)}, {prod_plan.engine})  FP8 Gluon "
-              f"{loop_us:7.1f} us ({roof(loop_us)}; loop alone {alone_us:6.1f})  {speed}  err {err:.1e}  "
+        print(f"B {batch:3d}  production {prod_us:7.1f} us ({roof(prod_us)}, {prod_plan.engine})  "
               f"chunk {p.chunk} x {p.nsplit}  sets {len(sets)}", flush=True)
+        for v in variants:
+            err = err_of(*gluon_call(*x, tiles=tiles, variant=v))
+            us = alone_us = err_after = float("nan")
+            if err <= REL_TOL:
+                us = B._median_graph_ms(B.rotating(lambda *a, v=v: gluon_call(*a, tiles=tiles, variant=v), swa, extra,
+                                                   sets, scale)) * 1e3
+                if v == "loop":
+                    alone_us = B._median_graph_ms(partials_only(tiles, sets, swa, extra, scale)) * 1e3
+                torch.cuda.synchronize()
+                err_after = err_of(*gluon_call(*x, tiles=tiles, variant=v))
+            ok_after = err_after <= REL_TOL and (v != "merge" or counts_at_zero())
+            row["variants"][v] = {"us": us, "loop_alone_us": alone_us, "rel_err": err, "rel_err_after_replays": err_after,
+                                  "passed_after_replays": ok_after}
+            speed = f"{prod_us / us:5.2f}x" if us == us else "  -  "
+            alone = f"; loop alone {alone_us:6.1f}" if alone_us == alone_us else ""
+            flag = "" if ok_after else "  FAILED after the replays: discard this timing"
+            print(f"       {v:5s} {us:7.1f} us ({roof(us)}{alone})  {speed} of production  err {err:.1e}, "
+                  f"after replays {err_after:.1e}{flag}", flush=True)
+        rows.append(row)
     return rows
 
 
@@ -194,30 +232,41 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path)
     ap.add_argument("--batch", default="1,16,32,64")
-    ap.add_argument("--skip-check", action="store_true", help="time without the table (a failed loop is still not timed)")
+    ap.add_argument("--variants", default="loop", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--skip-check", action="store_true", help="time without the table (a failed variant is still not timed)")
     args = ap.parse_args()
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown --variants {unknown}; known: {', '.join(VARIANTS)}")
     t0 = time.time()
     out = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__,
-           "gluon_available": kernel.gluon_available(), "rel_tol": REL_TOL}
+           "gluon_available": kernel.gluon_available(), "rel_tol": REL_TOL, "variants": variants, "check": {}}
     print(f"{out['device']}, Triton {out['triton']}, torch {out['torch']}; Gluon available: {out['gluon_available']}",
           flush=True)
-    ok = True
-    if not args.skip_check:
-        cases, ok = check_cases()
+    passed_variants = []
+    for v in variants:
+        if args.skip_check:
+            passed_variants.append(v)
+            continue
+        cases, ok = check_cases(v)
         passed = sum(r["passed"] for r in cases)
-        worst = max(cases, key=lambda r: max(r.get("rel_err_o", float("inf")), r.get("rel_err_lse", float("inf"))))
-        out["check"] = {"passed": passed, "total": len(gate_cases()), "cases": cases, "worst_case": worst["case"]}
-        print(f"correctness: {passed}/{len(gate_cases())} cases within rel {REL_TOL:g}; worst {worst['case']} "
+        scored = [r for r in cases if "rel_err_o" in r or "error" in r]
+        worst = max(scored, key=lambda r: max(r.get("rel_err_o", float("inf")), r.get("rel_err_lse", float("inf"))))
+        out["check"][v] = {"passed": passed, "total": len(cases), "cases": cases, "worst_case": worst["case"]}
+        print(f"{v}: correctness {passed}/{len(cases)} cases within rel {REL_TOL:g}; worst {worst['case']} "
               f"(o {worst.get('rel_err_o', float('nan')):.2e}, lse {worst.get('rel_err_lse', float('nan')):.2e}) "
               f"[{time.time() - t0:.0f} s]", flush=True)
-    if ok:
+        if ok:
+            passed_variants.append(v)
+        else:
+            print(f"{v} FAILED the correctness table: not timed, no speed-up reported", flush=True)
+    if passed_variants:
         copy_gbps, tflops = B.copy_bandwidth_gbps(), B.matmul_tflops()
         out.update(copy_gbps=copy_gbps, matmul_tflops=tflops)
         print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s; K {B.TOPK} + window {B.WINDOW}, FP8 KV; "
               "(x%) = of the roofline", flush=True)
-        out["timing"] = time_batches([int(b) for b in args.batch.split(",")], copy_gbps, tflops)
-    else:
-        print("FP8 Gluon loop FAILED the correctness table: not timed, no speed-up reported", flush=True)
+        out["timing"] = time_batches([int(b) for b in args.batch.split(",")], passed_variants, copy_gbps, tflops)
     print(f"done in {time.time() - t0:.0f} s", flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

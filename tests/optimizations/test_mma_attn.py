@@ -375,10 +375,25 @@ def test_fp8_engine_takes_the_gluon_loop_only_when_switched_on_and_it_applies(mo
 
 def test_fp8_dispatch_on_the_cpu_is_the_block_level_kernel(monkeypatch):
     monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", True)
+    monkeypatch.setattr(kernel, "GLUON_FP8_MERGE_IN_KERNEL", True)
     monkeypatch.setattr(kernel, "gluon_available", lambda: True)
     for case in interpreter_cases():
         x = make_inputs(case, "cpu", torch.float16)
-        assert kernel.plan(x.q, x.swa, x.swa_indices, x.extra, x.extra_indices).engine == "triton", case.name
+        p = kernel.plan(x.q, x.swa, x.swa_indices, x.extra, x.extra_indices)
+        assert (p.engine, p.merge_in_kernel) == ("triton", False), case.name
+
+
+@on_cpu
+def test_fp8_merge_switch_leaves_the_cpu_path_correct(monkeypatch):
+    """Switched on, the in-kernel merge never reaches the interpreter: the block-level kernel and
+    its combine still write o and lse (NaN-poisoned by conftest), matching the reference."""
+    monkeypatch.setattr(kernel, "GLUON_FP8_MERGE_IN_KERNEL", True)
+    x = make_inputs(SMALL, "cpu", torch.float16, seed=3)
+    tiles = kernel.Tiles(block_h=8, block_k=16, nsplit=3, num_warps=4, num_stages=1)
+    assert kernel.plan(x.q, x.swa, x.swa_indices, x.extra, x.extra_indices, tiles).nsplit > 1
+    o, lse = kernel.mma_attention(*x.args(), tiles=tiles)
+    ref_o, ref_lse = sparse_attention_ref(*x.args())
+    assert error_report(o, ref_o).ok(1e-2) and error_report(lse, ref_lse).ok(1e-2)
 
 
 def test_plan_gives_the_fp8_gluon_loop_the_block_level_chunks(monkeypatch):
@@ -396,11 +411,84 @@ def test_plan_gives_the_fp8_gluon_loop_the_block_level_chunks(monkeypatch):
     assert loop.chunk % 64 == 0 and loop.nsplit == 2  # two splits of 320 slots at B = 64
 
 
+def _fp8_plan_inputs():
+    from dsv4opt.workload.kvcache import KVLayout
+
+    q = torch.empty(64, 64, 512, dtype=torch.bfloat16)
+    swa = KVCache(KVLayout(True, 448, 64, 64, 256), torch.empty(1, 1, dtype=torch.uint8))
+    extra = KVCache(KVLayout(True, 448, 64, 64, 64), torch.empty(1, 1, dtype=torch.uint8))
+    return q, swa, torch.empty(64, 128, dtype=torch.int32), extra, torch.empty(64, 512, dtype=torch.int32)
+
+
+def test_fp8_merge_in_kernel_is_off_by_default_and_rides_only_the_fp8_gluon_loop(monkeypatch):
+    assert kernel.GLUON_FP8_MERGE_IN_KERNEL is False
+    x = _fp8_plan_inputs()
+    monkeypatch.setattr(kernel, "fp8_engine", lambda *a: "gluon-fp8")
+    off = kernel.plan(*x)
+    assert (off.engine, off.merge_in_kernel) == ("gluon-fp8", False)  # partials + the combine, as before
+    monkeypatch.setattr(kernel, "GLUON_FP8_MERGE_IN_KERNEL", True)
+    on = kernel.plan(*x)
+    assert on.merge_in_kernel and (on.tiles, on.chunk, on.nsplit) == (off.tiles, off.chunk, off.nsplit)
+    monkeypatch.setattr(kernel, "fp8_engine", lambda *a: "triton")
+    assert not kernel.plan(*x).merge_in_kernel  # the block-level kernel keeps its combine
+
+
+def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
+    """The GPU probe's variants name switches kernel.py has (a misspelt one would set nothing),
+    and each switches the loop on; the committed values come back after the calls."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts/probe_mma_attn_fp8_gluon.py"
+    spec = importlib.util.spec_from_file_location("probe_fp8_gluon", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    committed = {k: getattr(kernel, k) for v in probe.VARIANTS.values() for k in v}
+    assert set(probe.VARIANTS) >= {"loop", "merge"}
+    for name, on in probe.VARIANTS.items():
+        assert on["GLUON_FP8_ENABLED"], name
+        with probe.switches(**on):
+            assert all(getattr(kernel, k) == v for k, v in on.items()), name
+        assert {k: getattr(kernel, k) for k in committed} == committed, name
+    with pytest.raises(AttributeError):
+        with probe.switches(GLUON_FP8_MERGE_IN_KERNELS=True):
+            pass
+    assert len(probe.gate_cases()) == 70
+
+
+def test_merge_counts_are_zeroed_once_per_batch_outside_a_capture(monkeypatch):
+    """The counts the in-kernel merge keeps at zero: one buffer per batch size, zeroed (and waited
+    for) once; under a graph capture with none cached, a fresh one each call (recorded memset)."""
+    synced, capturing = [], [False]
+
+    class Stream:
+        def synchronize(self):
+            synced.append(1)
+
+    monkeypatch.setattr(kernel, "_MERGE_COUNTS", {})
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    cpu = torch.device("cpu")
+    a = kernel.merge_counts(64, cpu)
+    assert a.dtype == torch.int32 and a.tolist() == [0] * 64 and synced == [1]
+    assert kernel.merge_counts(64, cpu) is a and synced == [1]
+    b = kernel.merge_counts(32, cpu)
+    assert b is not a and b.shape == (32,) and synced == [1, 1]
+    capturing[0] = True
+    assert kernel.merge_counts(64, cpu) is a  # cached before the capture: the graph uses it
+    c, d = kernel.merge_counts(16, cpu), kernel.merge_counts(16, cpu)
+    assert c is not d and c.tolist() == [0] * 16 and synced == [1, 1]  # none cached, no wait
+    capturing[0] = False
+    assert kernel.merge_counts(16, cpu) is not c  # a capture's buffer is never cached
+
+
 @pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),
                     reason="the Gluon loops are compiled and gated on Triton 3.6 only")
 def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path):
-    """Compiled ahead of time for an H200 (no GPU needed): no spills, within 227 KB of shared memory,
-    every gather a cp.async that zero-fills masked rows, 16 bytes wide for the data records."""
+    """Compiled ahead of time for an H200 (no GPU needed), with and without the in-kernel merge: no
+    spills, within 227 KB of shared memory, every gather a cp.async that zero-fills masked rows, 16
+    bytes wide for the data records."""
     import json
     import os
     import subprocess
@@ -411,7 +499,7 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root)
     out = tmp_path / "compile.json"
-    done = subprocess.run([sys.executable, str(root / "scripts/compile_mma_attn_gluon_sm90.py"), "--kernel", "fp8",
+    done = subprocess.run([sys.executable, str(root / "scripts/compile_mma_attn_gluon_sm90.py"), "--kernel", "fp8,fp8-merge",
                            "--batch", "1,32,64", "--json", str(out)], capture_output=True, text=True, env=env,
                           timeout=600, cwd=str(root))
     assert done.returncode == 0, done.stderr[-2000:]

@@ -321,6 +321,10 @@ def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles)
 # 70-case correctness table on the H200 and timed it 1.3-1.4x faster than the block-level kernel
 # from B = 16 (commit d234bee, docs/kernels/mma_attn.md). False sends FP8 caches back to kernel.py.
 GLUON_FP8_ENABLED = True
+# The FP8 Gluon loop's split merge in each request's last program (kernel_gluon_fp8._merge_if_last)
+# instead of the combine launch; off until scripts/probe_mma_attn_fp8_gluon.py --variants merge
+# passes its table on a GPU. False: the loop writes partials and the combine merges them, as before.
+GLUON_FP8_MERGE_IN_KERNEL = False
 
 
 def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
@@ -367,6 +371,7 @@ class Plan:
     chunk: int
     nsplit: int
     per_cache: tuple[tuple[Tiles, int, int], ...] = ()
+    merge_in_kernel: bool = False  # "gluon-fp8": the loop merges the splits itself, no combine launch
 
 
 def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles | None = None) -> Plan:
@@ -385,7 +390,32 @@ def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, til
     t = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8, itemsize=q.element_size())
     chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
     t = replace(t, nsplit=nsplit)
-    return Plan(fp8_engine(q, swa, swa_indices, extra, extra_indices, t), t, chunk, nsplit)
+    e = fp8_engine(q, swa, swa_indices, extra, extra_indices, t)
+    return Plan(e, t, chunk, nsplit, merge_in_kernel=e == "gluon-fp8" and GLUON_FP8_MERGE_IN_KERNEL)
+
+
+_MERGE_COUNTS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def merge_counts(batch: int, device: torch.device) -> torch.Tensor:
+    """[batch] int32 zeros: the in-kernel merge's count of finished programs per request.
+
+    Allocated and zeroed once per (device, batch), outside any graph capture, then kept at zero by
+    the kernel (each request's last program puts its count back), so neither an eager call nor a
+    graph replay pays a memset launch. Its first allocation waits for the memset (once), so a launch
+    on another stream cannot see it unzeroed. Under a capture with none cached yet, a fresh
+    torch.zeros instead: the capture records the memset and every replay zeroes its own buffer.
+    Launches of one batch size on concurrent streams would share the counts: the model's decode
+    runs its layers on one stream."""
+    key = (device.index if device.index is not None else torch.cuda.current_device(), batch)
+    counts = _MERGE_COUNTS.get(key)
+    if counts is not None:
+        return counts
+    counts = torch.zeros(batch, device=device, dtype=torch.int32)
+    if not torch.cuda.is_current_stream_capturing():
+        torch.cuda.current_stream(device).synchronize()
+        _MERGE_COUNTS[key] = counts
+    return counts
 
 
 def _offset(a: torch.Tensor, base: torch.Tensor, unit: int) -> int:
@@ -443,7 +473,8 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     read; FP8 rows are dequantised in registers); with a split, every split writes fp32 partials
     and one combine kernel merges them with the sink, else the single pass writes o and lse. On
     bf16 rows where the Gluon loop applies it runs once per cache instead, always with partials;
-    on FP8 rows the FP8 Gluon loop replaces the main kernel where `fp8_engine` says so.
+    on FP8 rows the FP8 Gluon loop replaces the main kernel where `fp8_engine` says so, and with
+    GLUON_FP8_MERGE_IN_KERNEL merges the splits itself (one launch, no combine).
     CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
     """
     if q.device.type != "cuda" and not _INTERPRETED:
@@ -461,7 +492,10 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
     if ns_total > 1:
         o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.float32)
-        lse_part = torch.full((B, ns_total, H), float("-inf"), device=q.device, dtype=torch.float32)
+        if p.merge_in_kernel:  # every program writes all its rows: no fill launch
+            lse_part = torch.empty(B, ns_total, H, device=q.device, dtype=torch.float32)
+        else:
+            lse_part = torch.full((B, ns_total, H), float("-inf"), device=q.device, dtype=torch.float32)
     else:
         o_part, lse_part = o, lse  # unused by the single-pass kernel
     if p.engine == "gluon":
@@ -476,12 +510,13 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     elif p.engine == "gluon-fp8":
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
 
+        merge = (sink, o, lse, merge_counts(B, q.device)) if p.merge_in_kernel else None
         gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                         o_part, lse_part, p.chunk, p.nsplit, scale)
+                                         o_part, lse_part, p.chunk, p.nsplit, scale, merge=merge)
     else:
         _launch_fused(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p,
                       o, lse, o_part, lse_part)
-    if ns_total > 1:
+    if ns_total > 1 and not p.merge_in_kernel:
         d_p = triton.next_power_of_2(D)
         _attn_combine_splits_kernel[(B, H)](
             p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse,

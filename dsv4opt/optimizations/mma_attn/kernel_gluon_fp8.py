@@ -14,7 +14,9 @@ the products of one.
 One launch covers both caches, as kernel.py's main kernel does (the compressed cache's rows,
 indices and lengths at fixed offsets from the window cache's), with the same chunks; it writes the
 same fp32 partials (o normalised by its chunk's denominator, base-2 lse; -inf for a chunk with no
-used slot), which kernel.py's combine merges with the sink.
+used slot), which kernel.py's combine merges with the sink. With MERGE (kernel.GLUON_FP8_MERGE_IN_KERNEL,
+off until a GPU run validates it) each request's last program to finish does that merge itself,
+found by an atomic count per request, so one launch writes o and lse.
 
 GPU only (the interpreter cannot run Gluon), Triton 3.6 only (kernel.GLUON_VALIDATED_TRITON), and
 off by default in the dispatch (kernel.GLUON_FP8_ENABLED) until a GPU run validates it; design and
@@ -28,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from dsv4opt.tritonlib import LOG2E
+from dsv4opt.tritonlib import LN2, LOG2E
 
 # The geometry this loop is written for (DeepSeek-V4-Flash's FP8 layout, kvcache.py): 7 tiles of 64
 # e4m3 nope values, 64 bf16 rope values, 576-byte data records and 8-byte scale records.
@@ -47,6 +49,8 @@ _TILE = gl.constexpr(TILE)
 _ROPE = gl.constexpr(ROPE)
 _DATA_BYTES = gl.constexpr(DATA_BYTES)
 _SCALE_BYTES = gl.constexpr(SCALE_BYTES)
+LOG2E_ = gl.constexpr(LOG2E)
+LN2_ = gl.constexpr(LN2)
 
 
 @gluon.jit
@@ -117,16 +121,63 @@ def _dequant_tile(kv_smem, st_nope, st_rope, st_scale, buf, L_NOPE: gl.constexpr
 
 
 @gluon.jit
+def _merge_if_last(p_o_part, p_lse_part, p_sink, p_o, p_lse, p_count, i_b, stride_ob, stride_oh, H,
+                   NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr):
+    """After this program's partials are stored: count it in p_count[i_b]; the request's last
+    program (the one that reads NSPLIT - 1) merges every split of o_part [B, NSPLIT, H, D] fp32 and
+    lse_part [B, NSPLIT, H] (base 2) with the sink into o [B, H, D] and lse [B, H], and puts the
+    count back to 0 for the next launch.
+
+    Ordering: the barrier puts every thread's partial stores before the count's atomic (one
+    thread's, acq_rel at GPU scope: its release covers what the CTA stored before the barrier);
+    the last program's acquire comes before its reads of the other programs' partials, which go
+    through L2 (.cg), not this SM's L1."""
+    gl.thread_barrier()
+    count = gl.atomic_add(p_count + i_b, 1, sem="acq_rel", scope="gpu")
+    if count == NSPLIT - 1:
+        gl.store(p_count + i_b, 0)  # no other program of this launch touches it again
+        # [BH, DC] fp32 column slices of 16 bytes a thread: 32 registers a tile, so the partials
+        # stream through registers (the main loop's accumulator is dead here). Run-time loops over
+        # the splits: unrolled, ten splits spilled.
+        DC: gl.constexpr = 128
+        M: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])
+        HEAD: gl.constexpr = gl.SliceLayout(1, M)
+        o_h = gl.arange(0, BH, layout=HEAD)
+        o_c = gl.arange(0, DC, layout=gl.SliceLayout(0, M))
+        row0 = (i_b * NSPLIT).to(gl.int64) * H  # split 0's first row of [B * NSPLIT * H]
+        b_sink = gl.load(p_sink + o_h).to(gl.float32) * LOG2E_  # [BH] base 2
+        b_top = b_sink
+        for s in range(NSPLIT):
+            b_top = gl.maximum(b_top, gl.load(p_lse_part + row0 + s * H + o_h, cache_modifier=".cg"))
+        b_den = gl.exp2(b_sink - b_top)  # [BH]; the sink keeps b_top finite, so empty splits weigh 0
+        for s in range(NSPLIT):
+            b_den += gl.exp2(gl.load(p_lse_part + row0 + s * H + o_h, cache_modifier=".cg") - b_top)
+        for c in gl.static_range(D // DC):
+            b_o = gl.zeros([BH, DC], gl.float32, layout=M)  # [BH, DC]
+            for s in range(NSPLIT):
+                b_w = gl.exp2(gl.load(p_lse_part + row0 + s * H + o_h, cache_modifier=".cg") - b_top)  # [BH]
+                p_part = p_o_part + (row0 + s * H + o_h)[:, None] * D + (c * DC + o_c)[None, :]
+                b_o += gl.load(p_part, cache_modifier=".cg") * b_w[:, None]
+            b_o = b_o / b_den[:, None]
+            p_out = p_o + i_b * stride_ob + o_h[:, None] * stride_oh + (c * DC + o_c)[None, :]
+            gl.store(p_out, b_o.to(p_o.dtype.element_ty))
+        gl.store(p_lse + i_b * H + o_h, (b_top + gl.log2(b_den)) * LN2_)
+
+
+@gluon.jit
 def gluon_fp8_sparse_decode_kernel(
-    p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part,
-    stride_qb, stride_iw, stride_ix, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
+    p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_count,
+    stride_qb, stride_iw, stride_ix, stride_ob, stride_oh, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
     KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
     PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
-    D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr,
+    D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr, MERGE: gl.constexpr,
 ):
     """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
     followed by the KX compressed-cache slots; writes split i_s of o_part [B, NSPLIT, H, D] fp32
-    and lse_part [B, NSPLIT, H] (base 2)."""
+    and lse_part [B, NSPLIT, H] (base 2). MERGE: the request's last program to finish also merges
+    its NSPLIT partials with the sink [H] into o [B, H, D] bf16 and lse [B, H] (natural log), as
+    kernel.py's combine does, counting finished programs in p_count [B] int32 (0 on entry, left 0).
+    Without MERGE p_sink, p_o, p_lse and p_count are not read."""
     gl.static_assert(gl.num_warps() == 8)
     gl.static_assert(BK == 64)
     gl.static_assert(D == _NOPE_TILES * _TILE + _ROPE)
@@ -222,14 +273,22 @@ def gluon_fp8_sparse_decode_kernel(
     gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
     o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
     gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
+    if MERGE:
+        _merge_if_last(p_o_part, p_lse_part, p_sink, p_o, p_lse, p_count, i_b, stride_ob, stride_oh, H,
+                       NSPLIT, D, BH)
 
 
 def gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                     o_part, lse_part, chunk: int, nsplit: int, scale: float) -> None:
+                                     o_part, lse_part, chunk: int, nsplit: int, scale: float,
+                                     merge: tuple | None = None) -> None:
     """Fill o_part [B, nsplit, H, D] fp32 (o over each chunk of the window slots then the
     compressed-cache slots, normalised) and lse_part [B, nsplit, H] (base 2) for q [B, 64, 512] bf16
     (rows contiguous) over the FP8 caches swa and extra (KVCache; extra may be None), indices
-    [B, W] / [B, K] int32 with unit stride. The caches must pass kernel.gluon_fp8_operands_ok."""
+    [B, W] / [B, K] int32 with unit stride. The caches must pass kernel.gluon_fp8_operands_ok.
+
+    merge = (sink [H], o [B, H, D], lse [B, H] fp32, count [B] int32 zeros): each request's last
+    program also merges the partials with the sink into o and lse (kernel.py's combine, in the
+    same launch) and leaves count at zero again."""
     from dsv4opt.optimizations.mma_attn.kernel import _offset
 
     B, H, D = q.shape
@@ -242,13 +301,18 @@ def gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, ex
         stride_ix, kx = extra_indices.stride(0), extra_indices.shape[1]
     else:
         x_delta = idx_x_delta = len_x_delta = stride_ix = kx = 0
+    if merge is not None:
+        sink, o, lse, count = merge
+        assert nsplit > 1 and count.shape == (B,) and count.dtype == torch.int32, (nsplit, count.shape, count.dtype)
+    else:
+        sink, o, lse, count = lse_part, q, lse_part, swa_lengths  # not read without MERGE
     gluon_fp8_sparse_decode_kernel[(B, 1, nsplit)](
         p_q=q, p_kv8=kvu8, p_kv16=kv16, p_kv32=kvu8.view(torch.int32), p_idx=swa_indices, p_len=swa_lengths,
-        p_o_part=o_part, p_lse_part=lse_part,
-        stride_qb=q.stride(0), stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H,
+        p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse, p_count=count,
+        stride_qb=q.stride(0), stride_iw=swa_indices.stride(0), stride_ix=stride_ix,
+        stride_ob=o.stride(0), stride_oh=o.stride(1), H=H,
         qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
         KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit,
         PS_W=L.page_size, PB_W=L.page_bytes, PS_X=LX.page_size, PB_X=LX.page_bytes,
-        D=D, BH=H, BK=BLOCK_K, NBUF=NUM_BUF, num_warps=8,
+        D=D, BH=H, BK=BLOCK_K, NBUF=NUM_BUF, MERGE=merge is not None, num_warps=8,
     )
-
