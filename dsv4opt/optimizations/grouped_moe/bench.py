@@ -121,7 +121,8 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
 
 
 def render(result: BenchResult):
-    """A rich table of the rows (or of the failed check)."""
+    """A rich table of the rows (or of the failed check), the check under it."""
+    from rich import box
     from rich.table import Table
 
     if not result.check.passed:
@@ -130,9 +131,11 @@ def render(result: BenchResult):
         return failed_table("grouped-moe", result.check, ("rel_err", "baseline_rel_err"))
     table = Table(title=(f"grouped-moe on {result.device}: d {_CFG.hidden}, I {_CFG.expert_width}, "
                          f"{_CFG.experts // _CFG.expert_parallel} experts a rank, top-{_CFG.experts_per_token}; "
-                         f"copy {result.copy_gbps:.0f} GB/s; check: {result.check.summary}"))
-    for col in ("C", "tokens", "experts hit", "grouped µs", "floor µs", "of floor", "baseline µs", "x baseline"):
-        table.add_column(col, justify="right")
+                         f"copy {result.copy_gbps:.0f} GB/s"),
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  caption=f"check: {result.check.summary}", caption_justify="left")
+    for col in ("C", "tokens", "experts\nhit", "grouped\nµs", "floor\nµs", "of\nfloor", "baseline\nµs", "x\nbaseline"):
+        table.add_column(col, justify="right", no_wrap=True)
     for r in result.rows:
         table.add_row(str(r.concurrency), str(r.tokens), str(r.experts_hit), f"{r.grouped_us:.1f}", f"{r.floor_us:.1f}",
                       f"{r.frac_floor:.0%}", f"{r.baseline_us:.1f}", f"{r.speedup_vs_baseline:.1f}")
