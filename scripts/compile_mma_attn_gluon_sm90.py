@@ -74,6 +74,24 @@ def fp8_source(batch: int, merge: bool = False):
     return GluonASTSource(fn, sig, constexprs, attrs), f"{name}, B {batch}: chunk {chunk}, {nsplit} splits"
 
 
+def fp8_ws_source(batch: int):
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
+
+    cfg = ModelConfig.from_name("dsv4-flash")
+    chunk, nsplit = _chunking(batch)
+    lw = KVLayout(True, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, cfg.window_page)
+    lx = KVLayout(True, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, cfg.extra_page("csa"))
+    fn = g.gluon_fp8_ws_sparse_decode_kernel
+    constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, PS_W=lw.page_size,
+                      PB_W=lw.page_bytes, PS_X=lx.page_size, PB_X=lx.page_bytes, D=cfg.head_dim, BH=cfg.heads,
+                      BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS)
+    types = dict(p_q="*bf16", p_kv8="*u8", p_kv16="*bf16", p_kv32="*i32", p_idx="*i32", p_len="*i32",
+                 p_o_part="*fp32", p_lse_part="*fp32", stride_qb="i32", stride_iw="i32", stride_ix="i32", H="i32",
+                 qk_scale_log2="fp32", x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
+    sig, attrs = _signature(fn, types, constexprs)
+    return GluonASTSource(fn, sig, constexprs, attrs), f"FP8 warp-specialised, B {batch}: chunk {chunk}, {nsplit} splits"
+
+
 def bf16_source(batch: int):
     from dsv4opt.optimizations.mma_attn import kernel_gluon as g
 
@@ -91,6 +109,7 @@ def bf16_source(batch: int):
 VARIANTS = {
     "fp8": fp8_source,
     "fp8-merge": lambda b: fp8_source(b, merge=True),
+    "fp8-ws": fp8_ws_source,
     "bf16": bf16_source,
 }
 

@@ -79,8 +79,10 @@ def ws_kernel(p_q, p_kv8, p_o, NT: gl.constexpr, BH: gl.constexpr, BK: gl.conste
     full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
-        mbarrier.init(full.index(i), count=128)
-        mbarrier.init(empty.index(i), count=256)
+        # count 1: Gluon lowers arrive to a partition-wide bar.sync and one thread's arrive (an earlier
+        # version of this sketch set 128 and 256, which would never complete)
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([(_consumer, (q_smem, ring, full, empty, p_o, NT, BH, BK, D)),
                         (_producer, (p_kv8, ring, staging, full, empty, NT, BK, D))], [4], [40])
 

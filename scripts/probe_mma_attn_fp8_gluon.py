@@ -6,6 +6,7 @@ first, then timing.
 Variants (--variants, comma-separated; each is the dispatch's switches for the calls inside):
   loop   the loop writing partials, kernel.py's combine merging them (production since 1fb1376)
   merge  the loop merging the splits in each request's last program (GLUON_FP8_MERGE_IN_KERNEL)
+  ws     the warp-specialised loop (kernel_gluon_fp8_ws.py, GLUON_FP8_WS), partials + the combine
 
 1. Correctness, per variant: mma_attention with the variant's switches on and the whole-width
    64-row tiles at every B, against the float64 reference over B {1, 3, 32, 64} x top-k {1, 100,
@@ -51,9 +52,12 @@ GATE_TOPK = (1, 100, 512, 640)
 
 # what each variant switches on in the dispatch (kernel.py's module switches)
 VARIANTS = {
-    "loop": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False},
-    "merge": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": True},
+    "loop": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": False},
+    "merge": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": True, "GLUON_FP8_WS": False},
+    "ws": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": True},
 }
+# the engine each variant must get from the dispatch
+ENGINES = {"loop": "gluon-fp8", "merge": "gluon-fp8", "ws": "gluon-fp8-ws"}
 
 
 @contextlib.contextmanager
@@ -81,12 +85,32 @@ def loop_tiles(batch: int, slots: int) -> kernel.Tiles:
     return replace(t, nsplit=max(2, t.nsplit))
 
 
+@contextlib.contextmanager
+def ws_config(variant: str):
+    """"ws@SUB:NST:REGS" runs the warp-specialised loop with those sub-tile rows, staging buffers and
+    producer registers (kernel_gluon_fp8_ws's constants) for the calls inside; other names as they are."""
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
+
+    if "@" not in variant:
+        yield variant
+        return
+    names = ("SUB", "NUM_STAGE", "PRODUCER_REGS")
+    before = {n: getattr(g, n) for n in names}
+    for n, v in zip(names, variant.split("@")[1].split(":")):
+        setattr(g, n, int(v))
+    try:
+        yield variant.split("@")[0]
+    finally:
+        for n, v in before.items():
+            setattr(g, n, v)
+
+
 def gluon_call(*args, tiles: kernel.Tiles, variant: str = "loop"):
     """mma_attention with `variant`'s switches; refuses to run anything else under its name."""
-    with switches(**VARIANTS[variant]):
+    with ws_config(variant) as variant, switches(**VARIANTS[variant]):
         q, swa, swa_idx, _, extra, idx = args[:6]
         p = kernel.plan(q, swa, swa_idx, extra, idx, tiles)
-        if p.engine != "gluon-fp8" or p.merge_in_kernel != VARIANTS[variant]["GLUON_FP8_MERGE_IN_KERNEL"]:
+        if p.engine != ENGINES[variant] or p.merge_in_kernel != VARIANTS[variant]["GLUON_FP8_MERGE_IN_KERNEL"]:
             raise RuntimeError(f"the dispatch took {p.engine!r} (merge in kernel: {p.merge_in_kernel}), not "
                                f"variant {variant!r} (Hopper and Triton 3.6 needed)")
         return kernel.mma_attention(*args, tiles=tiles)
@@ -155,9 +179,13 @@ def check_cases(variant: str) -> tuple[list[dict], bool]:
     return rows, ok
 
 
-def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: float):
+def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: float, variant: str = "loop"):
     """The loop alone (no combine), on preallocated partials, cycling through the sets."""
     from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
+    from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
+
+    ws = variant.startswith("ws")
+    launch = gluon_fp8_ws_sparse_decode_partials if ws else gluon_fp8_sparse_decode_partials
 
     q, swa_idx, _, idx = sets[0][:4]
     p = kernel.plan(q, swa, swa_idx, extra, idx, tiles)
@@ -165,8 +193,8 @@ def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: flo
     lse_part = torch.empty(q.shape[0], p.nsplit, q.shape[1], device="cuda", dtype=torch.float32)
 
     def fn(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale):
-        gluon_fp8_sparse_decode_partials(q, swa, swa_idx, swa_len, extra, idx, lengths, o_part, lse_part,
-                                         p.chunk, p.nsplit, scale)
+        with ws_config(variant):
+                launch(q, swa, swa_idx, swa_len, extra, idx, lengths, o_part, lse_part, p.chunk, p.nsplit, scale)
 
     return B.rotating(fn, swa, extra, sets, scale)
 
@@ -212,8 +240,8 @@ def time_batches(batches: list[int], variants: list[str], copy_gbps: float, tflo
             if err <= REL_TOL:
                 us = B._median_graph_ms(B.rotating(lambda *a, v=v: gluon_call(*a, tiles=tiles, variant=v), swa, extra,
                                                    sets, scale)) * 1e3
-                if v == "loop":
-                    alone_us = B._median_graph_ms(partials_only(tiles, sets, swa, extra, scale)) * 1e3
+                if v.split("@")[0] in ("loop", "ws"):
+                    alone_us = B._median_graph_ms(partials_only(tiles, sets, swa, extra, scale, v)) * 1e3
                 torch.cuda.synchronize()
                 err_after = err_of(*gluon_call(*x, tiles=tiles, variant=v))
             ok_after = err_after <= REL_TOL and (v != "merge" or counts_at_zero())
@@ -232,11 +260,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path)
     ap.add_argument("--batch", default="1,16,32,64")
-    ap.add_argument("--variants", default="loop", help=f"comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="loop", help=f"comma-separated, of {', '.join(VARIANTS)}; "
+                    "ws@SUB:NST:REGS: the warp-specialised loop with other constants")
     ap.add_argument("--skip-check", action="store_true", help="time without the table (a failed variant is still not timed)")
     args = ap.parse_args()
     variants = args.variants.split(",")
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v.split("@")[0] not in VARIANTS]
     if unknown:
         ap.error(f"unknown --variants {unknown}; known: {', '.join(VARIANTS)}")
     t0 = time.time()
@@ -246,7 +275,7 @@ def main() -> None:
           flush=True)
     passed_variants = []
     for v in variants:
-        if args.skip_check:
+        if args.skip_check or "@" in v:  # constants variants: checked at the timed shapes only
             passed_variants.append(v)
             continue
         cases, ok = check_cases(v)

@@ -325,6 +325,10 @@ GLUON_FP8_ENABLED = True
 # instead of the combine launch; off until scripts/probe_mma_attn_fp8_gluon.py --variants merge
 # passes its table on a GPU. False: the loop writes partials and the combine merges them, as before.
 GLUON_FP8_MERGE_IN_KERNEL = False
+# The warp-specialised FP8 loop (kernel_gluon_fp8_ws.py: a producer partition gathers and
+# dequantises, the consumers multiply) in place of kernel_gluon_fp8.py's loop; off until
+# scripts/probe_mma_attn_fp8_gluon.py --variants ws passes its table on a GPU.
+GLUON_FP8_WS = False
 
 
 def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
@@ -346,8 +350,9 @@ def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) 
 
 def fp8_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles) -> str:
     """Which main loop runs one launch over FP8 caches: "gluon-fp8" (kernel_gluon_fp8.py) where it
-    applies and GLUON_FP8_ENABLED is set, else "triton". Same shapes as the bf16 Gluon loop
-    (gluon_shape_ok: 64 heads of 512, 64-row whole-width tiles with a split)."""
+    applies and GLUON_FP8_ENABLED is set ("gluon-fp8-ws", kernel_gluon_fp8_ws.py, with GLUON_FP8_WS
+    and no in-kernel merge), else "triton". Same shapes as the bf16 Gluon loop (gluon_shape_ok: 64
+    heads of 512, 64-row whole-width tiles with a split)."""
     B, H, D = q.shape
     if (
         GLUON_FP8_ENABLED and q.is_cuda and swa.layout.fp8
@@ -355,7 +360,7 @@ def fp8_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None
         and (extra_indices is None or extra_indices.stride(1) == 1)
         and gluon_available() and gluon_fp8_operands_ok(q, swa, extra)
     ):
-        return "gluon-fp8"
+        return "gluon-fp8-ws" if GLUON_FP8_WS and not GLUON_FP8_MERGE_IN_KERNEL else "gluon-fp8"
     return "triton"
 
 
@@ -363,7 +368,7 @@ def fp8_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None
 class Plan:
     """How one call runs: "triton" is one launch of this file's kernel over the slots of both
     caches (window first); "gluon-fp8" is one launch of kernel_gluon_fp8.py over the same slots and
-    chunks (FP8 caches); "gluon" is kernel_gluon.py once per cache (`per_cache`: chunk and splits
+    chunks (FP8 caches), "gluon-fp8-ws" the same of kernel_gluon_fp8_ws.py; "gluon" is kernel_gluon.py once per cache (`per_cache`: chunk and splits
     of each). The Gluon loops write partials, merged by the combine."""
 
     engine: str
@@ -492,7 +497,7 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
     if ns_total > 1:
         o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.float32)
-        if p.merge_in_kernel:  # every program writes all its rows: no fill launch
+        if p.engine.startswith("gluon-fp8"):  # every program writes all its rows: no fill launch
             lse_part = torch.empty(B, ns_total, H, device=q.device, dtype=torch.float32)
         else:
             lse_part = torch.full((B, ns_total, H), float("-inf"), device=q.device, dtype=torch.float32)
@@ -507,6 +512,11 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
             gluon_sparse_decode_partials(q, cache.data, indices, lengths, o_part, lse_part, chunk, nsplit, scale,
                                          split_base=base, ns_total=ns_total)
             base += nsplit
+    elif p.engine == "gluon-fp8-ws":
+        from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
+
+        gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
+                                            o_part, lse_part, p.chunk, p.nsplit, scale)
     elif p.engine == "gluon-fp8":
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
 

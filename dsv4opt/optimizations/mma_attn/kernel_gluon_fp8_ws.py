@@ -1,0 +1,268 @@
+"""mma-attn's FP8 main loop with warp specialisation (Gluon, Hopper): a producer gathers and
+dequantises, two consumer warpgroups run the products.
+
+Stands for SGLang's sm_120 sparse decode (`flash_mla_sparse_decode_triton`) over its FP8 KV layout,
+as kernel_gluon_fp8.py does, with the structure of FlashMLA's sparse FP8 decode on Hopper: the
+tensor cores never wait for a gather or a dequantisation that another warp could have done.
+
+kernel_gluon_fp8.py runs everything in the same eight warps: per 64-row tile they wait for the
+staged bytes, dequantise, run QK, the softmax and PV, one after another (Nsight Compute at B = 64:
+one CTA per SM, 79% of cycles with no eligible warp). Here `gl.warp_specialize` splits the CTA:
+
+- the producer partition (4 warps, 48 registers): cp.async gathers of 16-row sub-tiles (the 448
+  e4m3 nope bytes and the 8-byte scale record of each row) into a ring of NUM_STAGE staging
+  buffers, two sub-tiles in flight while it dequantises a third (e4m3 times 2^(e - 127), exact in
+  bf16) into a ring of two [64, 512] bf16 tiles; the rope (bf16 already) goes by cp.async straight
+  into the tile's last 64 columns. A tile is handed over with an mbarrier (`full`);
+- the default partition (8 warps, two warpgroups): q into shared memory once, then per tile the QK
+  wgmma, the online softmax and the PV wgmma of kernel_gluon_fp8.py, releasing the tile with an
+  mbarrier (`empty`) as soon as PV has read it.
+
+Shared memory: q 64 KiB + two bf16 tiles 128 KiB + three 7.1 KiB staging buffers + the chunk's
+indices; a 64-row staging buffer (36.5 KiB) would not fit beside two bf16 tiles, hence the 16-row
+sub-tiles. Same launch, chunks and fp32 partials as kernel_gluon_fp8.py (kernel.py's combine merges
+them); GPU and Triton 3.6 only, switched by kernel.GLUON_FP8_WS.
+"""
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+
+from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import (
+    BLOCK_K, HEADS, LOG2E_, NOPE_TILES, _NOPE_TILES, _ROPE, _TILE, _tile_rows,
+)
+from dsv4opt.tritonlib import LOG2E
+
+SUB = 16  # rows of a producer sub-tile: 7 KiB of nope bytes, four to a 64-row tile
+NUM_STAGE = 3  # staging sub-buffers: two in flight while the third is dequantised
+PRODUCER_WARPS = 4
+PRODUCER_REGS = 48  # the consumers get the rest: (168 x 384 - 48 x 128) / 256 = 224
+
+
+@gluon.jit
+def _issue_sub(st_nope, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta,
+               KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
+               SUB_: gl.constexpr, L_N: gl.constexpr, L_SC: gl.constexpr):
+    """cp.async sub-tile u's nope bytes (7 blocks [SUB, 64] u8, 8 bytes a thread) and its rows'
+    scale words ([2, SUB] i32) into staging buffer `buf`. Unused rows read nothing (zero fill)."""
+    at, _, m_row = _tile_rows(idx_sub, u, start, x_delta, gl.SliceLayout(1, L_N), KW, PS_W, PB_W, PS_X, PB_X, SUB_)
+    o_c = gl.arange(0, _TILE, layout=gl.SliceLayout(0, L_N))
+    for j in gl.static_range(_NOPE_TILES):
+        cp.async_copy_global_to_shared(st_nope.index(buf * _NOPE_TILES + j), p_kv8 + (at + j * _TILE)[:, None] + o_c[None, :],
+                                       mask=m_row[:, None])
+    _, at_s, m_s = _tile_rows(idx_sub, u, start, x_delta, gl.SliceLayout(0, L_SC), KW, PS_W, PB_W, PS_X, PB_X, SUB_)
+    o_w = gl.arange(0, 2, layout=gl.SliceLayout(1, L_SC))
+    ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    st_words = st_scale.index(buf)._reinterpret(gl.int32, [2, SUB_], ROW2)  # [2, SUB]: word w of every row
+    cp.async_copy_global_to_shared(st_words, p_kv32 + (at_s >> 2)[None, :] + o_w[:, None], mask=m_s[None, :])
+
+
+@gluon.jit
+def _dequant_sub(dst, st_nope, st_scale, buf, SUB_: gl.constexpr, L_N: gl.constexpr):
+    """Staging buffer `buf` -> dst [SUB, 448 + 64] bf16 (rows of a ring tile), nope columns only:
+    tile j is e4m3 times 2^(e_j - 127), e_j byte j % 4 of scale word j // 4 (as kernel_gluon_fp8)."""
+    ROWS: gl.constexpr = gl.SliceLayout(1, L_N)
+    b_w0 = st_scale.index(buf).slice(0, SUB_).load(ROWS)  # [SUB] int32: exponent bytes of nope tiles 0-3
+    b_w1 = st_scale.index(buf).slice(SUB_, SUB_).load(ROWS)  # [SUB] int32: tiles 4-6 and the pad byte
+    for j in gl.static_range(_NOPE_TILES):
+        if j < 4:
+            b_w = b_w0
+        else:
+            b_w = b_w1
+        b_sc = (((b_w >> (8 * (j % 4))) & 0xFF) << 23).to(gl.float32, bitcast=True)  # [SUB] 2^(e - 127)
+        b_raw = st_nope.index(buf * _NOPE_TILES + j).load(L_N)  # [SUB, 64] uint8
+        b_x = b_raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * b_sc[:, None]
+        dst.slice(j * _TILE, _TILE, dim=1).store(b_x.to(gl.bfloat16))
+
+
+@gluon.jit
+def _producer(ring, full, empty, st_nope, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
+              N_TILES: gl.constexpr, KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr,
+              PB_X: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr):
+    """Fills ring slot t % 2 with tile t once the consumers released it: the rope by cp.async
+    straight into its last 64 columns, the nope columns dequantised sub-tile by sub-tile from
+    staging; then `full`. Sub-tile u + NST - 1 is issued as soon as every producer thread is past
+    sub-tile u - 1 (whose buffer it reuses), so NST - 1 sub-tiles are in flight during each
+    dequantisation."""
+    L_N: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # [16, 64] u8, 8 bytes a thread
+    L_SC: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [1, 4], [1, 0])  # [2, 16] i32 words
+    L_R: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # [64, 64] bf16, 16 bytes a thread
+    NSUB: gl.constexpr = BK // SUB_
+    NU: gl.constexpr = N_TILES * NSUB
+    gl.static_assert(NST - 1 <= NSUB)
+    for i in gl.static_range(NST - 1):
+        if i < NU:
+            _issue_sub(st_nope, st_scale, p_kv8, p_kv32, idx_sub, i, i, start, x_delta, KW, PS_W, PB_W, PS_X, PB_X,
+                       SUB_, L_N, L_SC)
+        cp.commit_group()
+    o_r = gl.arange(0, _ROPE, layout=gl.SliceLayout(0, L_R))
+    for t in range(N_TILES):
+        slot = t % 2
+        mbarrier.wait(empty.index(slot), ((t // 2) & 1) ^ 1)  # the first wait on each slot passes
+        tile = ring.index(slot)
+        at_r, _, m_r = _tile_rows(idx_smem, t, start, x_delta, gl.SliceLayout(1, L_R), KW, PS_W, PB_W, PS_X, PB_X, BK)
+        cp.async_copy_global_to_shared(tile.slice(_NOPE_TILES * _TILE, _ROPE, dim=1),
+                                       p_kv16 + ((at_r + _NOPE_TILES * _TILE) >> 1)[:, None] + o_r[None, :],
+                                       mask=m_r[:, None])
+        cp.commit_group()  # the rope's group, after sub-tiles up to t * NSUB + NST - 2
+        for q in gl.static_range(NSUB):
+            u = t * NSUB + q
+            # groups committed after sub-tile u: u + 1 .. u + NST - 2, and the rope's if u came before it
+            if q < NST - 1:
+                cp.wait_group(NST - 1)
+            else:
+                cp.wait_group(NST - 2)  # also the rope's group: complete from here on
+            gl.thread_barrier()  # sub-tile u's scale words landed for every thread; all past sub-tile u - 1
+            nxt = u + NST - 1
+            if N_TILES == 1:  # static: Triton 3.6 fails to lower the folded one-tile loop's dead branch
+                if q + NST - 1 < NU:
+                    _issue_sub(st_nope, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W,
+                               PB_W, PS_X, PB_X, SUB_, L_N, L_SC)
+            elif nxt < NU:
+                _issue_sub(st_nope, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W, PB_W,
+                           PS_X, PB_X, SUB_, L_N, L_SC)
+            cp.commit_group()  # an empty group past the chunk keeps the counts per sub-tile
+            _dequant_sub(tile.slice(q * SUB_, SUB_, dim=0), st_nope, st_scale, u % NST, SUB_, L_N)
+        fence_async_shared()  # this thread's stores and copies, before the consumers' wgmma reads them
+        mbarrier.arrive(full.index(slot))
+    cp.wait_group(0)
+
+
+@gluon.jit
+def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H, qk_scale_log2,
+              N_TILES: gl.constexpr, NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr):
+    """q into shared memory, then per ring tile QK, the online softmax (base 2, masked slots at
+    -inf) and PV as in kernel_gluon_fp8.py; writes split i_s's fp32 partials."""
+    LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    P_DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
+    o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, LOAD))
+    o_dq = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
+    q_smem.store(gl.load(p_q + i_b * stride_qb + o_h[:, None] * D + o_dq[None, :]))
+    fence_async_shared()
+    gl.thread_barrier()  # every consumer warp's part of q, before either warpgroup's wgmma reads it
+
+    b_m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH] running max, base 2
+    b_l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH]
+    b_acc = gl.zeros([BH, D], gl.float32, layout=O_MMA)  # [BH, D]
+    s_zero = gl.zeros([BH, BK], gl.float32, layout=S_MMA)
+    for t in range(N_TILES):
+        slot = t % 2
+        mbarrier.wait(full.index(slot), (t // 2) & 1)
+        kv_t = ring.index(slot)
+        b_s = warpgroup_mma(q_smem, kv_t.permute((1, 0)), s_zero, use_acc=False)  # [BH, BK]
+        b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))  # [BK]
+        b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
+        b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
+        b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
+        b_p = gl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+        b_l = b_l * b_alpha + gl.sum(b_p, axis=1)
+        b_m = b_m_new
+        b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
+        p_dot = gl.convert_layout(b_p.to(gl.bfloat16), P_DOT)
+        b_acc = warpgroup_mma(p_dot, kv_t, b_acc * b_alpha_o[:, None])  # [BH, D]; waits for its completion
+        mbarrier.arrive(empty.index(slot))
+
+    m_any = b_l > 0
+    b_lse2 = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH]
+    inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
+    b_o = b_acc * inv[:, None]  # [BH, D]
+    o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
+    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
+    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
+    gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
+    o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
+    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
+
+
+@gluon.jit
+def gluon_fp8_ws_sparse_decode_kernel(
+    p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part,
+    stride_qb, stride_iw, stride_ix, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
+    KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
+    PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
+    D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr,
+    PRODUCER_REGS_: gl.constexpr,
+):
+    """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
+    followed by the KX compressed-cache slots (kernel_gluon_fp8's contract without MERGE); writes
+    split i_s of o_part [B, NSPLIT, H, D] fp32 and lse_part [B, NSPLIT, H] (base 2)."""
+    gl.static_assert(gl.num_warps() == 8)
+    gl.static_assert(BK == 64)
+    gl.static_assert(D == _NOPE_TILES * _TILE + _ROPE)
+    SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    ROW1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+
+    i_b = gl.program_id(0)
+    i_s = gl.program_id(2)
+    n_w = gl.load(p_len + i_b)
+    n_x = 0
+    if KX > 0:
+        n_x = gl.load(p_len + len_x_delta + i_b)
+    start = i_s * CHUNK
+
+    # The chunk's indices, once, into shared memory (-1 for unused slots, past the chunk, past
+    # either cache's slots or past a request's length), as kernel_gluon_fp8 does.
+    N_TILES: gl.constexpr = CHUNK // BK
+    IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + 1)  # >= 2: a [1, 64] view fails to lower on Triton 3.6
+    IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
+    IDX_S: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    o_k = start + gl.arange(0, IDX_ROWS * BK, layout=IDX_L)
+    in_x = o_k >= KW
+    o_kx = o_k - KW
+    m_k = (o_k < start + CHUNK) & (o_k < KW + KX) & gl.where(in_x, o_kx < n_x, o_k < n_w)
+    o_i = gl.where(in_x, idx_x_delta + i_b * stride_ix + o_kx, i_b * stride_iw + o_k)
+    b_idx_all = gl.load(p_idx + o_i, mask=m_k, other=-1)  # [IDX_ROWS * BK]
+    idx_flat = gl.allocate_shared_memory(gl.int32, [IDX_ROWS * BK], IDX_S, b_idx_all)
+    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_S)  # row t: tile t's indices
+    idx_sub = idx_flat._reinterpret(gl.int32, [IDX_ROWS * BK // SUB_, SUB_], IDX_S)  # row u: sub-tile u's
+
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, D], SMEM)
+    ring = gl.allocate_shared_memory(gl.bfloat16, [2, BK, D], SMEM)
+    st_nope = gl.allocate_shared_memory(gl.uint8, [NST * _NOPE_TILES, SUB_, _TILE], ROW2)
+    st_scale = gl.allocate_shared_memory(gl.int32, [NST, 2 * SUB_], ROW1)
+    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        # one arrival a hand-over: Gluon's arrive is a partition-wide bar.sync, then one thread's arrive
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.thread_barrier()  # the indices and the initialised barriers, before the partitions start
+
+    gl.warp_specialize(
+        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H,
+                      qk_scale_log2, N_TILES, NSPLIT, D, BH, BK)),
+         (_producer, (ring, full, empty, st_nope, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
+                      N_TILES, KW, PS_W, PB_W, PS_X, PB_X, BK, SUB_, NST))],
+        [4], [PRODUCER_REGS_])
+
+
+def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
+                                        o_part, lse_part, chunk: int, nsplit: int, scale: float) -> None:
+    """kernel_gluon_fp8.gluon_fp8_sparse_decode_partials (without the merge), warp-specialised."""
+    from dsv4opt.optimizations.mma_attn.kernel import _offset
+
+    B, H, D = q.shape
+    assert H == HEADS and chunk % BLOCK_K == 0, (H, chunk)
+    L = swa.layout
+    LX = extra.layout if extra is not None else L
+    _, kvu8, kv16 = swa.views()
+    if extra is not None:
+        x_delta = _offset(extra.data, swa.data, 1)
+        idx_x_delta, len_x_delta = _offset(extra_indices, swa_indices, 4), _offset(extra_lengths, swa_lengths, 4)
+        stride_ix, kx = extra_indices.stride(0), extra_indices.shape[1]
+    else:
+        x_delta = idx_x_delta = len_x_delta = stride_ix = kx = 0
+    gluon_fp8_ws_sparse_decode_kernel[(B, 1, nsplit)](
+        p_q=q, p_kv8=kvu8, p_kv16=kv16, p_kv32=kvu8.view(torch.int32), p_idx=swa_indices, p_len=swa_lengths,
+        p_o_part=o_part, p_lse_part=lse_part, stride_qb=q.stride(0), stride_iw=swa_indices.stride(0),
+        stride_ix=stride_ix, H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta,
+        len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit,
+        PS_W=L.page_size, PB_W=L.page_bytes, PS_X=LX.page_size, PB_X=LX.page_bytes,
+        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, num_warps=8,
+    )
