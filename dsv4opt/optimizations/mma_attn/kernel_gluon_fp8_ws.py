@@ -39,7 +39,15 @@ from dsv4opt.tritonlib import LOG2E
 SUB = 16  # rows of a producer sub-tile: 7 KiB of nope bytes, four to a 64-row tile
 NUM_STAGE = 3  # staging sub-buffers: two in flight while the third is dequantised
 PRODUCER_WARPS = 4
-PRODUCER_REGS = 48  # the consumers get the rest: (168 x 384 - 48 x 128) / 256 = 224
+PRODUCER_REGS = 88  # the consumers get the rest: (168 x 384 - 88 x 128) / 256 = 208 (48 spills with WIDE)
+# WIDE: a sub-tile's nope bytes staged as one [SUB, 512] block (one 16-byte cp.async op, the 64
+# bytes past the nope masked) and stored as three pieces of 256, 128 and 64 columns instead of seven
+# of 64: Triton's shared-memory barrier analysis puts a bar.sync before each store to an allocation
+# another store has written since the last barrier, and each cp.async into one, whatever the slices.
+WIDE = 1
+# ABLATE (a diagnostic, results wrong): 1 the consumers skip the products and the softmax, 2 the
+# producer skips its copies and dequantisation, 3 both; what is left times the other side alone.
+ABLATE = 0
 
 
 @gluon.jit
@@ -79,24 +87,95 @@ def _dequant_sub(dst, st_nope, st_scale, buf, SUB_: gl.constexpr, L_N: gl.conste
 
 
 @gluon.jit
+def _issue_sub_wide(st_data, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta,
+                    KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
+                    SUB_: gl.constexpr, L_D: gl.constexpr, L_SC: gl.constexpr):
+    """cp.async sub-tile u's 448 nope bytes into st_data[buf] [SUB, 512] u8 (one op, 16 bytes a
+    thread; columns 448-511 masked, so zero-filled and not read) and its scale words."""
+    at, _, m_row = _tile_rows(idx_sub, u, start, x_delta, gl.SliceLayout(1, L_D), KW, PS_W, PB_W, PS_X, PB_X, SUB_)
+    o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, L_D))
+    cp.async_copy_global_to_shared(st_data.index(buf), p_kv8 + at[:, None] + o_c[None, :],
+                                   mask=m_row[:, None] & (o_c < _NOPE_TILES * _TILE)[None, :])
+    _, at_s, m_s = _tile_rows(idx_sub, u, start, x_delta, gl.SliceLayout(0, L_SC), KW, PS_W, PB_W, PS_X, PB_X, SUB_)
+    o_w = gl.arange(0, 2, layout=gl.SliceLayout(1, L_SC))
+    ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    st_words = st_scale.index(buf)._reinterpret(gl.int32, [2, SUB_], ROW2)
+    cp.async_copy_global_to_shared(st_words, p_kv32 + (at_s >> 2)[None, :] + o_w[:, None], mask=m_s[None, :])
+
+
+@gluon.jit
+def _dequant_piece(dst, src, b_w, C0: gl.constexpr, W: gl.constexpr, J0: gl.constexpr, L: gl.constexpr):
+    """Columns [C0, C0 + W) of one staged sub-tile src [SUB, 512] u8 -> dst's same columns in bf16,
+    nope tile j = c // 64 scaled by byte j - J0 of b_w [SUB] (one of the rows' scale words)."""
+    o_c = C0 + gl.arange(0, W, layout=gl.SliceLayout(0, L))
+    shift = 8 * (o_c // _TILE - J0)  # [W], constant per register
+    b_sc = (((b_w[:, None] >> shift[None, :]) & 0xFF) << 23).to(gl.float32, bitcast=True)  # [SUB, W]
+    b_raw = src.slice(C0, W, dim=1).load(L)  # [SUB, W] uint8
+    b_x = b_raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * b_sc
+    dst.slice(C0, W, dim=1).store(b_x.to(gl.bfloat16))
+
+
+@gluon.jit
+def _dequant_sub_wide(dst, st_data, st_scale, buf, SUB_: gl.constexpr):
+    """Staging buffer `buf` -> dst [SUB, 512] bf16, nope columns, in three stores (256, 128, 64)."""
+    L256: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
+    L128: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    L64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    src = st_data.index(buf)
+    _dequant_piece(dst, src, st_scale.index(buf).slice(0, SUB_).load(gl.SliceLayout(1, L256)), 0, 256, 0, L256)
+    _dequant_piece(dst, src, st_scale.index(buf).slice(SUB_, SUB_).load(gl.SliceLayout(1, L128)), 256, 128, 4, L128)
+    _dequant_piece(dst, src, st_scale.index(buf).slice(SUB_, SUB_).load(gl.SliceLayout(1, L64)), 384, 64, 4, L64)
+
+
+@gluon.jit
+def _stage(st, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta, KW: gl.constexpr, PS_W: gl.constexpr,
+           PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr, SUB_: gl.constexpr, WIDE_: gl.constexpr):
+    """Issue sub-tile u's copies into staging buffer `buf` (st: seven [SUB, 64] blocks a buffer, or
+    one [SUB, 512] with WIDE)."""
+    L_N: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # [16, 64] u8, 8 bytes a thread
+    L_D: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # [16, 512] u8, 16 bytes a thread
+    L_SC: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [1, 4], [1, 0])  # [2, 16] i32 words
+    if WIDE_:
+        _issue_sub_wide(st, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta, KW, PS_W, PB_W, PS_X, PB_X, SUB_,
+                        L_D, L_SC)
+    else:
+        _issue_sub(st, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta, KW, PS_W, PB_W, PS_X, PB_X, SUB_,
+                   L_N, L_SC)
+
+
+@gluon.jit
+def _unstage(dst, st, st_scale, buf, SUB_: gl.constexpr, WIDE_: gl.constexpr):
+    """Dequantise staging buffer `buf` into dst [SUB, 512] bf16 (nope columns)."""
+    L_N: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    if WIDE_:
+        _dequant_sub_wide(dst, st, st_scale, buf, SUB_)
+    else:
+        _dequant_sub(dst, st, st_scale, buf, SUB_, L_N)
+
+
+@gluon.jit
 def _producer(ring, full, empty, st_nope, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
               N_TILES: gl.constexpr, KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr,
-              PB_X: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr):
+              PB_X: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr, WIDE_: gl.constexpr,
+              ABLATE_: gl.constexpr):
     """Fills ring slot t % 2 with tile t once the consumers released it: the rope by cp.async
     straight into its last 64 columns, the nope columns dequantised sub-tile by sub-tile from
     staging; then `full`. Sub-tile u + NST - 1 is issued as soon as every producer thread is past
     sub-tile u - 1 (whose buffer it reuses), so NST - 1 sub-tiles are in flight during each
     dequantisation."""
-    L_N: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # [16, 64] u8, 8 bytes a thread
-    L_SC: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [1, 4], [1, 0])  # [2, 16] i32 words
     L_R: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # [64, 64] bf16, 16 bytes a thread
     NSUB: gl.constexpr = BK // SUB_
     NU: gl.constexpr = N_TILES * NSUB
     gl.static_assert(NST - 1 <= NSUB)
+    if ABLATE_ & 2:  # diagnostic: hand over the tiles untouched
+        for t in range(N_TILES):
+            mbarrier.wait(empty.index(t % 2), ((t // 2) & 1) ^ 1)
+            mbarrier.arrive(full.index(t % 2))
+        return
     for i in gl.static_range(NST - 1):
         if i < NU:
-            _issue_sub(st_nope, st_scale, p_kv8, p_kv32, idx_sub, i, i, start, x_delta, KW, PS_W, PB_W, PS_X, PB_X,
-                       SUB_, L_N, L_SC)
+            _stage(st_nope, st_scale, p_kv8, p_kv32, idx_sub, i, i, start, x_delta, KW, PS_W, PB_W, PS_X, PB_X, SUB_,
+                   WIDE_)
         cp.commit_group()
     o_r = gl.arange(0, _ROPE, layout=gl.SliceLayout(0, L_R))
     for t in range(N_TILES):
@@ -119,21 +198,42 @@ def _producer(ring, full, empty, st_nope, st_scale, idx_smem, idx_sub, p_kv8, p_
             nxt = u + NST - 1
             if N_TILES == 1:  # static: Triton 3.6 fails to lower the folded one-tile loop's dead branch
                 if q + NST - 1 < NU:
-                    _issue_sub(st_nope, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W,
-                               PB_W, PS_X, PB_X, SUB_, L_N, L_SC)
+                    _stage(st_nope, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W,
+                           PB_W, PS_X, PB_X, SUB_, WIDE_)
             elif nxt < NU:
-                _issue_sub(st_nope, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W, PB_W,
-                           PS_X, PB_X, SUB_, L_N, L_SC)
+                _stage(st_nope, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W, PB_W,
+                       PS_X, PB_X, SUB_, WIDE_)
             cp.commit_group()  # an empty group past the chunk keeps the counts per sub-tile
-            _dequant_sub(tile.slice(q * SUB_, SUB_, dim=0), st_nope, st_scale, u % NST, SUB_, L_N)
+            _unstage(tile.slice(q * SUB_, SUB_, dim=0), st_nope, st_scale, u % NST, SUB_, WIDE_)
         fence_async_shared()  # this thread's stores and copies, before the consumers' wgmma reads them
         mbarrier.arrive(full.index(slot))
     cp.wait_group(0)
 
 
 @gluon.jit
+def _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH: gl.constexpr, BK: gl.constexpr):
+    """One ring tile: S = q K^T, the online softmax (base 2, masked slots at -inf), acc = acc * alpha + P V."""
+    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    P_DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
+    s_zero = gl.zeros([BH, BK], gl.float32, layout=S_MMA)
+    b_s = warpgroup_mma(q_smem, kv_t.permute((1, 0)), s_zero, use_acc=False)  # [BH, BK]
+    b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))  # [BK]
+    b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
+    b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
+    b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
+    b_p = gl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+    b_l = b_l * b_alpha + gl.sum(b_p, axis=1)
+    b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
+    p_dot = gl.convert_layout(b_p.to(gl.bfloat16), P_DOT)
+    b_acc = warpgroup_mma(p_dot, kv_t, b_acc * b_alpha_o[:, None])  # [BH, D]; waits for its completion
+    return b_m_new, b_l, b_acc
+
+
+@gluon.jit
 def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H, qk_scale_log2,
-              N_TILES: gl.constexpr, NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr):
+              N_TILES: gl.constexpr, NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr,
+              ABLATE_: gl.constexpr):
     """q into shared memory, then per ring tile QK, the online softmax (base 2, masked slots at
     -inf) and PV as in kernel_gluon_fp8.py; writes split i_s's fp32 partials."""
     LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
@@ -149,23 +249,15 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_
     b_m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH] running max, base 2
     b_l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH]
     b_acc = gl.zeros([BH, D], gl.float32, layout=O_MMA)  # [BH, D]
-    s_zero = gl.zeros([BH, BK], gl.float32, layout=S_MMA)
     for t in range(N_TILES):
         slot = t % 2
         mbarrier.wait(full.index(slot), (t // 2) & 1)
         kv_t = ring.index(slot)
-        b_s = warpgroup_mma(q_smem, kv_t.permute((1, 0)), s_zero, use_acc=False)  # [BH, BK]
-        b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))  # [BK]
-        b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
-        b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
-        b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
-        b_p = gl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
-        b_l = b_l * b_alpha + gl.sum(b_p, axis=1)
-        b_m = b_m_new
-        b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
-        p_dot = gl.convert_layout(b_p.to(gl.bfloat16), P_DOT)
-        b_acc = warpgroup_mma(p_dot, kv_t, b_acc * b_alpha_o[:, None])  # [BH, D]; waits for its completion
-        mbarrier.arrive(empty.index(slot))
+        if ABLATE_ & 1:  # diagnostic: release the tile unread
+            mbarrier.arrive(empty.index(slot))
+        else:
+            b_m, b_l, b_acc = _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH, BK)
+            mbarrier.arrive(empty.index(slot))
 
     m_any = b_l > 0
     b_lse2 = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH]
@@ -186,7 +278,7 @@ def gluon_fp8_ws_sparse_decode_kernel(
     KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
     PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
     D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr,
-    PRODUCER_REGS_: gl.constexpr,
+    PRODUCER_REGS_: gl.constexpr, WIDE_: gl.constexpr, ABLATE_: gl.constexpr,
 ):
     """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
     followed by the KX compressed-cache slots (kernel_gluon_fp8's contract without MERGE); writes
@@ -224,7 +316,10 @@ def gluon_fp8_ws_sparse_decode_kernel(
 
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, D], SMEM)
     ring = gl.allocate_shared_memory(gl.bfloat16, [2, BK, D], SMEM)
-    st_nope = gl.allocate_shared_memory(gl.uint8, [NST * _NOPE_TILES, SUB_, _TILE], ROW2)
+    if WIDE_:
+        st_nope = gl.allocate_shared_memory(gl.uint8, [NST, SUB_, D], ROW2)
+    else:
+        st_nope = gl.allocate_shared_memory(gl.uint8, [NST * _NOPE_TILES, SUB_, _TILE], ROW2)
     st_scale = gl.allocate_shared_memory(gl.int32, [NST, 2 * SUB_], ROW1)
     full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -236,9 +331,9 @@ def gluon_fp8_ws_sparse_decode_kernel(
 
     gl.warp_specialize(
         [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H,
-                      qk_scale_log2, N_TILES, NSPLIT, D, BH, BK)),
+                      qk_scale_log2, N_TILES, NSPLIT, D, BH, BK, ABLATE_)),
          (_producer, (ring, full, empty, st_nope, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
-                      N_TILES, KW, PS_W, PB_W, PS_X, PB_X, BK, SUB_, NST))],
+                      N_TILES, KW, PS_W, PB_W, PS_X, PB_X, BK, SUB_, NST, WIDE_, ABLATE_))],
         [4], [PRODUCER_REGS_])
 
 
@@ -264,5 +359,6 @@ def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra,
         stride_ix=stride_ix, H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta,
         len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit,
         PS_W=L.page_size, PB_W=L.page_bytes, PS_X=LX.page_size, PB_X=LX.page_bytes,
-        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, num_warps=8,
+        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, WIDE_=WIDE, ABLATE_=ABLATE,
+        num_warps=8,
     )
