@@ -87,8 +87,9 @@ def fp8_ws_source(batch: int):
                       BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS, WIDE_=g.WIDE,
                       ABLATE_=g.ABLATE)
     types = dict(p_q="*bf16", p_kv8="*u8", p_kv16="*bf16", p_kv32="*i32", p_idx="*i32", p_len="*i32",
-                 p_o_part="*fp32", p_lse_part="*fp32", stride_qb="i32", stride_iw="i32", stride_ix="i32", H="i32",
-                 qk_scale_log2="fp32", x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
+                 p_o_part="*bf16" if g.PARTIALS_BF16 else "*fp32", p_lse_part="*fp32", stride_qb="i32",
+                 stride_iw="i32", stride_ix="i32", H="i32", qk_scale_log2="fp32", x_delta="i64", idx_x_delta="i32",
+                 len_x_delta="i32")
     sig, attrs = _signature(fn, types, constexprs)
     return GluonASTSource(fn, sig, constexprs, attrs), f"FP8 warp-specialised, B {batch}: chunk {chunk}, {nsplit} splits"
 
@@ -135,6 +136,8 @@ def report(src, label: str, dump: Path | None) -> dict:
         "shared_bytes": shared, "fits_227KB": shared <= SMEM_LIMIT,
         "cp_async_by_width": widths, "cp_async_zero_fill": len(re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*\], 0x\d+, %r", ptx)),
         "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+        "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx))),
+        "bar_sync": len(re.findall(r"\bbar\.sync", ptx)),
     }
     print(f"{label}\n  registers {regs}, spills {spill_st} B stored / {spill_ld} B loaded, shared memory {shared} B "
           f"({shared / 1024:.1f} KiB; limit {SMEM_LIMIT / 1024:.0f} KiB)\n  PTX: cp.async by width {widths}, "

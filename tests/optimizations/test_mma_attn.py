@@ -352,9 +352,18 @@ def test_fp8_engine_takes_the_gluon_loop_only_when_switched_on_and_it_applies(mo
     monkeypatch.setattr(kernel, "gluon_available", lambda: True)
     monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", False)
     assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "triton"  # the switch is off
+    monkeypatch.setattr(kernel, "GLUON_FP8_WS", True)
+    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "triton"  # ... whatever the loop
+    monkeypatch.setattr(kernel, "GLUON_FP8_WS", False)
     monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", True)
     assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "gluon-fp8"
     assert kernel.fp8_engine(q, swa, widx, None, None, wide) == "gluon-fp8"  # a window-only layer
+    monkeypatch.setattr(kernel, "GLUON_FP8_WS", True)
+    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "gluon-fp8-ws"
+    monkeypatch.setattr(kernel, "GLUON_FP8_MERGE_IN_KERNEL", True)  # the merge is the other loop's
+    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "gluon-fp8"
+    monkeypatch.setattr(kernel, "GLUON_FP8_MERGE_IN_KERNEL", False)
+    monkeypatch.setattr(kernel, "GLUON_FP8_WS", False)
     for s, x in (_fp8_caches(swa_ptr=(1 << 20) + 8), _fp8_caches(extra_ptr=(1 << 30) + 4)):
         assert kernel.fp8_engine(q, s, widx, x, xidx, wide) == "triton"  # cp.async moves 16 aligned bytes
     assert kernel.fp8_engine(q, *_fp8_caches(tile=32)[:1], widx, None, None, wide) == "triton"  # another geometry
@@ -444,7 +453,8 @@ def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     committed = {k: getattr(kernel, k) for v in probe.VARIANTS.values() for k in v}
-    assert set(probe.VARIANTS) >= {"loop", "merge"}
+    assert set(probe.VARIANTS) >= {"loop", "merge", "ws"}
+    assert set(probe.ENGINES) == set(probe.VARIANTS)
     for name, on in probe.VARIANTS.items():
         assert on["GLUON_FP8_ENABLED"], name
         with probe.switches(**on):
@@ -506,5 +516,56 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path):
     for row in json.loads(out.read_text())["rows"]:
         assert row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0, row
         assert row["fits_227KB"], row
+        widths = row["cp_async_by_width"]
+        assert widths["16"] > 0 and widths["8"] == 0 and row["cp_async_zero_fill"] == sum(widths.values()), row
+
+
+def test_fp8_ws_probe_constants_come_back_after_a_config():
+    """ws@SUB:NST:REGS:WIDE:ABLATE:PARTIALS_BF16 sets the warp-specialised loop's constants for the
+    calls inside and puts the committed ones back."""
+    import importlib.util
+    from pathlib import Path
+
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
+
+    path = Path(__file__).resolve().parents[2] / "scripts/probe_mma_attn_fp8_gluon.py"
+    spec = importlib.util.spec_from_file_location("probe_fp8_gluon_ws", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    names = ("SUB", "NUM_STAGE", "PRODUCER_REGS", "WIDE", "ABLATE", "PARTIALS_BF16")
+    committed = {n: getattr(g, n) for n in names}
+    with probe.ws_config("ws@32:2:40:0:3:0") as v:
+        assert v == "ws" and {n: getattr(g, n) for n in names} == dict(zip(names, (32, 2, 40, 0, 3, 0)))
+    assert {n: getattr(g, n) for n in names} == committed
+    assert committed["ABLATE"] == 0  # the diagnostic never ships on
+
+
+@pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),
+                    reason="the Gluon loops are compiled and gated on Triton 3.6 only")
+def test_fp8_ws_loop_compiles_for_sm90_without_spills(tmp_path):
+    """The warp-specialised FP8 loop compiled ahead of time for an H200 (no GPU): at B = 1 (one
+    tile a program: Triton 3.6 crashed on the folded loop's dead branch until the guard went static),
+    32 and 64, no spills in either partition, within 227 KB of shared memory, register budgets set
+    per partition, every gather a zero-filling cp.async, 16 bytes wide for the data records."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    out = tmp_path / "compile.json"
+    done = subprocess.run([sys.executable, str(root / "scripts/compile_mma_attn_gluon_sm90.py"), "--kernel", "fp8-ws",
+                           "--batch", "1,32,64", "--json", str(out)], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=str(root))
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 3
+    for row in rows:
+        assert row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0, row
+        assert row["fits_227KB"], row
+        assert {"208", "88"} <= set(row["setmaxnreg"]), row  # consumers 208, producer 88 registers
         widths = row["cp_async_by_width"]
         assert widths["16"] > 0 and widths["8"] == 0 and row["cp_async_zero_fill"] == sum(widths.values()), row

@@ -326,9 +326,10 @@ GLUON_FP8_ENABLED = True
 # passes its table on a GPU. False: the loop writes partials and the combine merges them, as before.
 GLUON_FP8_MERGE_IN_KERNEL = False
 # The warp-specialised FP8 loop (kernel_gluon_fp8_ws.py: a producer partition gathers and
-# dequantises, the consumers multiply) in place of kernel_gluon_fp8.py's loop; off until
-# scripts/probe_mma_attn_fp8_gluon.py --variants ws passes its table on a GPU.
-GLUON_FP8_WS = False
+# dequantises, the consumers multiply) in place of kernel_gluon_fp8.py's loop: on since
+# scripts/probe_mma_attn_fp8_gluon.py --variants ws passed its 70-case table on the H200 and timed it
+# faster from B = 16 (docs/kernels/mma_attn.md). False: kernel_gluon_fp8.py's loop, as before.
+GLUON_FP8_WS = True
 
 
 def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
@@ -496,7 +497,12 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
     if ns_total > 1:
-        o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.float32)
+        part_dtype = torch.float32
+        if p.engine == "gluon-fp8-ws":
+            from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import partials_dtype
+
+            part_dtype = partials_dtype()  # the combine reads either, and sums in fp32
+        o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=part_dtype)
         if p.engine.startswith("gluon-fp8"):  # every program writes all its rows: no fill launch
             lse_part = torch.empty(B, ns_total, H, device=q.device, dtype=torch.float32)
         else:
