@@ -84,12 +84,10 @@ def fp8_ws_source(batch: int):
     fn = g.gluon_fp8_ws_sparse_decode_kernel
     constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, PS_W=lw.page_size,
                       PB_W=lw.page_bytes, PS_X=lx.page_size, PB_X=lx.page_bytes, D=cfg.head_dim, BH=cfg.heads,
-                      BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS, WIDE_=g.WIDE,
-                      ABLATE_=g.ABLATE)
+                      BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS, ABLATE_=g.ABLATE)
     types = dict(p_q="*bf16", p_kv8="*u8", p_kv16="*bf16", p_kv32="*i32", p_idx="*i32", p_len="*i32",
-                 p_o_part="*bf16" if g.PARTIALS_BF16 else "*fp32", p_lse_part="*fp32", stride_qb="i32",
-                 stride_iw="i32", stride_ix="i32", H="i32", qk_scale_log2="fp32", x_delta="i64", idx_x_delta="i32",
-                 len_x_delta="i32")
+                 p_o_part="*fp32", p_lse_part="*fp32", stride_qb="i32", stride_iw="i32", stride_ix="i32", H="i32",
+                 qk_scale_log2="fp32", x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
     sig, attrs = _signature(fn, types, constexprs)
     return GluonASTSource(fn, sig, constexprs, attrs), f"FP8 warp-specialised, B {batch}: chunk {chunk}, {nsplit} splits"
 

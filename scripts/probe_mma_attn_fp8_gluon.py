@@ -87,15 +87,15 @@ def loop_tiles(batch: int, slots: int) -> kernel.Tiles:
 
 @contextlib.contextmanager
 def ws_config(variant: str):
-    """"ws@SUB:NST:REGS[:WIDE[:ABLATE[:PARTIALS_BF16]]]" runs the warp-specialised loop with those sub-tile rows,
-    staging buffers, producer registers, staging form and ablation (kernel_gluon_fp8_ws's constants)
-    for the calls inside; other names as they are."""
+    """"ws@SUB:NST:REGS[:ABLATE]" runs the warp-specialised loop with those sub-tile rows, staging
+    buffers, producer registers and ablation (kernel_gluon_fp8_ws's constants) for the calls
+    inside; other names as they are."""
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
 
     if "@" not in variant:
         yield variant
         return
-    names = ("SUB", "NUM_STAGE", "PRODUCER_REGS", "WIDE", "ABLATE", "PARTIALS_BF16")
+    names = ("SUB", "NUM_STAGE", "PRODUCER_REGS", "ABLATE")
     before = {n: getattr(g, n) for n in names}
     for n, v in zip(names, variant.split("@")[1].split(":")):
         setattr(g, n, int(v))
@@ -183,16 +183,13 @@ def check_cases(variant: str) -> tuple[list[dict], bool]:
 def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: float, variant: str = "loop"):
     """The loop alone (no combine), on preallocated partials, cycling through the sets."""
     from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
-    from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials, partials_dtype
+    from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
 
-    ws = variant.startswith("ws")
-    launch = gluon_fp8_ws_sparse_decode_partials if ws else gluon_fp8_sparse_decode_partials
-    with ws_config(variant):
-        part_dtype = partials_dtype() if ws else torch.float32
+    launch = gluon_fp8_ws_sparse_decode_partials if variant.startswith("ws") else gluon_fp8_sparse_decode_partials
 
     q, swa_idx, _, idx = sets[0][:4]
     p = kernel.plan(q, swa, swa_idx, extra, idx, tiles)
-    o_part = torch.empty(q.shape[0], p.nsplit, q.shape[1], q.shape[2], device="cuda", dtype=part_dtype)
+    o_part = torch.empty(q.shape[0], p.nsplit, q.shape[1], q.shape[2], device="cuda", dtype=torch.float32)
     lse_part = torch.empty(q.shape[0], p.nsplit, q.shape[1], device="cuda", dtype=torch.float32)
 
     def fn(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale):
@@ -240,7 +237,7 @@ def time_batches(batches: list[int], variants: list[str], copy_gbps: float, tflo
         for v in variants:
             err = err_of(*gluon_call(*x, tiles=tiles, variant=v))
             us = alone_us = err_after = float("nan")
-            ablation = "@" in v and len(v.split(":")) >= 5 and v.split(":")[4] != "0"
+            ablation = "@" in v and len(v.split(":")) >= 4 and v.split(":")[3] != "0"
             if err <= REL_TOL or ablation:  # an ablation's results are wrong by design: timed, never checked
                 us = B._median_graph_ms(B.rotating(lambda *a, v=v: gluon_call(*a, tiles=tiles, variant=v), swa, extra,
                                                    sets, scale)) * 1e3

@@ -521,8 +521,8 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path):
 
 
 def test_fp8_ws_probe_constants_come_back_after_a_config():
-    """ws@SUB:NST:REGS:WIDE:ABLATE:PARTIALS_BF16 sets the warp-specialised loop's constants for the
-    calls inside and puts the committed ones back."""
+    """ws@SUB:NST:REGS:ABLATE sets the warp-specialised loop's constants for the calls inside and
+    puts the committed ones back."""
     import importlib.util
     from pathlib import Path
 
@@ -532,13 +532,12 @@ def test_fp8_ws_probe_constants_come_back_after_a_config():
     spec = importlib.util.spec_from_file_location("probe_fp8_gluon_ws", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
-    names = ("SUB", "NUM_STAGE", "PRODUCER_REGS", "WIDE", "ABLATE", "PARTIALS_BF16")
+    names = ("SUB", "NUM_STAGE", "PRODUCER_REGS", "ABLATE")
     committed = {n: getattr(g, n) for n in names}
-    with probe.ws_config("ws@32:2:40:0:3:0") as v:
-        assert v == "ws" and {n: getattr(g, n) for n in names} == dict(zip(names, (32, 2, 40, 0, 3, 0)))
+    with probe.ws_config("ws@32:2:40:3") as v:
+        assert v == "ws" and {n: getattr(g, n) for n in names} == dict(zip(names, (32, 2, 40, 3)))
     assert {n: getattr(g, n) for n in names} == committed
     assert committed["ABLATE"] == 0  # the diagnostic never ships on
-    assert committed["PARTIALS_BF16"] is False  # slower on the H200 (docs/kernels/mma_attn.md)
 
 
 @pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),

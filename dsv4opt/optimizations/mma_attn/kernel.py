@@ -497,12 +497,7 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
     if ns_total > 1:
-        part_dtype = torch.float32
-        if p.engine == "gluon-fp8-ws":
-            from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import partials_dtype
-
-            part_dtype = partials_dtype()  # the combine reads either, and sums in fp32
-        o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=part_dtype)
+        o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.float32)
         if p.engine.startswith("gluon-fp8"):  # every program writes all its rows: no fill launch
             lse_part = torch.empty(B, ns_total, H, device=q.device, dtype=torch.float32)
         else:

@@ -3,25 +3,32 @@ dequantises, two consumer warpgroups run the products.
 
 Stands for SGLang's sm_120 sparse decode (`flash_mla_sparse_decode_triton`) over its FP8 KV layout,
 as kernel_gluon_fp8.py does, with the structure of FlashMLA's sparse FP8 decode on Hopper: the
-tensor cores never wait for a gather or a dequantisation that another warp could have done.
+tensor cores do not wait for a gather or a dequantisation that other warps can do.
 
 kernel_gluon_fp8.py runs everything in the same eight warps: per 64-row tile they wait for the
 staged bytes, dequantise, run QK, the softmax and PV, one after another (Nsight Compute at B = 64:
 one CTA per SM, 79% of cycles with no eligible warp). Here `gl.warp_specialize` splits the CTA:
 
-- the producer partition (4 warps, 48 registers): cp.async gathers of 16-row sub-tiles (the 448
-  e4m3 nope bytes and the 8-byte scale record of each row) into a ring of NUM_STAGE staging
-  buffers, two sub-tiles in flight while it dequantises a third (e4m3 times 2^(e - 127), exact in
-  bf16) into a ring of two [64, 512] bf16 tiles; the rope (bf16 already) goes by cp.async straight
-  into the tile's last 64 columns. A tile is handed over with an mbarrier (`full`);
-- the default partition (8 warps, two warpgroups): q into shared memory once, then per tile the QK
-  wgmma, the online softmax and the PV wgmma of kernel_gluon_fp8.py, releasing the tile with an
-  mbarrier (`empty`) as soon as PV has read it.
+- the producer partition (4 warps, 88 registers): per 16-row sub-tile, one cp.async op for the 448
+  e4m3 nope bytes of every row into a [16, 512] u8 staging buffer and one for the 8-byte scale
+  records; three staging buffers, two sub-tiles in flight while it dequantises a third (e4m3 times
+  2^(e - 127), exact in bf16) into a ring of two [64, 512] bf16 tiles in three stores; the rope
+  (bf16 already) goes by cp.async straight into the tile's last 64 columns. A tile is handed over
+  with an mbarrier (`full`);
+- the default partition (8 warps, two warpgroups, 208 registers): q into shared memory once, then
+  per tile the QK wgmma, the online softmax and the PV wgmma of kernel_gluon_fp8.py, releasing the
+  tile with an mbarrier (`empty`) as soon as PV has read it.
 
-Shared memory: q 64 KiB + two bf16 tiles 128 KiB + three 7.1 KiB staging buffers + the chunk's
-indices; a 64-row staging buffer (36.5 KiB) would not fit beside two bf16 tiles, hence the 16-row
-sub-tiles. Same launch, chunks and fp32 partials as kernel_gluon_fp8.py (kernel.py's combine merges
-them); GPU and Triton 3.6 only, switched by kernel.GLUON_FP8_WS.
+Few wide shared-memory operations, not many narrow ones: Triton's barrier analysis puts a bar.sync
+before every store (and cp.async) into an allocation another one wrote since the last barrier,
+whatever the slices; seven 64-column stores and copies a sub-tile gave 86 bar.sync and no gain
+over kernel_gluon_fp8.py on the H200, the wide form 34 and 1.08x at B = 64.
+
+Shared memory 227,748 B: q 64 KiB + two bf16 tiles 128 KiB + three 8.1 KiB staging buffers + the
+chunk's indices + the softmax's scratch; a 64-row staging buffer would not fit beside two bf16
+tiles, hence the sub-tiles. Same launch, chunks and fp32 partials as kernel_gluon_fp8.py
+(kernel.py's combine merges them); GPU and Triton 3.6 only, switched by kernel.GLUON_FP8_WS.
+Measurements and what bounds it: docs/kernels/mma_attn.md.
 """
 
 import torch
@@ -31,70 +38,21 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
-from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import (
-    BLOCK_K, HEADS, LOG2E_, NOPE_TILES, _NOPE_TILES, _ROPE, _TILE, _tile_rows,
-)
+from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import BLOCK_K, HEADS, _NOPE_TILES, _ROPE, _TILE, _tile_rows
 from dsv4opt.tritonlib import LOG2E
 
 SUB = 16  # rows of a producer sub-tile: 7 KiB of nope bytes, four to a 64-row tile
 NUM_STAGE = 3  # staging sub-buffers: two in flight while the third is dequantised
-PRODUCER_WARPS = 4
-PRODUCER_REGS = 88  # the consumers get the rest: (168 x 384 - 88 x 128) / 256 = 208 (48 spills with WIDE)
-# WIDE: a sub-tile's nope bytes staged as one [SUB, 512] block (one 16-byte cp.async op, the 64
-# bytes past the nope masked) and stored as three pieces of 256, 128 and 64 columns instead of seven
-# of 64: Triton's shared-memory barrier analysis puts a bar.sync before each store to an allocation
-# another store has written since the last barrier, and each cp.async into one, whatever the slices.
-WIDE = 1
+PRODUCER_REGS = 88  # the consumers get the rest: (168 x 384 - 88 x 128) / 256 = 208; 48 spilled
 # ABLATE (a diagnostic, results wrong): 1 the consumers skip the products and the softmax, 2 the
 # producer skips its copies and dequantisation, 3 both; what is left times the other side alone.
 ABLATE = 0
-# The split partials o_part in bf16 instead of fp32 (at B = 64 the fp32 partials are 16.8 MB written
-# and read back by the combine, against 23.9 MB of FP8 rows). Measured on the H200 and rejected
-# (commit ab385d8): the call went from 33.0 to 53.3 µs at B = 64, the loop alone 28.4 -> 31.2 and the
-# combine reading bf16 about 4.6 -> 22 µs; kept off for the probe (ws@...:1:0:1).
-PARTIALS_BF16 = False
 
 
 @gluon.jit
-def _issue_sub(st_nope, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta,
+def _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta,
                KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
-               SUB_: gl.constexpr, L_N: gl.constexpr, L_SC: gl.constexpr):
-    """cp.async sub-tile u's nope bytes (7 blocks [SUB, 64] u8, 8 bytes a thread) and its rows'
-    scale words ([2, SUB] i32) into staging buffer `buf`. Unused rows read nothing (zero fill)."""
-    at, _, m_row = _tile_rows(idx_sub, u, start, x_delta, gl.SliceLayout(1, L_N), KW, PS_W, PB_W, PS_X, PB_X, SUB_)
-    o_c = gl.arange(0, _TILE, layout=gl.SliceLayout(0, L_N))
-    for j in gl.static_range(_NOPE_TILES):
-        cp.async_copy_global_to_shared(st_nope.index(buf * _NOPE_TILES + j), p_kv8 + (at + j * _TILE)[:, None] + o_c[None, :],
-                                       mask=m_row[:, None])
-    _, at_s, m_s = _tile_rows(idx_sub, u, start, x_delta, gl.SliceLayout(0, L_SC), KW, PS_W, PB_W, PS_X, PB_X, SUB_)
-    o_w = gl.arange(0, 2, layout=gl.SliceLayout(1, L_SC))
-    ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    st_words = st_scale.index(buf)._reinterpret(gl.int32, [2, SUB_], ROW2)  # [2, SUB]: word w of every row
-    cp.async_copy_global_to_shared(st_words, p_kv32 + (at_s >> 2)[None, :] + o_w[:, None], mask=m_s[None, :])
-
-
-@gluon.jit
-def _dequant_sub(dst, st_nope, st_scale, buf, SUB_: gl.constexpr, L_N: gl.constexpr):
-    """Staging buffer `buf` -> dst [SUB, 448 + 64] bf16 (rows of a ring tile), nope columns only:
-    tile j is e4m3 times 2^(e_j - 127), e_j byte j % 4 of scale word j // 4 (as kernel_gluon_fp8)."""
-    ROWS: gl.constexpr = gl.SliceLayout(1, L_N)
-    b_w0 = st_scale.index(buf).slice(0, SUB_).load(ROWS)  # [SUB] int32: exponent bytes of nope tiles 0-3
-    b_w1 = st_scale.index(buf).slice(SUB_, SUB_).load(ROWS)  # [SUB] int32: tiles 4-6 and the pad byte
-    for j in gl.static_range(_NOPE_TILES):
-        if j < 4:
-            b_w = b_w0
-        else:
-            b_w = b_w1
-        b_sc = (((b_w >> (8 * (j % 4))) & 0xFF) << 23).to(gl.float32, bitcast=True)  # [SUB] 2^(e - 127)
-        b_raw = st_nope.index(buf * _NOPE_TILES + j).load(L_N)  # [SUB, 64] uint8
-        b_x = b_raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * b_sc[:, None]
-        dst.slice(j * _TILE, _TILE, dim=1).store(b_x.to(gl.bfloat16))
-
-
-@gluon.jit
-def _issue_sub_wide(st_data, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta,
-                    KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
-                    SUB_: gl.constexpr, L_D: gl.constexpr, L_SC: gl.constexpr):
+               SUB_: gl.constexpr, L_D: gl.constexpr, L_SC: gl.constexpr):
     """cp.async sub-tile u's 448 nope bytes into st_data[buf] [SUB, 512] u8 (one op, 16 bytes a
     thread; columns 448-511 masked, so zero-filled and not read) and its scale words."""
     at, _, m_row = _tile_rows(idx_sub, u, start, x_delta, gl.SliceLayout(1, L_D), KW, PS_W, PB_W, PS_X, PB_X, SUB_)
@@ -121,7 +79,7 @@ def _dequant_piece(dst, src, b_w, C0: gl.constexpr, W: gl.constexpr, J0: gl.cons
 
 
 @gluon.jit
-def _dequant_sub_wide(dst, st_data, st_scale, buf, SUB_: gl.constexpr):
+def _dequant_sub(dst, st_data, st_scale, buf, SUB_: gl.constexpr):
     """Staging buffer `buf` -> dst [SUB, 512] bf16, nope columns, in three stores (256, 128, 64)."""
     L256: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])
     L128: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -133,41 +91,16 @@ def _dequant_sub_wide(dst, st_data, st_scale, buf, SUB_: gl.constexpr):
 
 
 @gluon.jit
-def _stage(st, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta, KW: gl.constexpr, PS_W: gl.constexpr,
-           PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr, SUB_: gl.constexpr, WIDE_: gl.constexpr):
-    """Issue sub-tile u's copies into staging buffer `buf` (st: seven [SUB, 64] blocks a buffer, or
-    one [SUB, 512] with WIDE)."""
-    L_N: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # [16, 64] u8, 8 bytes a thread
-    L_D: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # [16, 512] u8, 16 bytes a thread
-    L_SC: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [1, 4], [1, 0])  # [2, 16] i32 words
-    if WIDE_:
-        _issue_sub_wide(st, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta, KW, PS_W, PB_W, PS_X, PB_X, SUB_,
-                        L_D, L_SC)
-    else:
-        _issue_sub(st, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta, KW, PS_W, PB_W, PS_X, PB_X, SUB_,
-                   L_N, L_SC)
-
-
-@gluon.jit
-def _unstage(dst, st, st_scale, buf, SUB_: gl.constexpr, WIDE_: gl.constexpr):
-    """Dequantise staging buffer `buf` into dst [SUB, 512] bf16 (nope columns)."""
-    L_N: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    if WIDE_:
-        _dequant_sub_wide(dst, st, st_scale, buf, SUB_)
-    else:
-        _dequant_sub(dst, st, st_scale, buf, SUB_, L_N)
-
-
-@gluon.jit
-def _producer(ring, full, empty, st_nope, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
+def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
               N_TILES: gl.constexpr, KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr,
-              PB_X: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr, WIDE_: gl.constexpr,
-              ABLATE_: gl.constexpr):
+              PB_X: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr, ABLATE_: gl.constexpr):
     """Fills ring slot t % 2 with tile t once the consumers released it: the rope by cp.async
     straight into its last 64 columns, the nope columns dequantised sub-tile by sub-tile from
     staging; then `full`. Sub-tile u + NST - 1 is issued as soon as every producer thread is past
     sub-tile u - 1 (whose buffer it reuses), so NST - 1 sub-tiles are in flight during each
     dequantisation."""
+    L_D: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # [16, 512] u8, 16 bytes a thread
+    L_SC: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [1, 4], [1, 0])  # [2, 16] i32 words
     L_R: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # [64, 64] bf16, 16 bytes a thread
     NSUB: gl.constexpr = BK // SUB_
     NU: gl.constexpr = N_TILES * NSUB
@@ -179,8 +112,8 @@ def _producer(ring, full, empty, st_nope, st_scale, idx_smem, idx_sub, p_kv8, p_
         return
     for i in gl.static_range(NST - 1):
         if i < NU:
-            _stage(st_nope, st_scale, p_kv8, p_kv32, idx_sub, i, i, start, x_delta, KW, PS_W, PB_W, PS_X, PB_X, SUB_,
-                   WIDE_)
+            _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, i, i, start, x_delta, KW, PS_W, PB_W, PS_X, PB_X,
+                       SUB_, L_D, L_SC)
         cp.commit_group()
     o_r = gl.arange(0, _ROPE, layout=gl.SliceLayout(0, L_R))
     for t in range(N_TILES):
@@ -203,13 +136,13 @@ def _producer(ring, full, empty, st_nope, st_scale, idx_smem, idx_sub, p_kv8, p_
             nxt = u + NST - 1
             if N_TILES == 1:  # static: Triton 3.6 fails to lower the folded one-tile loop's dead branch
                 if q + NST - 1 < NU:
-                    _stage(st_nope, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W,
-                           PB_W, PS_X, PB_X, SUB_, WIDE_)
+                    _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W,
+                               PB_W, PS_X, PB_X, SUB_, L_D, L_SC)
             elif nxt < NU:
-                _stage(st_nope, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W, PB_W,
-                       PS_X, PB_X, SUB_, WIDE_)
+                _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W, PB_W,
+                           PS_X, PB_X, SUB_, L_D, L_SC)
             cp.commit_group()  # an empty group past the chunk keeps the counts per sub-tile
-            _unstage(tile.slice(q * SUB_, SUB_, dim=0), st_nope, st_scale, u % NST, SUB_, WIDE_)
+            _dequant_sub(tile.slice(q * SUB_, SUB_, dim=0), st_data, st_scale, u % NST, SUB_)
         fence_async_shared()  # this thread's stores and copies, before the consumers' wgmma reads them
         mbarrier.arrive(full.index(slot))
     cp.wait_group(0)
@@ -271,7 +204,7 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_
     o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
     o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
     row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
-    gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o.to(p_o_part.dtype.element_ty))
+    gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
     o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
     gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
 
@@ -283,11 +216,11 @@ def gluon_fp8_ws_sparse_decode_kernel(
     KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
     PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
     D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr,
-    PRODUCER_REGS_: gl.constexpr, WIDE_: gl.constexpr, ABLATE_: gl.constexpr,
+    PRODUCER_REGS_: gl.constexpr, ABLATE_: gl.constexpr,
 ):
     """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
     followed by the KX compressed-cache slots (kernel_gluon_fp8's contract without MERGE); writes
-    split i_s of o_part [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] (base 2, fp32)."""
+    split i_s of o_part [B, NSPLIT, H, D] fp32 and lse_part [B, NSPLIT, H] (base 2)."""
     gl.static_assert(gl.num_warps() == 8)
     gl.static_assert(BK == 64)
     gl.static_assert(D == _NOPE_TILES * _TILE + _ROPE)
@@ -321,10 +254,7 @@ def gluon_fp8_ws_sparse_decode_kernel(
 
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, D], SMEM)
     ring = gl.allocate_shared_memory(gl.bfloat16, [2, BK, D], SMEM)
-    if WIDE_:
-        st_nope = gl.allocate_shared_memory(gl.uint8, [NST, SUB_, D], ROW2)
-    else:
-        st_nope = gl.allocate_shared_memory(gl.uint8, [NST * _NOPE_TILES, SUB_, _TILE], ROW2)
+    st_data = gl.allocate_shared_memory(gl.uint8, [NST, SUB_, D], ROW2)  # the nope bytes, 64 masked columns
     st_scale = gl.allocate_shared_memory(gl.int32, [NST, 2 * SUB_], ROW1)
     full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -337,20 +267,14 @@ def gluon_fp8_ws_sparse_decode_kernel(
     gl.warp_specialize(
         [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H,
                       qk_scale_log2, N_TILES, NSPLIT, D, BH, BK, ABLATE_)),
-         (_producer, (ring, full, empty, st_nope, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
-                      N_TILES, KW, PS_W, PB_W, PS_X, PB_X, BK, SUB_, NST, WIDE_, ABLATE_))],
-        [4], [PRODUCER_REGS_])
-
-
-def partials_dtype() -> torch.dtype:
-    """The dtype of the o partials this loop is launched with (PARTIALS_BF16)."""
-    return torch.bfloat16 if PARTIALS_BF16 else torch.float32
+         (_producer, (ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
+                      N_TILES, KW, PS_W, PB_W, PS_X, PB_X, BK, SUB_, NST, ABLATE_))],
+        [4], [PRODUCER_REGS_])  # the producer: 4 warps
 
 
 def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
                                         o_part, lse_part, chunk: int, nsplit: int, scale: float) -> None:
-    """kernel_gluon_fp8.gluon_fp8_sparse_decode_partials (without the merge), warp-specialised;
-    o_part may be bf16 (partials_dtype())."""
+    """kernel_gluon_fp8.gluon_fp8_sparse_decode_partials (without the merge), warp-specialised."""
     from dsv4opt.optimizations.mma_attn.kernel import _offset
 
     B, H, D = q.shape
@@ -370,6 +294,6 @@ def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra,
         stride_ix=stride_ix, H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta,
         len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit,
         PS_W=L.page_size, PB_W=L.page_bytes, PS_X=LX.page_size, PB_X=LX.page_bytes,
-        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, WIDE_=WIDE, ABLATE_=ABLATE,
+        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, ABLATE_=ABLATE,
         num_warps=8,
     )
