@@ -11,9 +11,7 @@ import os
 
 import torch
 
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
-LN2 = 0.6931471805599453  # ln(2): log(x) = log2(x) * LN2
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
+from dsv4opt.formats import FP8_MAX, LN2, LOG2E  # noqa: F401  (re-exported for the kernels)
 
 
 def interpreted() -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv4opt.tritonlib import FP8_MAX
+from dsv4opt.formats import FP8_MAX
 from dsv4opt.workload.quant import FP8, quantize_groups_fp8
 
 FP8_LAYOUT, BF16_LAYOUT = "fp8", "bf16"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4opt.tritonlib import FP8_MAX
+from dsv4opt.formats import FP8_MAX
 
 FP8 = torch.float8_e4m3fn
 MXFP4_GROUP = 32

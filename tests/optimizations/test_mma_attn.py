@@ -569,3 +569,34 @@ def test_fp8_ws_loop_compiles_for_sm90_without_spills(tmp_path):
         assert {"208", "88"} <= set(row["setmaxnreg"]), row  # consumers 208, producer 88 registers
         widths = row["cp_async_by_width"]
         assert widths["16"] > 0 and widths["8"] == 0 and row["cp_async_zero_fill"] == sum(widths.values()), row
+
+
+def test_the_cpu_gate_can_still_choose_the_interpreter_after_its_modules_load():
+    """`dsv4opt list --check` on a CPU: the gate sets TRITON_INTERPRET=1 before the first Triton
+    kernel is defined, which works only if importing the CLI and mma-attn's check leaves Triton's
+    kernels unloaded (the KV cache took FP8_MAX from dsv4opt.tritonlib and `list --check` died in
+    the interpreter with a traceback). Checked in a fresh interpreter without TRITON_INTERPRET."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, dsv4opt.cli, dsv4opt.optimizations.mma_attn.check, dsv4opt.workload.kvcache\n"
+            "print(sorted(m for m in sys.modules if m == 'dsv4opt.tritonlib' or m.startswith('triton.language')))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_the_cpu_gate_refuses_cleanly_once_triton_kernels_were_defined_without_the_interpreter(monkeypatch):
+    import importlib
+
+    from dsv4opt.errors import DsvOptError
+    from dsv4opt.optimizations.gate_table import use_interpreter
+
+    mma_check = importlib.import_module("dsv4opt.optimizations.mma_attn.check")  # the package exports check()
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "dsv4opt.tritonlib" in mma_check._KERNEL_MODULES
+    with pytest.raises(DsvOptError, match="TRITON_INTERPRET=1"):
+        use_interpreter(mma_check._KERNEL_MODULES)  # this process has dsv4opt.tritonlib loaded
