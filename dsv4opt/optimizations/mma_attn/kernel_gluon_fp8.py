@@ -121,6 +121,65 @@ def _dequant_tile(kv_smem, st_nope, st_rope, st_scale, buf, L_NOPE: gl.constexpr
 
 
 @gluon.jit
+def _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW: gl.constexpr,
+                   KX: gl.constexpr, CHUNK: gl.constexpr, N: gl.constexpr, L: gl.constexpr):
+    """The indices of slots [start, start + N) of request i_b ([N] int32 in layout L): the KW window
+    slots, then the KX compressed-cache slots (indices and lengths at fixed offsets from the
+    window's); -1 for slots past the chunk, past either cache's slots, past the request's length,
+    or unused."""
+    n_w = gl.load(p_len + i_b)
+    n_x = 0
+    if KX > 0:
+        n_x = gl.load(p_len + len_x_delta + i_b)
+    o_k = start + gl.arange(0, N, layout=L)
+    in_x = o_k >= KW
+    o_kx = o_k - KW
+    m_k = (o_k < start + CHUNK) & (o_k < KW + KX) & gl.where(in_x, o_kx < n_x, o_k < n_w)
+    o_i = gl.where(in_x, idx_x_delta + i_b * stride_ix + o_kx, i_b * stride_iw + o_k)
+    return gl.load(p_idx + o_i, mask=m_k, other=-1)
+
+
+@gluon.jit
+def _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH: gl.constexpr, BK: gl.constexpr):
+    """One bf16 tile kv_t [BK, 512] of both warpgroups: S = q K^T, the online softmax (base 2, masked
+    slots at -inf, tile t's indices from idx_smem), acc = acc * alpha + P V. Returns (m, l, acc)."""
+    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    P_DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
+    s_zero = gl.zeros([BH, BK], gl.float32, layout=S_MMA)
+    b_s = warpgroup_mma(q_smem, kv_t.permute((1, 0)), s_zero, use_acc=False)  # [BH, BK]
+    b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))  # [BK]
+    b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
+    b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
+    b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
+    b_p = gl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+    b_l = b_l * b_alpha + gl.sum(b_p, axis=1)
+    b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
+    p_dot = gl.convert_layout(b_p.to(gl.bfloat16), P_DOT)
+    b_acc = warpgroup_mma(p_dot, kv_t, b_acc * b_alpha_o[:, None])  # [BH, D]; waits for its completion
+    return b_m_new, b_l, b_acc
+
+
+@gluon.jit
+def _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr, BH: gl.constexpr,
+                    D: gl.constexpr, BK: gl.constexpr):
+    """Split i_s's o (normalised by its own denominator) into o_part [B, NSPLIT, H, D] fp32 and its
+    base-2 lse into lse_part [B, NSPLIT, H]; -inf for a chunk with no used slot."""
+    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    m_any = b_l > 0
+    b_lse2 = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH]
+    inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
+    b_o = b_acc * inv[:, None]  # [BH, D]
+    o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
+    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
+    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
+    gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
+    o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
+    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
+
+
+@gluon.jit
 def _merge_if_last(p_o_part, p_lse_part, p_sink, p_o, p_lse, p_count, i_b, stride_ob, stride_oh, H,
                    NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr):
     """After this program's partials are stored: count it in p_count[i_b]; the request's last
@@ -189,32 +248,22 @@ def gluon_fp8_sparse_decode_kernel(
     LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
-    P_DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
     SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     ROW1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
     i_b = gl.program_id(0)
     i_s = gl.program_id(2)
-    n_w = gl.load(p_len + i_b)
-    n_x = 0
-    if KX > 0:
-        n_x = gl.load(p_len + len_x_delta + i_b)
     start = i_s * CHUNK
 
-    # Every index of the chunk, once, into shared memory (-1 for slots past the chunk, past either
-    # cache's slots, past a request's length, or unused): no gather address and no score mask waits
+    # Every index of the chunk, once, into shared memory: no gather address and no score mask waits
     # on a global load. NBUF tiles of run-out past the chunk, for the gathers issued ahead.
     N_TILES: gl.constexpr = CHUNK // BK
     IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + NBUF)
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
     IDX_S: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    o_k = start + gl.arange(0, IDX_ROWS * BK, layout=IDX_L)
-    in_x = o_k >= KW
-    o_kx = o_k - KW
-    m_k = (o_k < start + CHUNK) & (o_k < KW + KX) & gl.where(in_x, o_kx < n_x, o_k < n_w)
-    o_i = gl.where(in_x, idx_x_delta + i_b * stride_ix + o_kx, i_b * stride_iw + o_k)
-    b_idx_all = gl.load(p_idx + o_i, mask=m_k, other=-1)  # [IDX_ROWS * BK]
+    b_idx_all = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
+                               CHUNK, IDX_ROWS * BK, IDX_L)  # [IDX_ROWS * BK]
     idx_flat = gl.allocate_shared_memory(gl.int32, [IDX_ROWS * BK], IDX_S, b_idx_all)
     idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_S)  # row t: tile t's indices
     gl.thread_barrier()
@@ -236,7 +285,6 @@ def gluon_fp8_sparse_decode_kernel(
     b_m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH] running max, base 2
     b_l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH]
     b_acc = gl.zeros([BH, D], gl.float32, layout=O_MMA)  # [BH, D]
-    s_zero = gl.zeros([BH, BK], gl.float32, layout=S_MMA)
     for t in range(N_TILES):
         buf = t % NBUF
         cp.wait_group(NBUF - 1)  # tile t landed (the NBUF - 1 tiles after it may still be in flight)
@@ -249,30 +297,11 @@ def gluon_fp8_sparse_decode_kernel(
                 _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, t + NBUF, buf, start,
                             x_delta, KW, PS_W, PB_W, PS_X, PB_X, BK, L_NOPE, L_ROPE, L_SCALE)
         cp.commit_group()  # an empty group past the chunk keeps wait_group's count per tile
-        b_s = warpgroup_mma(q_smem, kv_smem.permute((1, 0)), s_zero, use_acc=False)  # [BH, BK]
-        b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))  # [BK]
-        b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
-        b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
-        b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
-        b_p = gl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
-        b_l = b_l * b_alpha + gl.sum(b_p, axis=1)
-        b_m = b_m_new
-        b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
-        p_dot = gl.convert_layout(b_p.to(gl.bfloat16), P_DOT)
-        b_acc = warpgroup_mma(p_dot, kv_smem, b_acc * b_alpha_o[:, None])  # [BH, D]
+        b_m, b_l, b_acc = _tile_products(q_smem, kv_smem, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH, BK)
         gl.thread_barrier()  # both warpgroups done with kv_smem before the next tile overwrites it
     cp.wait_group(0)
 
-    m_any = b_l > 0
-    b_lse2 = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH]
-    inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
-    b_o = b_acc * inv[:, None]  # [BH, D]
-    o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
-    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
-    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
-    gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
-    o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
-    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
+    _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
     if MERGE:
         _merge_if_last(p_o_part, p_lse_part, p_sink, p_o, p_lse, p_count, i_b, stride_ob, stride_oh, H,
                        NSPLIT, D, BH)

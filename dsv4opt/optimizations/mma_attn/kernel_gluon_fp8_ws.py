@@ -38,7 +38,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
-from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import BLOCK_K, HEADS, _NOPE_TILES, _ROPE, _TILE, _tile_rows
+from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import (
+    BLOCK_K, HEADS, _NOPE_TILES, _ROPE, _TILE, _chunk_indices, _store_partials, _tile_products, _tile_rows,
+)
 from dsv4opt.tritonlib import LOG2E
 
 SUB = 16  # rows of a producer sub-tile: 7 KiB of nope bytes, four to a 64-row tile
@@ -149,26 +151,6 @@ def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_
 
 
 @gluon.jit
-def _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH: gl.constexpr, BK: gl.constexpr):
-    """One ring tile: S = q K^T, the online softmax (base 2, masked slots at -inf), acc = acc * alpha + P V."""
-    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
-    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
-    P_DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
-    s_zero = gl.zeros([BH, BK], gl.float32, layout=S_MMA)
-    b_s = warpgroup_mma(q_smem, kv_t.permute((1, 0)), s_zero, use_acc=False)  # [BH, BK]
-    b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))  # [BK]
-    b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
-    b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
-    b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
-    b_p = gl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
-    b_l = b_l * b_alpha + gl.sum(b_p, axis=1)
-    b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
-    p_dot = gl.convert_layout(b_p.to(gl.bfloat16), P_DOT)
-    b_acc = warpgroup_mma(p_dot, kv_t, b_acc * b_alpha_o[:, None])  # [BH, D]; waits for its completion
-    return b_m_new, b_l, b_acc
-
-
-@gluon.jit
 def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H, qk_scale_log2,
               N_TILES: gl.constexpr, NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr,
               ABLATE_: gl.constexpr):
@@ -177,7 +159,6 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_
     LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
-    P_DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
     o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, LOAD))
     o_dq = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
     q_smem.store(gl.load(p_q + i_b * stride_qb + o_h[:, None] * D + o_dq[None, :]))
@@ -197,16 +178,7 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_
             b_m, b_l, b_acc = _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH, BK)
             mbarrier.arrive(empty.index(slot))
 
-    m_any = b_l > 0
-    b_lse2 = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH]
-    inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
-    b_o = b_acc * inv[:, None]  # [BH, D]
-    o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
-    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
-    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
-    gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
-    o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
-    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
+    _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
 
 
 @gluon.jit
@@ -230,24 +202,15 @@ def gluon_fp8_ws_sparse_decode_kernel(
 
     i_b = gl.program_id(0)
     i_s = gl.program_id(2)
-    n_w = gl.load(p_len + i_b)
-    n_x = 0
-    if KX > 0:
-        n_x = gl.load(p_len + len_x_delta + i_b)
     start = i_s * CHUNK
 
-    # The chunk's indices, once, into shared memory (-1 for unused slots, past the chunk, past
-    # either cache's slots or past a request's length), as kernel_gluon_fp8 does.
+    # The chunk's indices, once, into shared memory, as kernel_gluon_fp8 does.
     N_TILES: gl.constexpr = CHUNK // BK
     IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + 1)  # >= 2: a [1, 64] view fails to lower on Triton 3.6
     IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
     IDX_S: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    o_k = start + gl.arange(0, IDX_ROWS * BK, layout=IDX_L)
-    in_x = o_k >= KW
-    o_kx = o_k - KW
-    m_k = (o_k < start + CHUNK) & (o_k < KW + KX) & gl.where(in_x, o_kx < n_x, o_k < n_w)
-    o_i = gl.where(in_x, idx_x_delta + i_b * stride_ix + o_kx, i_b * stride_iw + o_k)
-    b_idx_all = gl.load(p_idx + o_i, mask=m_k, other=-1)  # [IDX_ROWS * BK]
+    b_idx_all = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
+                               CHUNK, IDX_ROWS * BK, IDX_L)  # [IDX_ROWS * BK]
     idx_flat = gl.allocate_shared_memory(gl.int32, [IDX_ROWS * BK], IDX_S, b_idx_all)
     idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_S)  # row t: tile t's indices
     idx_sub = idx_flat._reinterpret(gl.int32, [IDX_ROWS * BK // SUB_, SUB_], IDX_S)  # row u: sub-tile u's
