@@ -54,42 +54,41 @@ def _chunking(batch: int) -> tuple[int, int]:
     return kernel.split_chunks(cfg.index_topk + cfg.window, t.block_k, t.nsplit)
 
 
-def fp8_source(batch: int, merge: bool = False):
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8 as g
-
+def _fp8_launch(batch: int) -> tuple[dict, dict]:
+    """Constexprs and argument types both FP8 loops share: the dsv4-flash shapes and page geometry,
+    the chunking for `batch` on a 132-SM H200."""
     cfg = ModelConfig.from_name("dsv4-flash")
     chunk, nsplit = _chunking(batch)
     lw = KVLayout(True, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, cfg.window_page)
     lx = KVLayout(True, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, cfg.extra_page("csa"))
-    fn = g.gluon_fp8_sparse_decode_kernel
     constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, PS_W=lw.page_size,
-                      PB_W=lw.page_bytes, PS_X=lx.page_size, PB_X=lx.page_bytes, D=cfg.head_dim, BH=cfg.heads,
-                      BK=g.BLOCK_K, NBUF=g.NUM_BUF, MERGE=merge)
+                      PB_W=lw.page_bytes, PS_X=lx.page_size, PB_X=lx.page_bytes, D=cfg.head_dim, BH=cfg.heads)
     types = dict(p_q="*bf16", p_kv8="*u8", p_kv16="*bf16", p_kv32="*i32", p_idx="*i32", p_len="*i32",
-                 p_o_part="*fp32", p_lse_part="*fp32", p_sink="*fp32", p_o="*bf16", p_lse="*fp32", p_count="*i32",
-                 stride_qb="i32", stride_iw="i32", stride_ix="i32", stride_ob="i32", stride_oh="i32", H="i32",
+                 p_o_part="*fp32", p_lse_part="*fp32", stride_qb="i32", stride_iw="i32", stride_ix="i32", H="i32",
                  qk_scale_log2="fp32", x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
-    sig, attrs = _signature(fn, types, constexprs)
+    return constexprs, types
+
+
+def fp8_source(batch: int, merge: bool = False):
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8 as g
+
+    constexprs, types = _fp8_launch(batch)
+    constexprs.update(BK=g.BLOCK_K, NBUF=g.NUM_BUF, MERGE=merge)
+    types.update(p_sink="*fp32", p_o="*bf16", p_lse="*fp32", p_count="*i32", stride_ob="i32", stride_oh="i32")
+    sig, attrs = _signature(g.gluon_fp8_sparse_decode_kernel, types, constexprs)
     name = "FP8 loop + merge" if merge else "FP8 loop"
-    return GluonASTSource(fn, sig, constexprs, attrs), f"{name}, B {batch}: chunk {chunk}, {nsplit} splits"
+    return GluonASTSource(g.gluon_fp8_sparse_decode_kernel, sig, constexprs, attrs), \
+        f"{name}, B {batch}: chunk {constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
 
 
 def fp8_ws_source(batch: int):
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
 
-    cfg = ModelConfig.from_name("dsv4-flash")
-    chunk, nsplit = _chunking(batch)
-    lw = KVLayout(True, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, cfg.window_page)
-    lx = KVLayout(True, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, cfg.extra_page("csa"))
-    fn = g.gluon_fp8_ws_sparse_decode_kernel
-    constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, PS_W=lw.page_size,
-                      PB_W=lw.page_bytes, PS_X=lx.page_size, PB_X=lx.page_bytes, D=cfg.head_dim, BH=cfg.heads,
-                      BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS, ABLATE_=g.ABLATE)
-    types = dict(p_q="*bf16", p_kv8="*u8", p_kv16="*bf16", p_kv32="*i32", p_idx="*i32", p_len="*i32",
-                 p_o_part="*fp32", p_lse_part="*fp32", stride_qb="i32", stride_iw="i32", stride_ix="i32", H="i32",
-                 qk_scale_log2="fp32", x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
-    sig, attrs = _signature(fn, types, constexprs)
-    return GluonASTSource(fn, sig, constexprs, attrs), f"FP8 warp-specialised, B {batch}: chunk {chunk}, {nsplit} splits"
+    constexprs, types = _fp8_launch(batch)
+    constexprs.update(BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS, ABLATE_=g.ABLATE)
+    sig, attrs = _signature(g.gluon_fp8_ws_sparse_decode_kernel, types, constexprs)
+    return GluonASTSource(g.gluon_fp8_ws_sparse_decode_kernel, sig, constexprs, attrs), \
+        f"FP8 warp-specialised, B {batch}: chunk {constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
 
 
 def bf16_source(batch: int):

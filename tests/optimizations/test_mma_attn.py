@@ -495,10 +495,13 @@ def test_merge_counts_are_zeroed_once_per_batch_outside_a_capture(monkeypatch):
 
 @pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),
                     reason="the Gluon loops are compiled and gated on Triton 3.6 only")
-def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path):
-    """Compiled ahead of time for an H200 (no GPU needed), with and without the in-kernel merge: no
-    spills, within 227 KB of shared memory, every gather a cp.async that zero-fills masked rows, 16
-    bytes wide for the data records."""
+@pytest.mark.parametrize("kernels", ["fp8,fp8-merge", "fp8-ws"])
+def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels):
+    """Compiled ahead of time for an H200 (no GPU needed): the FP8 Gluon loop with and without the
+    in-kernel merge, and the warp-specialised loop (at B = 1 a tile a program: Triton 3.6 crashed on
+    the folded loop's dead branch until the guard went static). No spills, within 227 KB of shared
+    memory, every gather a cp.async that zero-fills masked rows, 16 bytes wide for the data
+    records; the warp-specialised loop with its register budgets set per partition."""
     import json
     import os
     import subprocess
@@ -509,13 +512,17 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root)
     out = tmp_path / "compile.json"
-    done = subprocess.run([sys.executable, str(root / "scripts/compile_mma_attn_gluon_sm90.py"), "--kernel", "fp8,fp8-merge",
+    done = subprocess.run([sys.executable, str(root / "scripts/compile_mma_attn_gluon_sm90.py"), "--kernel", kernels,
                            "--batch", "1,32,64", "--json", str(out)], capture_output=True, text=True, env=env,
                           timeout=600, cwd=str(root))
     assert done.returncode == 0, done.stderr[-2000:]
-    for row in json.loads(out.read_text())["rows"]:
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 3 * len(kernels.split(","))
+    for row in rows:
         assert row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0, row
         assert row["fits_227KB"], row
+        if kernels == "fp8-ws":
+            assert {"208", "88"} <= set(row["setmaxnreg"]), row  # consumers 208, producer 88 registers
         widths = row["cp_async_by_width"]
         assert widths["16"] > 0 and widths["8"] == 0 and row["cp_async_zero_fill"] == sum(widths.values()), row
 
@@ -538,37 +545,6 @@ def test_fp8_ws_probe_constants_come_back_after_a_config():
         assert v == "ws" and {n: getattr(g, n) for n in names} == dict(zip(names, (32, 2, 40, 3)))
     assert {n: getattr(g, n) for n in names} == committed
     assert committed["ABLATE"] == 0  # the diagnostic never ships on
-
-
-@pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),
-                    reason="the Gluon loops are compiled and gated on Triton 3.6 only")
-def test_fp8_ws_loop_compiles_for_sm90_without_spills(tmp_path):
-    """The warp-specialised FP8 loop compiled ahead of time for an H200 (no GPU): at B = 1 (one
-    tile a program: Triton 3.6 crashed on the folded loop's dead branch until the guard went static),
-    32 and 64, no spills in either partition, within 227 KB of shared memory, register budgets set
-    per partition, every gather a zero-filling cp.async, 16 bytes wide for the data records."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(root)
-    out = tmp_path / "compile.json"
-    done = subprocess.run([sys.executable, str(root / "scripts/compile_mma_attn_gluon_sm90.py"), "--kernel", "fp8-ws",
-                           "--batch", "1,32,64", "--json", str(out)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=str(root))
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 3
-    for row in rows:
-        assert row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0, row
-        assert row["fits_227KB"], row
-        assert {"208", "88"} <= set(row["setmaxnreg"]), row  # consumers 208, producer 88 registers
-        widths = row["cp_async_by_width"]
-        assert widths["16"] > 0 and widths["8"] == 0 and row["cp_async_zero_fill"] == sum(widths.values()), row
 
 
 def test_the_cpu_gate_can_still_choose_the_interpreter_after_its_modules_load():
