@@ -46,8 +46,10 @@ from dsv4opt.tritonlib import LOG2E
 SUB = 16  # rows of a producer sub-tile: 7 KiB of nope bytes, four to a 64-row tile
 NUM_STAGE = 3  # staging sub-buffers: two in flight while the third is dequantised
 PRODUCER_REGS = 88  # the consumers get the rest: (168 x 384 - 88 x 128) / 256 = 208; 48 spilled
-# ABLATE (a diagnostic, results wrong): 1 the consumers skip the products and the softmax, 2 the
-# producer skips its copies and dequantisation, 3 both; what is left times the other side alone.
+# ABLATE (a diagnostic, results wrong), bits: 1 the consumers skip the products and the softmax, 2
+# the producer skips its copies and dequantisation (3: both, what is left is the fixed cost); 4 the
+# consumers write one head's row of the partials instead of 64, 8 they skip q's load (q is garbage):
+# with 3, these split the fixed cost.
 ABLATE = 0
 
 
@@ -161,7 +163,8 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, LOAD))
     o_dq = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
-    q_smem.store(gl.load(p_q + i_b * stride_qb + o_h[:, None] * D + o_dq[None, :]))
+    if not (ABLATE_ & 8):
+        q_smem.store(gl.load(p_q + i_b * stride_qb + o_h[:, None] * D + o_dq[None, :]))
     fence_async_shared()
     gl.thread_barrier()  # every consumer warp's part of q, before either warpgroup's wgmma reads it
 
@@ -178,7 +181,13 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_
             b_m, b_l, b_acc = _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH, BK)
             mbarrier.arrive(empty.index(slot))
 
-    _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+    if ABLATE_ & 4:  # diagnostic: one head's row (the products stay live, 1/64 of the bytes)
+        o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
+        o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
+        row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
+        gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_acc, mask=(o_ho == 0)[:, None])
+    else:
+        _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
 
 
 @gluon.jit
