@@ -61,17 +61,22 @@ ENGINES = {"loop": "gluon-fp8", "merge": "gluon-fp8", "ws": "gluon-fp8-ws"}
 
 
 @contextlib.contextmanager
-def switches(**on: bool):
-    """The dispatch's switches set for the calls inside (read when a call plans, so also during a
-    graph capture); the committed values afterwards."""
-    before = {k: getattr(kernel, k) for k in on}  # AttributeError for a misspelt switch, not a new one
-    for k, v in on.items():
-        setattr(kernel, k, v)
+def _patched(module, **values):
+    """`module`'s globals set for the calls inside, the committed values back afterwards."""
+    before = {k: getattr(module, k) for k in values}  # AttributeError for a misspelt name, not a new one
+    for k, v in values.items():
+        setattr(module, k, v)
     try:
         yield
     finally:
         for k, v in before.items():
-            setattr(kernel, k, v)
+            setattr(module, k, v)
+
+
+def switches(**on: bool):
+    """The dispatch's switches set for the calls inside (read when a call plans, so also during a
+    graph capture); the committed values afterwards."""
+    return _patched(kernel, **on)
 
 
 def loop_tiles(batch: int, slots: int) -> kernel.Tiles:
@@ -92,18 +97,10 @@ def ws_config(variant: str):
     inside; other names as they are."""
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
 
-    if "@" not in variant:
-        yield variant
-        return
-    names = ("SUB", "NUM_STAGE", "PRODUCER_REGS", "ABLATE")
-    before = {n: getattr(g, n) for n in names}
-    for n, v in zip(names, variant.split("@")[1].split(":")):
-        setattr(g, n, int(v))
-    try:
-        yield variant.split("@")[0]
-    finally:
-        for n, v in before.items():
-            setattr(g, n, v)
+    name, _, config = variant.partition("@")
+    values = zip(("SUB", "NUM_STAGE", "PRODUCER_REGS", "ABLATE"), (int(v) for v in config.split(":") if v))
+    with _patched(g, **dict(values)):
+        yield name
 
 
 def gluon_call(*args, tiles: kernel.Tiles, variant: str = "loop"):

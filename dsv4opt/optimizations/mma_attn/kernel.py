@@ -322,8 +322,8 @@ def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles)
 # from B = 16 (commit d234bee, docs/kernels/mma_attn.md). False sends FP8 caches back to kernel.py.
 GLUON_FP8_ENABLED = True
 # The FP8 Gluon loop's split merge in each request's last program (kernel_gluon_fp8._merge_if_last)
-# instead of the combine launch; off until scripts/probe_mma_attn_fp8_gluon.py --variants merge
-# passes its table on a GPU. False: the loop writes partials and the combine merges them, as before.
+# instead of the combine launch: correct on the H200 (scripts/probe_mma_attn_fp8_gluon.py --variants
+# merge, commit f8ad5ef) but slower at every B, so off; only kernel_gluon_fp8.py's loop has it.
 GLUON_FP8_MERGE_IN_KERNEL = False
 # The warp-specialised FP8 loop (kernel_gluon_fp8_ws.py: a producer partition gathers and
 # dequantises, the consumers multiply) in place of kernel_gluon_fp8.py's loop: on since
@@ -369,8 +369,9 @@ def fp8_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None
 class Plan:
     """How one call runs: "triton" is one launch of this file's kernel over the slots of both
     caches (window first); "gluon-fp8" is one launch of kernel_gluon_fp8.py over the same slots and
-    chunks (FP8 caches), "gluon-fp8-ws" the same of kernel_gluon_fp8_ws.py; "gluon" is kernel_gluon.py once per cache (`per_cache`: chunk and splits
-    of each). The Gluon loops write partials, merged by the combine."""
+    chunks (FP8 caches), "gluon-fp8-ws" the same of kernel_gluon_fp8_ws.py; "gluon" is
+    kernel_gluon.py once per cache (`per_cache`: chunk and splits of each). The Gluon loops write
+    partials, merged by the combine."""
 
     engine: str
     tiles: Tiles
@@ -479,8 +480,9 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     read; FP8 rows are dequantised in registers); with a split, every split writes fp32 partials
     and one combine kernel merges them with the sink, else the single pass writes o and lse. On
     bf16 rows where the Gluon loop applies it runs once per cache instead, always with partials;
-    on FP8 rows the FP8 Gluon loop replaces the main kernel where `fp8_engine` says so, and with
-    GLUON_FP8_MERGE_IN_KERNEL merges the splits itself (one launch, no combine).
+    on FP8 rows an FP8 Gluon loop (the warp-specialised one by default) replaces the main kernel
+    where `fp8_engine` says so, and kernel_gluon_fp8.py's with GLUON_FP8_MERGE_IN_KERNEL merges the
+    splits itself (one launch, no combine).
     CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
     """
     if q.device.type != "cuda" and not _INTERPRETED:

@@ -43,6 +43,8 @@ HEADS = 64  # one warpgroup's MMA rows
 BLOCK_K = 64
 NUM_BUF = 2  # staging buffers: q 64 KB + bf16 tile 64 KB + 2 x 36.5 KB of FP8 bytes fit 227 KB; 3 do not
 
+# the chunk's indices in shared memory, flat, viewed as rows of a tile (or of a sub-tile)
+IDX_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 # the same, for the kernels (Triton reads globals only as constexprs)
 _NOPE_TILES = gl.constexpr(NOPE_TILES)
 _TILE = gl.constexpr(TILE)
@@ -122,11 +124,12 @@ def _dequant_tile(kv_smem, st_nope, st_rope, st_scale, buf, L_NOPE: gl.constexpr
 
 @gluon.jit
 def _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW: gl.constexpr,
-                   KX: gl.constexpr, CHUNK: gl.constexpr, N: gl.constexpr, L: gl.constexpr):
-    """The indices of slots [start, start + N) of request i_b ([N] int32 in layout L): the KW window
-    slots, then the KX compressed-cache slots (indices and lengths at fixed offsets from the
-    window's); -1 for slots past the chunk, past either cache's slots, past the request's length,
-    or unused."""
+                   KX: gl.constexpr, CHUNK: gl.constexpr, N: gl.constexpr):
+    """The indices of slots [start, start + N) of request i_b, once, into shared memory ([N] int32;
+    no gather address and no score mask then waits on a global load): the KW window slots, then
+    the KX compressed-cache slots (indices and lengths at fixed offsets from the window's); -1 for
+    slots past the chunk, past either cache's slots, past the request's length, or unused."""
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     n_w = gl.load(p_len + i_b)
     n_x = 0
     if KX > 0:
@@ -136,7 +139,8 @@ def _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, 
     o_kx = o_k - KW
     m_k = (o_k < start + CHUNK) & (o_k < KW + KX) & gl.where(in_x, o_kx < n_x, o_k < n_w)
     o_i = gl.where(in_x, idx_x_delta + i_b * stride_ix + o_kx, i_b * stride_iw + o_k)
-    return gl.load(p_idx + o_i, mask=m_k, other=-1)
+    b_idx = gl.load(p_idx + o_i, mask=m_k, other=-1)  # [N]
+    return gl.allocate_shared_memory(gl.int32, [N], IDX_SMEM, b_idx)
 
 
 @gluon.jit
@@ -256,16 +260,12 @@ def gluon_fp8_sparse_decode_kernel(
     i_s = gl.program_id(2)
     start = i_s * CHUNK
 
-    # Every index of the chunk, once, into shared memory: no gather address and no score mask waits
-    # on a global load. NBUF tiles of run-out past the chunk, for the gathers issued ahead.
+    # The chunk's indices, with NBUF tiles of run-out past the chunk for the gathers issued ahead.
     N_TILES: gl.constexpr = CHUNK // BK
     IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + NBUF)
-    IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
-    IDX_S: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    b_idx_all = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
-                               CHUNK, IDX_ROWS * BK, IDX_L)  # [IDX_ROWS * BK]
-    idx_flat = gl.allocate_shared_memory(gl.int32, [IDX_ROWS * BK], IDX_S, b_idx_all)
-    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_S)  # row t: tile t's indices
+    idx_flat = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
+                              CHUNK, IDX_ROWS * BK)
+    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_SMEM)  # row t: tile t's indices
     gl.thread_barrier()
 
     st_nope = gl.allocate_shared_memory(gl.uint8, [NBUF * _NOPE_TILES, BK, _TILE], ROW2)

@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import (
-    BLOCK_K, HEADS, _NOPE_TILES, _ROPE, _TILE, _chunk_indices, _store_partials, _tile_products, _tile_rows,
+    BLOCK_K, HEADS, IDX_SMEM, _NOPE_TILES, _ROPE, _TILE, _chunk_indices, _store_partials, _tile_products, _tile_rows,
 )
 from dsv4opt.tritonlib import LOG2E
 
@@ -213,16 +213,13 @@ def gluon_fp8_ws_sparse_decode_kernel(
     i_s = gl.program_id(2)
     start = i_s * CHUNK
 
-    # The chunk's indices, once, into shared memory, as kernel_gluon_fp8 does.
+    # The chunk's indices, as kernel_gluon_fp8 reads them.
     N_TILES: gl.constexpr = CHUNK // BK
     IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + 1)  # >= 2: a [1, 64] view fails to lower on Triton 3.6
-    IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [8], [0])
-    IDX_S: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    b_idx_all = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
-                               CHUNK, IDX_ROWS * BK, IDX_L)  # [IDX_ROWS * BK]
-    idx_flat = gl.allocate_shared_memory(gl.int32, [IDX_ROWS * BK], IDX_S, b_idx_all)
-    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_S)  # row t: tile t's indices
-    idx_sub = idx_flat._reinterpret(gl.int32, [IDX_ROWS * BK // SUB_, SUB_], IDX_S)  # row u: sub-tile u's
+    idx_flat = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
+                              CHUNK, IDX_ROWS * BK)
+    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_SMEM)  # row t: tile t's indices
+    idx_sub = idx_flat._reinterpret(gl.int32, [IDX_ROWS * BK // SUB_, SUB_], IDX_SMEM)  # row u: sub-tile u's
 
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, D], SMEM)
     ring = gl.allocate_shared_memory(gl.bfloat16, [2, BK, D], SMEM)
