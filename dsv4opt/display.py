@@ -28,3 +28,12 @@ def value(x: Any, spec: str = "", suffix: str = "") -> str:
     if isinstance(x, (list, tuple)):
         return ", ".join(map(str, x)) or "none"
     return (format(x, spec) if spec else str(x)) + suffix
+
+
+def narrow_table(title: str, **options):
+    """A rich table in the project's one shape, which fits 80 columns: the title on the left, a rule
+    under the header and nothing else drawn, no padding at its sides; `options` go to rich's Table."""
+    from rich import box
+    from rich.table import Table
+
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, **options)

@@ -10,6 +10,7 @@ Nothing is typed in: every figure comes from the profiles named in STEPS.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -30,7 +31,8 @@ STEPS = [
      ("mma-attn", "bf16-gemm")),
     ("+ fuse-glue", f"profiles/fuse-glue/embedded-dsv4-flash-c{{c}}-ctx8192-{MBG}+fuse-glue.json", ("fuse-glue",)),
 ]
-# Alternatives to the last step, each against the same profile before it.
+# Alternatives to the last step, each against the same profile before it (BEFORE_LAST).
+BEFORE_LAST = STEPS[-2][1]
 ALTERNATIVES = [
     ("+ torch-compile (instead)", f"profiles/fuse-glue/embedded-dsv4-flash-c{{c}}-ctx8192-{MBG}+torch-compile.json",
      ("torch-compile",)),
@@ -40,6 +42,7 @@ ALTERNATIVES = [
 CHART_CATEGORIES = ("moe", "attention", "gemm", "communication", "glue")  # glue: the analysis' GLUE categories
 
 
+@functools.cache  # the table, the glue outcomes and the chart read the same profiles
 def load(path: str, c: int) -> Profile | None:
     p = ROOT / path.format(c=c)
     return Profile.load(p) if p.exists() else None
@@ -83,7 +86,7 @@ def table(concurrencies=(1, 32, 64)) -> list[str]:
     lines = ["| C | step | tokens/s | ms/step | launches/step | measured gain | predicted bound (from) | commit |",
              "|---:|---|---:|---:|---:|---:|---|---|"]
     for c in concurrencies:
-        prev = last_main = None
+        prev = None
         skipped: tuple[str, ...] = ()
         for label, path, names in STEPS:
             p = load(path, c)
@@ -94,11 +97,11 @@ def table(concurrencies=(1, 32, 64)) -> list[str]:
             names = skipped + (names or ()) if prev is not None else names
             shown = label if not skipped else f"{label} (with {' + '.join(skipped)})"
             lines.append(row(c, shown, prev, p, names))
-            last_main, prev, skipped = prev, p, ()
+            prev, skipped = p, ()
         for label, path, names in ALTERNATIVES:
             p = load(path, c)
             if p is not None:
-                lines.append(row(c, label, last_main, p, names))
+                lines.append(row(c, label, load(BEFORE_LAST, c), p, names))
     return lines
 
 
@@ -108,7 +111,7 @@ def glue_outcomes(concurrencies=(1, 32, 64)) -> list[str]:
     lines = ["| C | switched on | launches/step | glue ms/step | saved ms/step | predicted for fuse-glue's regions | "
              "of prediction | step ms saved |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for c in concurrencies:
-        before = load(STEPS[2][1], c)
+        before = load(BEFORE_LAST, c)
         if before is None or glue_of(before) is None:
             continue
         lines.append(f"| {c} | (before) | {before.steps['launches_per_step']:.0f} | "
@@ -151,8 +154,9 @@ def chart(path: Path, concurrencies=(1, 32, 64)) -> None:
             steps[1] = ("+ grouped-moe\n+ mma-attn + bf16-gemm", steps[1][1])
         steps = [(label.replace(" (instead)", "\n(instead)").replace("+ ", "+"), p) for label, p in steps if p]
         bottoms = [0.0] * len(steps)
+        split = [ms_by_category(p) for _, p in steps]
         for cat in CHART_CATEGORIES:
-            vals = [ms_by_category(p)[cat] for _, p in steps]
+            vals = [ms[cat] for ms in split]
             ax.bar(range(len(steps)), vals, bottom=bottoms, color=colours[cat], label=cat)
             bottoms = [b + v for b, v in zip(bottoms, vals)]
         ax.set_xticks(range(len(steps)), [label for label, _ in steps], rotation=35, ha="right", fontsize=8)

@@ -384,7 +384,6 @@ def attribute_top(kernels: pd.DataFrame, launches: pd.DataFrame, names: list[str
     if kernels.empty:
         return {}
     codes, distinct = factorize_names(kernels["name"])
-    kname = distinct[codes]
     wanted = set(names)
     rows = np.flatnonzero(np.array([x in wanted for x in distinct], dtype=bool)[codes])
     # By code, which counts up in order of first appearance as the names would group.
@@ -392,7 +391,7 @@ def attribute_top(kernels: pd.DataFrame, launches: pd.DataFrame, names: list[str
     via = launches["via_graph"].to_numpy()
     sample = np.concatenate([rows[pos[np.linspace(0, len(pos) - 1, min(len(pos), SAMPLES_PER_KERNEL)).astype(int)]]
                              for pos in groups.values()]) if groups else np.zeros(0, np.int64)
-    s_name = kname[sample]
+    s_name = distinct[codes[sample]]
     lpid, ltid, lts = (launches[c].to_numpy()[sample] for c in ("launch_pid", "launch_tid", "launch_ts_us"))
     s_via = via[sample]
     ops = attributor.operators(launches["external_id"].to_numpy()[sample])

@@ -150,7 +150,7 @@ def kernel_efficiency(kernels: pd.DataFrame, op_row: np.ndarray, cpu_ops: pd.Dat
     # Calls with the same operator and shapes share one model evaluation. A trace holds one object
     # per distinct recorded shape, so the object stands for its content (two traces' equal shapes
     # are only evaluated twice).
-    key = factorize_rows(pd.factorize(names)[0], np.fromiter(map(id, shapes), np.int64, len(shapes)))
+    key = factorize_rows(names, np.fromiter(map(id, shapes), np.int64, len(shapes)))
     per_key = [op_model(names[i], shapes[i]) for i in np.unique(key, return_index=True)[1]]
     models = [per_key[k] for k in key]
     has = np.array([m is not None for m in models], bool)

@@ -15,10 +15,11 @@ from dsv4opt.optimizations.registry import CheckResult
 
 def use_interpreter(kernel_modules: Sequence[str]) -> None:
     """Triton decides interpreter or compiler when a kernel is defined, so set it before import.
-    (Read from the environment here, not through dsv4opt.tritonlib, whose import defines kernels.)"""
+    (Read from the environment here, not through dsv4opt.tritonlib, whose import defines kernels:
+    every kernel module imports it, so it counts with the gate's own.)"""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return
-    if any(m in sys.modules for m in kernel_modules):
+    if any(m in sys.modules for m in ("dsv4opt.tritonlib", *kernel_modules)):
         raise DsvOptError(
             "the CPU check runs Triton's interpreter, but the kernels were already loaded without it: "
             "rerun with TRITON_INTERPRET=1 set in the environment"

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from dsv4opt.display import narrow_table
 from dsv4opt.report.fit import distinct_labels
 
 
@@ -78,7 +78,7 @@ def print_table(console: Console, columns: list[Column], rows: list[list[str]], 
                 continue
             for r, text in zip(rows, short):
                 r[i] = text
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = narrow_table(title)
     for i in shown:
         if i in folded:
             table.add_column(columns[i].header, overflow="fold", width=folded[i])

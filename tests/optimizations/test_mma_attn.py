@@ -565,7 +565,7 @@ def test_the_cpu_gate_can_still_choose_the_interpreter_after_its_modules_load():
 
 
 def test_the_cpu_gate_refuses_cleanly_once_triton_kernels_were_defined_without_the_interpreter(monkeypatch):
-    import importlib
+    import sys
 
     from dsv4opt.errors import DsvOptError
     from dsv4opt.optimizations.gate_table import use_interpreter
@@ -573,6 +573,8 @@ def test_the_cpu_gate_refuses_cleanly_once_triton_kernels_were_defined_without_t
     mma_check = importlib.import_module("dsv4opt.optimizations.mma_attn.check")  # the package exports check()
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert "dsv4opt.tritonlib" in mma_check._KERNEL_MODULES
+    assert "dsv4opt.tritonlib" in sys.modules
     with pytest.raises(DsvOptError, match="TRITON_INTERPRET=1"):
-        use_interpreter(mma_check._KERNEL_MODULES)  # this process has dsv4opt.tritonlib loaded
+        use_interpreter(("a.module.never.imported",))  # dsv4opt.tritonlib alone is enough
+    with pytest.raises(DsvOptError, match="TRITON_INTERPRET=1"):
+        use_interpreter(mma_check._KERNEL_MODULES)

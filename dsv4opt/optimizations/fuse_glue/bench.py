@@ -143,17 +143,16 @@ def run_bench(batches: Sequence[int] = BATCHES, on_step: Callable[[str], None] =
 def render(result: BenchResult):
     """The rows as a table whose names stay whole at 80 columns, the per-layer sums and the check
     under it (or the failed check)."""
-    from rich import box
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
+
+    from dsv4opt.display import narrow_table
 
     if not result.check.passed:
         from dsv4opt.optimizations.gate_table import failed_table
 
         return failed_table("fuse-glue", result.check, ("rel_err", "mismatches", "eager_rel_err"))
-    table = Table(title=f"fuse-glue on {result.device} (dsv4-flash, {FLASH.layers} layers; copy {result.copy_gbps:.0f} GB/s)",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = narrow_table(f"fuse-glue on {result.device} (dsv4-flash, {FLASH.layers} layers; copy {result.copy_gbps:.0f} GB/s)")
     for col in ("C", "region", "eager µs", "fused µs", "x eager", "bytes", "floor µs", "sets"):
         table.add_column(col, justify="left" if col == "region" else "right", no_wrap=True)
     for r in result.rows:

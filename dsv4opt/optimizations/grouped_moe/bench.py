@@ -122,18 +122,16 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
 
 def render(result: BenchResult):
     """A rich table of the rows (or of the failed check), the check under it."""
-    from rich import box
-    from rich.table import Table
+    from dsv4opt.display import narrow_table
 
     if not result.check.passed:
         from dsv4opt.optimizations.gate_table import failed_table
 
         return failed_table("grouped-moe", result.check, ("rel_err", "baseline_rel_err"))
-    table = Table(title=(f"grouped-moe on {result.device}: d {_CFG.hidden}, I {_CFG.expert_width}, "
+    table = narrow_table(f"grouped-moe on {result.device}: d {_CFG.hidden}, I {_CFG.expert_width}, "
                          f"{_CFG.experts // _CFG.expert_parallel} experts a rank, top-{_CFG.experts_per_token}; "
-                         f"copy {result.copy_gbps:.0f} GB/s"),
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
-                  caption=f"check: {result.check.summary}", caption_justify="left")
+                         f"copy {result.copy_gbps:.0f} GB/s",
+                         caption=f"check: {result.check.summary}", caption_justify="left")
     for col in ("C", "tokens", "experts\nhit", "grouped\nµs", "floor\nµs", "of\nfloor", "baseline\nµs", "x\nbaseline"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in result.rows:

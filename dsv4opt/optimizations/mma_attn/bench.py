@@ -201,17 +201,15 @@ def run_bench(
 
 def render(result: BenchResult):
     """A rich table of the rows (or of the failed check), each row's launch configuration under it."""
-    from rich import box
-    from rich.table import Table
+    from dsv4opt.display import narrow_table
 
     if not result.check.passed:
         from dsv4opt.optimizations.gate_table import failed_table
 
         return failed_table("mma-attn", result.check, ("rel_err_o", "rel_err_lse"))
-    table = Table(
-        title=(f"mma-attn on {result.device}: H {HEADS}, D {DIM}, K {TOPK} + window {WINDOW}, {result.kv} KV; "
-               f"copy {result.copy_gbps:.0f} GB/s, matmul {result.matmul_tflops:.0f} TFLOP/s"),
-        title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=0,
+    table = narrow_table(
+        f"mma-attn on {result.device}: H {HEADS}, D {DIM}, K {TOPK} + window {WINDOW}, {result.kv} KV; "
+        f"copy {result.copy_gbps:.0f} GB/s, matmul {result.matmul_tflops:.0f} TFLOP/s", padding=0,
         caption=f"check: {result.check.summary}\n" + "\n".join(f"B = {r.batch}: {r.tiles}" for r in result.rows),
         caption_justify="left",
     )

@@ -16,7 +16,7 @@ from dsv4opt.optimizations.mma_attn.cases import AttnCase, gpu_cases, interprete
 from dsv4opt.optimizations.registry import CheckResult
 
 REL_TOL = 1e-2
-_KERNEL_MODULES = ("dsv4opt.tritonlib", "dsv4opt.optimizations.mma_attn.kernel", "dsv4opt.workload.attention.simt",
+_KERNEL_MODULES = ("dsv4opt.optimizations.mma_attn.kernel", "dsv4opt.workload.attention.simt",
                    "dsv4opt.workload.kernels.rope")
 
 
