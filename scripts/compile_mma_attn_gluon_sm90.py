@@ -81,14 +81,33 @@ def fp8_source(batch: int, merge: bool = False):
         f"{name}, B {batch}: chunk {constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
 
 
-def fp8_ws_source(batch: int):
+def fp8_ws_source(batch: int, staged: bool = False, part: str = "fp32"):
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
 
     constexprs, types = _fp8_launch(batch)
-    constexprs.update(BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS, ABLATE_=g.ABLATE)
+    constexprs.update(BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS, STAGED=staged,
+                      ABLATE_=g.ABLATE)
+    types.update(p_o_part=f"*{part}")
     sig, attrs = _signature(g.gluon_fp8_ws_sparse_decode_kernel, types, constexprs)
+    how = f", {part} partials{' staged' if staged else ''}" if staged or part != "fp32" else ""
     return GluonASTSource(g.gluon_fp8_ws_sparse_decode_kernel, sig, constexprs, attrs), \
-        f"FP8 warp-specialised, B {batch}: chunk {constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
+        f"FP8 warp-specialised{how}, B {batch}: chunk {constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
+
+
+def bf16_ws_source(batch: int, staged: bool = False, part: str = "fp32"):
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws as g
+
+    cfg = ModelConfig.from_name("dsv4-flash")
+    chunk, nsplit = _chunking(batch)
+    fn = g.gluon_bf16_ws_sparse_decode_kernel
+    constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, D=cfg.head_dim, BH=cfg.heads,
+                      BK=64, PRODUCER_REGS_=g.PRODUCER_REGS, STAGED=staged, ABLATE_=0)
+    types = dict(p_q="*bf16", p_kv="*bf16", p_idx="*i32", p_len="*i32", p_o_part=f"*{part}", p_lse_part="*fp32",
+                 stride_qb="i32", stride_kv="i32", stride_iw="i32", stride_ix="i32", H="i32", qk_scale_log2="fp32",
+                 x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
+    sig, attrs = _signature(fn, types, constexprs)
+    how = f", {part} partials{' staged' if staged else ''}"
+    return GluonASTSource(fn, sig, constexprs, attrs), f"bf16 warp-specialised{how}, B {batch}: chunk {chunk}, {nsplit} splits"
 
 
 def bf16_source(batch: int):
@@ -109,7 +128,11 @@ VARIANTS = {
     "fp8": fp8_source,
     "fp8-merge": lambda b: fp8_source(b, merge=True),
     "fp8-ws": fp8_ws_source,
+    "fp8-ws-staged": lambda b: fp8_ws_source(b, staged=True),
+    "fp8-ws-bf16": lambda b: fp8_ws_source(b, staged=True, part="bf16"),
     "bf16": bf16_source,
+    "bf16-ws": bf16_ws_source,
+    "bf16-ws-bf16": lambda b: bf16_ws_source(b, staged=True, part="bf16"),
 }
 
 

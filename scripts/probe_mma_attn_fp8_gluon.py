@@ -4,9 +4,15 @@ first, then timing.
     PYTHONPATH=. python3 scripts/probe_mma_attn_fp8_gluon.py --variants loop,merge --json $OUT/fp8_gluon.json
 
 Variants (--variants, comma-separated; each is the dispatch's switches for the calls inside):
-  loop   the loop writing partials, kernel.py's combine merging them (production since 1fb1376)
-  merge  the loop merging the splits in each request's last program (GLUON_FP8_MERGE_IN_KERNEL)
-  ws     the warp-specialised loop (kernel_gluon_fp8_ws.py, GLUON_FP8_WS), partials + the combine
+  loop       the loop writing partials, kernel.py's combine merging them (production 1fb1376 to
+             3191c29); with --kv bf16, kernel_gluon.py once per cache
+  merge      the loop merging the splits in each request's last program (GLUON_FP8_MERGE_IN_KERNEL)
+  ws         the warp-specialised loop (kernel_gluon_fp8_ws.py, GLUON_FP8_WS; with --kv bf16
+             kernel_gluon_bf16_ws.py, GLUON_BF16_WS), fp32 partials + the combine
+  ws-staged  the same, the partials written through shared memory in whole lines
+  ws-bf16    the same, bf16 partials
+  ws@SUB:NST:REGS[:ABLATE]  kernel_gluon_fp8_ws's constants (also ws-staged@..., ws-bf16@...)
+--kv bf16 runs the table and the timing on bf16 rows instead of the FP8 layout.
 
 1. Correctness, per variant: mma_attention with the variant's switches on and the whole-width
    64-row tiles at every B, against the float64 reference over B {1, 3, 32, 64} x top-k {1, 100,
@@ -51,13 +57,24 @@ GATE_TOPK = (1, 100, 512, 640)
 
 
 # what each variant switches on in the dispatch (kernel.py's module switches)
+_WS = {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": True, "GLUON_BF16_WS": True}
+_PARTIALS = {"GLUON_WS_STAGED_STORE": False, "GLUON_WS_BF16_PARTIALS": False}
 VARIANTS = {
-    "loop": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": False},
-    "merge": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": True, "GLUON_FP8_WS": False},
-    "ws": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": True},
+    "loop": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": False,
+             "GLUON_BF16_WS": False, **_PARTIALS},
+    "merge": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": True, "GLUON_FP8_WS": False, **_PARTIALS},
+    "ws": {**_WS, **_PARTIALS},
+    "ws-staged": {**_WS, "GLUON_WS_STAGED_STORE": True, "GLUON_WS_BF16_PARTIALS": False},
+    "ws-bf16": {**_WS, "GLUON_WS_STAGED_STORE": True, "GLUON_WS_BF16_PARTIALS": True},
 }
-# the engine each variant must get from the dispatch
-ENGINES = {"loop": "gluon-fp8", "merge": "gluon-fp8", "ws": "gluon-fp8-ws"}
+# the engine each variant must get from the dispatch, per KV layout (bf16 rows: "loop" is
+# kernel_gluon.py once per cache, and there is no in-kernel merge)
+ENGINES = {
+    "fp8": {"loop": "gluon-fp8", "merge": "gluon-fp8", "ws": "gluon-fp8-ws", "ws-staged": "gluon-fp8-ws",
+            "ws-bf16": "gluon-fp8-ws"},
+    "bf16": {"loop": "gluon", "ws": "gluon-ws", "ws-staged": "gluon-ws", "ws-bf16": "gluon-ws"},
+}
+KV = "fp8"  # --kv
 
 
 @contextlib.contextmanager
@@ -108,7 +125,7 @@ def gluon_call(*args, tiles: kernel.Tiles, variant: str = "loop"):
     with ws_config(variant) as variant, switches(**VARIANTS[variant]):
         q, swa, swa_idx, _, extra, idx = args[:6]
         p = kernel.plan(q, swa, swa_idx, extra, idx, tiles)
-        if p.engine != ENGINES[variant] or p.merge_in_kernel != VARIANTS[variant]["GLUON_FP8_MERGE_IN_KERNEL"]:
+        if p.engine != ENGINES[KV].get(variant) or p.merge_in_kernel != VARIANTS[variant]["GLUON_FP8_MERGE_IN_KERNEL"]:
             raise RuntimeError(f"the dispatch took {p.engine!r} (merge in kernel: {p.merge_in_kernel}), not "
                                f"variant {variant!r} (Hopper and Triton 3.6 needed)")
         return kernel.mma_attention(*args, tiles=tiles)
@@ -122,20 +139,22 @@ def counts_at_zero() -> bool:
 def below(x: AttnInputs) -> AttnInputs:
     """The same inputs with the compressed cache's bytes placed below the window cache's in one
     buffer (a negative offset between them), both 16-byte aligned."""
-    a, b = x.extra.data.reshape(-1), x.swa.data.reshape(-1)
+    a, b = x.extra.data.reshape(-1).view(torch.uint8), x.swa.data.reshape(-1).view(torch.uint8)
     gap = 4096
     buf = torch.zeros(a.numel() + gap + b.numel(), dtype=torch.uint8, device=a.device)
     buf[: a.numel()] = a
     buf[a.numel() + gap:] = b
-    extra = KVCache(x.extra.layout, buf[: a.numel()].view(x.extra.data.shape))
-    swa = KVCache(x.swa.layout, buf[a.numel() + gap:].view(x.swa.data.shape))
+    dt = x.swa.data.dtype
+    extra = KVCache(x.extra.layout, buf[: a.numel()].view(dt).view(x.extra.data.shape))
+    swa = KVCache(x.swa.layout, buf[a.numel() + gap:].view(dt).view(x.swa.data.shape))
     return replace(x, swa=swa, extra=extra)
 
 
 def gate_cases() -> list[tuple[str, AttnCase, bool]]:
-    cases = [(AttnCase(b, k, p).name, AttnCase(b, k, p), False) for b in GATE_B for k in GATE_TOPK for p in PATTERNS]
-    cases += [(AttnCase(b, 0, p).name, AttnCase(b, 0, p), False) for b in (1, 64) for p in ("all", "short")]
-    cases += [(AttnCase(b, 512, "half_unused").name + "-extra-below", AttnCase(b, 512, "half_unused"), True) for b in (3, 64)]
+    case = lambda b, k, p: AttnCase(b, k, p, layout=KV)  # noqa: E731
+    cases = [(case(b, k, p).name, case(b, k, p), False) for b in GATE_B for k in GATE_TOPK for p in PATTERNS]
+    cases += [(case(b, 0, p).name, case(b, 0, p), False) for b in (1, 64) for p in ("all", "short")]
+    cases += [(case(b, 512, "half_unused").name + "-extra-below", case(b, 512, "half_unused"), True) for b in (3, 64)]
     return cases
 
 
@@ -179,19 +198,29 @@ def check_cases(variant: str) -> tuple[list[dict], bool]:
 
 def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: float, variant: str = "loop"):
     """The loop alone (no combine), on preallocated partials, cycling through the sets."""
+    from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
     from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
     from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
 
-    launch = gluon_fp8_ws_sparse_decode_partials if variant.startswith("ws") else gluon_fp8_sparse_decode_partials
+    name = variant.split("@")[0]
+    ws = name.startswith("ws")
+    if KV == "bf16":
+        launch = gluon_bf16_ws_sparse_decode_partials
+    else:
+        launch = gluon_fp8_ws_sparse_decode_partials if ws else gluon_fp8_sparse_decode_partials
+    extra_args = {"staged": VARIANTS[name]["GLUON_WS_STAGED_STORE"]} if ws else {}
+    part_dtype = torch.bfloat16 if VARIANTS[name]["GLUON_WS_BF16_PARTIALS"] else torch.float32
 
     q, swa_idx, _, idx = sets[0][:4]
-    p = kernel.plan(q, swa, swa_idx, extra, idx, tiles)
-    o_part = torch.empty(q.shape[0], p.nsplit, q.shape[1], q.shape[2], device="cuda", dtype=torch.float32)
+    with switches(**VARIANTS[name]):
+        p = kernel.plan(q, swa, swa_idx, extra, idx, tiles)
+    o_part = torch.empty(q.shape[0], p.nsplit, q.shape[1], q.shape[2], device="cuda", dtype=part_dtype)
     lse_part = torch.empty(q.shape[0], p.nsplit, q.shape[1], device="cuda", dtype=torch.float32)
 
     def fn(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale):
         with ws_config(variant):
-            launch(q, swa, swa_idx, swa_len, extra, idx, lengths, o_part, lse_part, p.chunk, p.nsplit, scale)
+            launch(q, swa, swa_idx, swa_len, extra, idx, lengths, o_part, lse_part, p.chunk, p.nsplit, scale,
+                   **extra_args)
 
     return B.rotating(fn, swa, extra, sets, scale)
 
@@ -200,7 +229,7 @@ def time_batches(batches: list[int], variants: list[str], copy_gbps: float, tflo
     """Production against each variant (all already through the table) per B; a variant whose
     eager result here misses the bound is not timed, and each is checked again after its replays."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    layout = B._layout("fp8", B.EXTRA_PAGE)
+    layout = B._layout(KV, B.EXTRA_PAGE)
     pages = int(B.POOL_GB * 2**30) // (layout.token_bytes * B.EXTRA_PAGE)
     extra = KVCache.allocate(layout, pages, torch.bfloat16, "cuda")
     extra.fill_random(gen)
@@ -208,7 +237,7 @@ def time_batches(batches: list[int], variants: list[str], copy_gbps: float, tflo
     slots = B.TOPK + B.WINDOW
     rows = []
     for batch in batches:
-        swa = KVCache.allocate(B._layout("fp8", B.WINDOW_PAGE), batch, torch.bfloat16, "cuda")
+        swa = KVCache.allocate(B._layout(KV, B.WINDOW_PAGE), batch, torch.bfloat16, "cuda")
         swa.fill_random(gen)
         sets = B.input_sets(batch, swa, extra, gen)  # synchronises after creating the inputs
         q, swa_idx, swa_len, idx, lengths, sink = sets[0]
@@ -238,7 +267,7 @@ def time_batches(batches: list[int], variants: list[str], copy_gbps: float, tflo
             if err <= REL_TOL or ablation:  # an ablation's results are wrong by design: timed, never checked
                 us = B._median_graph_ms(B.rotating(lambda *a, v=v: gluon_call(*a, tiles=tiles, variant=v), swa, extra,
                                                    sets, scale)) * 1e3
-                if v.split("@")[0] in ("loop", "ws"):
+                if v.split("@")[0].startswith("ws") or (v.split("@")[0] == "loop" and KV == "fp8"):
                     alone_us = B._median_graph_ms(partials_only(tiles, sets, swa, extra, scale, v)) * 1e3
                 torch.cuda.synchronize()
                 err_after = err_of(*gluon_call(*x, tiles=tiles, variant=v))
@@ -262,13 +291,16 @@ def main() -> None:
     ap.add_argument("--variants", default="loop", help=f"comma-separated, of {', '.join(VARIANTS)}; "
                     "ws@SUB:NST:REGS: the warp-specialised loop with other constants")
     ap.add_argument("--skip-check", action="store_true", help="time without the table (a failed variant is still not timed)")
+    ap.add_argument("--kv", default="fp8", choices=sorted(ENGINES), help="the KV layout (bf16: loop is kernel_gluon.py per cache)")
     args = ap.parse_args()
+    global KV
+    KV = args.kv
     variants = args.variants.split(",")
-    unknown = [v for v in variants if v.split("@")[0] not in VARIANTS]
+    unknown = [v for v in variants if v.split("@")[0] not in ENGINES[KV]]
     if unknown:
-        ap.error(f"unknown --variants {unknown}; known: {', '.join(VARIANTS)}")
+        ap.error(f"unknown --variants {unknown} for --kv {KV}; known: {', '.join(ENGINES[KV])}")
     t0 = time.time()
-    out = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__,
+    out = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "torch": torch.__version__, "kv": KV,
            "gluon_available": kernel.gluon_available(), "rel_tol": REL_TOL, "variants": variants, "check": {}}
     print(f"{out['device']}, Triton {out['triton']}, torch {out['torch']}; Gluon available: {out['gluon_available']}",
           flush=True)
@@ -292,7 +324,7 @@ def main() -> None:
     if passed_variants:
         copy_gbps, tflops = B.copy_bandwidth_gbps(), B.matmul_tflops()
         out.update(copy_gbps=copy_gbps, matmul_tflops=tflops)
-        print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s; K {B.TOPK} + window {B.WINDOW}, FP8 KV; "
+        print(f"copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s; K {B.TOPK} + window {B.WINDOW}, {KV} KV; "
               "(x%) = of the roofline", flush=True)
         out["timing"] = time_batches([int(b) for b in args.batch.split(",")], passed_variants, copy_gbps, tflops)
     print(f"done in {time.time() - t0:.0f} s", flush=True)

@@ -454,7 +454,7 @@ def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
     spec.loader.exec_module(probe)
     committed = {k: getattr(kernel, k) for v in probe.VARIANTS.values() for k in v}
     assert set(probe.VARIANTS) >= {"loop", "merge", "ws"}
-    assert set(probe.ENGINES) == set(probe.VARIANTS)
+    assert set(probe.ENGINES["fp8"]) == set(probe.VARIANTS) and set(probe.ENGINES["bf16"]) < set(probe.VARIANTS)
     for name, on in probe.VARIANTS.items():
         assert on["GLUON_FP8_ENABLED"], name
         with probe.switches(**on):
@@ -495,13 +495,14 @@ def test_merge_counts_are_zeroed_once_per_batch_outside_a_capture(monkeypatch):
 
 @pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),
                     reason="the Gluon loops are compiled and gated on Triton 3.6 only")
-@pytest.mark.parametrize("kernels", ["fp8,fp8-merge", "fp8-ws"])
+@pytest.mark.parametrize("kernels", ["fp8,fp8-merge", "fp8-ws", "fp8-ws-staged,fp8-ws-bf16", "bf16-ws,bf16-ws-bf16"])
 def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels):
     """Compiled ahead of time for an H200 (no GPU needed): the FP8 Gluon loop with and without the
-    in-kernel merge, and the warp-specialised loop (at B = 1 a tile a program: Triton 3.6 crashed on
-    the folded loop's dead branch until the guard went static). No spills, within 227 KB of shared
-    memory, every gather a cp.async that zero-fills masked rows, 16 bytes wide for the data
-    records; the warp-specialised loop with its register budgets set per partition."""
+    in-kernel merge, the warp-specialised loops (FP8 and bf16 rows, fp32 partials straight or
+    staged, bf16 partials; at B = 1 a tile a program: Triton 3.6 crashed on the folded loop's dead
+    branch until the guard went static). No spills, within 227 KB of shared memory, every gather a
+    cp.async that zero-fills masked rows, 16 bytes wide for the data records; the
+    warp-specialised loops with their register budgets set per partition."""
     import json
     import os
     import subprocess
@@ -521,10 +522,45 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels):
     for row in rows:
         assert row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0, row
         assert row["fits_227KB"], row
-        if kernels == "fp8-ws":
+        if "ws" in kernels:
             assert {"208", "88"} <= set(row["setmaxnreg"]), row  # consumers 208, producer 88 registers
         widths = row["cp_async_by_width"]
         assert widths["16"] > 0 and widths["8"] == 0 and row["cp_async_zero_fill"] == sum(widths.values()), row
+
+
+def test_bf16_ws_engine_takes_one_launch_over_both_caches_only_when_switched_on_and_it_applies(monkeypatch):
+    """bf16 rows: the warp-specialised loop (one launch over both caches, the fused chunks) where
+    GLUON_BF16_WS is on and the operands suit it; else kernel_gluon.py per cache or kernel.py."""
+    from dsv4opt.workload.kvcache import KVLayout
+
+    cpu = torch.device("cpu")
+    wide = kernel.choose_tiles(64, 64, 640, cpu)
+    q = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1))
+    widx = _FakeCudaTensor((64, 128), (128, 1), dtype=torch.int32)
+    xidx = _FakeCudaTensor((64, 512), (512, 1), dtype=torch.int32)
+
+    def cache(ptr=1 << 20, stride=512):
+        return KVCache(KVLayout(False, 448, 64, 64, 256), _FakeCudaTensor((1 << 16, 512), (stride, 1), ptr=ptr))
+
+    swa, extra = cache(), cache(ptr=1 << 30)
+    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
+    monkeypatch.setattr(kernel, "GLUON_BF16_WS", False)
+    assert kernel.bf16_engine(q, swa, widx, extra, xidx, wide) == ""
+    monkeypatch.setattr(kernel, "GLUON_BF16_WS", True)
+    assert kernel.bf16_engine(q, swa, widx, extra, xidx, wide) == "gluon-ws"
+    assert kernel.bf16_engine(q, swa, widx, None, None, wide) == "gluon-ws"  # a window-only layer
+    assert kernel.bf16_engine(q, swa, widx, cache(ptr=(1 << 30) + 8), xidx, wide) == ""  # 16-byte rows
+    assert kernel.bf16_engine(q, swa, widx, cache(ptr=1 << 30, stride=1024), xidx, wide) == ""  # one row stride
+    strided = _FakeCudaTensor((64, 512), (1024, 2), dtype=torch.int32)
+    assert kernel.bf16_engine(q, swa, widx, extra, strided, wide) == ""
+    fp8_swa, fp8_extra = _fp8_caches()
+    assert kernel.bf16_engine(q, fp8_swa, widx, fp8_extra, xidx, wide) == ""
+    fp16 = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1), dtype=torch.float16)
+    assert kernel.bf16_engine(fp16, swa, widx, extra, xidx, wide) == ""
+    for tiles in (kernel.choose_tiles(1, 64, 640, cpu), kernel.choose_tiles(256, 64, 640, cpu)):
+        assert kernel.bf16_engine(q, swa, widx, extra, xidx, tiles) == "", tiles  # value split; no split
+    monkeypatch.setattr(kernel, "gluon_available", lambda: False)  # another Triton, or no Hopper
+    assert kernel.bf16_engine(q, swa, widx, extra, xidx, wide) == ""
 
 
 def test_fp8_ws_probe_constants_come_back_after_a_config():

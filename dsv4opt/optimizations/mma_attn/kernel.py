@@ -181,7 +181,7 @@ def _attn_combine_splits_kernel(
     stride_ob, stride_oh, H,
     NSPLIT: tl.constexpr, NS_P: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
 ):
-    """One program per (request, head): merge the NSPLIT partials and the sink."""
+    """One program per (request, head): merge the NSPLIT partials (fp32 or bf16) and the sink."""
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     o_s = tl.arange(0, NS_P)
@@ -194,7 +194,8 @@ def _attn_combine_splits_kernel(
     b_top = tl.maximum(tl.max(b_lse2, axis=0), b_sink)
     b_w = tl.exp2(b_lse2 - b_top)  # [NS_P], 0 for empty splits
     b_den = tl.sum(b_w, axis=0) + tl.exp2(b_sink - b_top)
-    b_part = tl.load(p_o_part + row_part[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0)
+    b_part = tl.load(p_o_part + row_part[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :],
+                     other=0.0).to(tl.float32)  # fp32 or bf16 partials
     b_o = tl.sum(b_part * b_w[:, None], axis=0) / b_den  # [D_P]
     tl.store(p_o + i_b * stride_ob + i_h * stride_oh + o_d, b_o.to(p_o.dtype.element_ty), mask=m_d)
     tl.store(p_lse + i_b * H + i_h, (b_top + tl.log2(b_den)) * LN2_)
@@ -330,6 +331,16 @@ GLUON_FP8_MERGE_IN_KERNEL = False
 # scripts/probe_mma_attn_fp8_gluon.py --variants ws passed its 70-case table on the H200 and timed it
 # faster from B = 16 (docs/kernels/mma_attn.md). False: kernel_gluon_fp8.py's loop, as before.
 GLUON_FP8_WS = True
+# The warp-specialised loop over bf16 rows (kernel_gluon_bf16_ws.py: one launch over both caches,
+# a producer partition gathering straight into the consumers' ring) in place of kernel_gluon.py
+# once per cache. Off until scripts/probe_mma_attn_fp8_gluon.py --kv bf16 --variants ws passes
+# its table on the H200.
+GLUON_BF16_WS = False
+# How the warp-specialised loops write their partials: through shared memory in whole lines
+# (STAGED) and in bf16 (half the bytes written by the loop and read by the combine; one more bf16
+# rounding of each split's normalised o before the merge).
+GLUON_WS_STAGED_STORE = False
+GLUON_WS_BF16_PARTIALS = False
 
 
 def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
@@ -365,13 +376,40 @@ def fp8_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None
     return "triton"
 
 
+def gluon_bf16_ws_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
+    """bf16 q and bf16 caches whose rows are 16-byte aligned and equally strided (the loop reads
+    both caches through one pointer and one row stride; its cp.async gathers move 16 bytes)."""
+    caches = [swa] + ([extra] if extra is not None else [])
+    return all(gluon_operands_ok(q, c.data) and c.data.stride(1) == 1 for c in caches) and (
+        extra is None or extra.data.stride(0) == swa.data.stride(0)
+    )
+
+
+def bf16_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles) -> str:
+    """"gluon-ws" (kernel_gluon_bf16_ws.py, one launch over both caches) where it applies and
+    GLUON_BF16_WS is set, else "" (the per-cache choice of `engine` decides). Same shapes as the
+    other Gluon loops (gluon_shape_ok)."""
+    B, H, D = q.shape
+    if (
+        GLUON_BF16_WS and q.is_cuda and not swa.layout.fp8
+        and gluon_shape_ok(H, D, tiles, True, q.stride(), swa_indices.stride(1))
+        and (extra_indices is None or extra_indices.stride(1) == 1)
+        and gluon_available() and gluon_bf16_ws_operands_ok(q, swa, extra)
+    ):
+        return "gluon-ws"
+    return ""
+
+
+WS_ENGINES = ("gluon-fp8-ws", "gluon-ws")
+
+
 @dataclass(frozen=True)
 class Plan:
     """How one call runs: "triton" is one launch of this file's kernel over the slots of both
     caches (window first); "gluon-fp8" is one launch of kernel_gluon_fp8.py over the same slots and
-    chunks (FP8 caches), "gluon-fp8-ws" the same of kernel_gluon_fp8_ws.py; "gluon" is
-    kernel_gluon.py once per cache (`per_cache`: chunk and splits of each). The Gluon loops write
-    partials, merged by the combine."""
+    chunks (FP8 caches), "gluon-fp8-ws" the same of kernel_gluon_fp8_ws.py, "gluon-ws" of
+    kernel_gluon_bf16_ws.py (bf16 caches); "gluon" is kernel_gluon.py once per cache (`per_cache`:
+    chunk and splits of each). The Gluon loops write partials, merged by the combine."""
 
     engine: str
     tiles: Tiles
@@ -385,6 +423,13 @@ def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, til
     """The launch plan of one call (also what the bench reports)."""
     B, H, D = q.shape
     caches = [(swa, swa_indices)] + ([(extra, extra_indices)] if extra is not None else [])
+    K = sum(indices.shape[1] for _, indices in caches)
+    if not swa.layout.fp8:
+        t = tiles or choose_tiles(B, H, K, q.device, D, itemsize=q.element_size())
+        chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
+        t = replace(t, nsplit=nsplit)
+        if bf16_engine(q, swa, swa_indices, extra, extra_indices, t):
+            return Plan("gluon-ws", t, chunk, nsplit)
     per_cache = []
     for cache, indices in caches:
         t = tiles or choose_tiles(B, H, indices.shape[1], q.device, D, itemsize=q.element_size())
@@ -393,7 +438,6 @@ def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, til
     if all(engine(q, cache, indices, t) == "gluon" for (cache, indices), (t, _, _) in zip(caches, per_cache)):
         t = per_cache[0][0]
         return Plan("gluon", t, per_cache[0][1], sum(n for _, _, n in per_cache), tuple(per_cache))
-    K = sum(indices.shape[1] for _, indices in caches)
     t = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8, itemsize=q.element_size())
     chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
     t = replace(t, nsplit=nsplit)
@@ -499,8 +543,9 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
     if ns_total > 1:
-        o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.float32)
-        if p.engine.startswith("gluon-fp8"):  # every program writes all its rows: no fill launch
+        bf16_part = p.engine in WS_ENGINES and GLUON_WS_BF16_PARTIALS
+        o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.bfloat16 if bf16_part else torch.float32)
+        if p.engine.startswith("gluon-fp8") or p.engine == "gluon-ws":  # every program writes all its rows: no fill
             lse_part = torch.empty(B, ns_total, H, device=q.device, dtype=torch.float32)
         else:
             lse_part = torch.full((B, ns_total, H), float("-inf"), device=q.device, dtype=torch.float32)
@@ -519,7 +564,12 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
 
         gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                            o_part, lse_part, p.chunk, p.nsplit, scale)
+                                            o_part, lse_part, p.chunk, p.nsplit, scale, staged=GLUON_WS_STAGED_STORE)
+    elif p.engine == "gluon-ws":
+        from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
+
+        gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
+                                             o_part, lse_part, p.chunk, p.nsplit, scale, staged=GLUON_WS_STAGED_STORE)
     elif p.engine == "gluon-fp8":
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
 

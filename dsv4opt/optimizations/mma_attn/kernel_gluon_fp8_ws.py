@@ -155,9 +155,11 @@ def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_
 @gluon.jit
 def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H, qk_scale_log2,
               N_TILES: gl.constexpr, NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr,
-              ABLATE_: gl.constexpr):
+              STAGED: gl.constexpr, ABLATE_: gl.constexpr):
     """q into shared memory, then per ring tile QK, the online softmax (base 2, masked slots at
-    -inf) and PV as in kernel_gluon_fp8.py; writes split i_s's fp32 partials."""
+    -inf) and PV as in kernel_gluon_fp8.py; writes split i_s's partials (in o_part's dtype; with
+    STAGED through the ring, in whole lines). Shared by the FP8 and bf16 warp-specialised loops:
+    only their producers differ."""
     LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
@@ -186,8 +188,41 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_
         o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
         row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
         gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_acc, mask=(o_ho == 0)[:, None])
+    elif STAGED:
+        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
     else:
         _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+
+
+@gluon.jit
+def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr,
+                           BH: gl.constexpr, D: gl.constexpr, BK: gl.constexpr):
+    """kernel_gluon_fp8._store_partials through shared memory: o (normalised, in o_part's dtype)
+    into the ring, free once both warpgroups' last PV is done, then out 16 bytes a thread, a warp
+    writing 512 contiguous bytes of one row. Stored straight from the accumulator's layout, a warp
+    instruction writes 32 bytes (fp32) or 16 (bf16) of each of eight rows."""
+    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    dt: gl.constexpr = p_o_part.dtype.element_ty
+    VEC: gl.constexpr = 128 // dt.primitive_bitwidth  # 16 bytes
+    # 16-byte units XOR-swizzled by row: the accumulator's eight rows a warp instruction land on
+    # eight different units of a 128-byte line, not on the same banks (rows are 1-2 KB apart)
+    STAGE: gl.constexpr = gl.SwizzledSharedLayout(vec=VEC, per_phase=1, max_phase=8, order=[1, 0])
+    OUT: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
+    gl.static_assert(BH * D * (dt.primitive_bitwidth // 8) <= 2 * BK * D * 2)  # fits the ring
+    m_any = b_l > 0
+    b_lse2 = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH]
+    inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
+    stage = ring._reinterpret(dt, [BH, D], STAGE)
+    gl.thread_barrier()  # both warpgroups' last PV has read the ring
+    stage.store((b_acc * inv[:, None]).to(dt))
+    gl.thread_barrier()  # every row staged, before any warp reads rows another wrote
+    o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, OUT))
+    o_d = gl.arange(0, D, layout=gl.SliceLayout(0, OUT))
+    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_h
+    gl.store(p_o_part + row_part[:, None] * D + o_d[None, :], stage.load(OUT))
+    o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
+    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
 
 
 @gluon.jit
@@ -197,11 +232,11 @@ def gluon_fp8_ws_sparse_decode_kernel(
     KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
     PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
     D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr,
-    PRODUCER_REGS_: gl.constexpr, ABLATE_: gl.constexpr,
+    PRODUCER_REGS_: gl.constexpr, STAGED: gl.constexpr, ABLATE_: gl.constexpr,
 ):
     """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
     followed by the KX compressed-cache slots (kernel_gluon_fp8's contract without MERGE); writes
-    split i_s of o_part [B, NSPLIT, H, D] fp32 and lse_part [B, NSPLIT, H] (base 2)."""
+    split i_s of o_part [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] fp32 (base 2)."""
     gl.static_assert(gl.num_warps() == 8)
     gl.static_assert(BK == 64)
     gl.static_assert(D == _NOPE_TILES * _TILE + _ROPE)
@@ -235,15 +270,17 @@ def gluon_fp8_ws_sparse_decode_kernel(
 
     gl.warp_specialize(
         [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H,
-                      qk_scale_log2, N_TILES, NSPLIT, D, BH, BK, ABLATE_)),
+                      qk_scale_log2, N_TILES, NSPLIT, D, BH, BK, STAGED, ABLATE_)),
          (_producer, (ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
                       N_TILES, KW, PS_W, PB_W, PS_X, PB_X, BK, SUB_, NST, ABLATE_))],
         [4], [PRODUCER_REGS_])  # the producer: 4 warps
 
 
 def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                        o_part, lse_part, chunk: int, nsplit: int, scale: float) -> None:
-    """kernel_gluon_fp8.gluon_fp8_sparse_decode_partials (without the merge), warp-specialised."""
+                                        o_part, lse_part, chunk: int, nsplit: int, scale: float,
+                                        staged: bool = False) -> None:
+    """kernel_gluon_fp8.gluon_fp8_sparse_decode_partials (without the merge), warp-specialised;
+    o_part fp32 or bf16, `staged`: o written out through shared memory in whole lines."""
     from dsv4opt.optimizations.mma_attn.kernel import _offset
 
     B, H, D = q.shape
@@ -263,6 +300,6 @@ def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra,
         stride_ix=stride_ix, H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta,
         len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit,
         PS_W=L.page_size, PB_W=L.page_bytes, PS_X=LX.page_size, PB_X=LX.page_bytes,
-        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, ABLATE_=ABLATE,
+        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, STAGED=staged, ABLATE_=ABLATE,
         num_warps=8,
     )

@@ -1,0 +1,140 @@
+"""mma-attn's bf16-KV main loop with warp specialisation (Gluon, Hopper), one launch over both caches.
+
+Stands for SGLang's sm_120 sparse decode (`flash_mla_sparse_decode_triton`) on bf16 latent rows,
+as kernel_gluon.py does, but as kernel_gluon_fp8_ws.py runs the FP8 layout: one launch covers the
+window slots followed by the compressed-cache slots (the compressed cache's rows, indices and
+lengths at fixed offsets from the window cache's, as kernel.py's main kernel reads them), where
+kernel_gluon.py runs once per cache; and `gl.warp_specialize` splits the CTA:
+
+- the producer partition (4 warps): the rows of tile t + 1 gathered by cp.async (16 bytes a
+  thread, masked rows zero-filled) straight into ring slot (t + 1) % 2 as soon as the consumers
+  released it; the slot handed over with an mbarrier (`full`) once the copies landed. bf16 rows
+  need no dequantisation, so no staging: one 64 KiB tile in flight while the consumers multiply
+  the other;
+- the default partition (8 warps): kernel_gluon_fp8_ws._consumer, unchanged (q once, QK, the
+  online softmax and PV per tile; the partials).
+
+Shared memory: q 64 KiB + two bf16 tiles 128 KiB + the chunk's indices + the softmax's scratch.
+Same chunks and partials as the FP8 loops (kernel.py's combine merges them); GPU and Triton 3.6
+only, switched by kernel.GLUON_BF16_WS. Measurements: docs/kernels/mma_attn.md.
+"""
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import BLOCK_K, HEADS, IDX_SMEM, _chunk_indices
+from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import _consumer
+from dsv4opt.tritonlib import LOG2E
+
+PRODUCER_REGS = 88  # address arithmetic and cp.async only
+
+
+@gluon.jit
+def _issue_rows(dst, p_kv, idx_smem, t, start, x_delta, stride_kv, KW: gl.constexpr, BK: gl.constexpr,
+                D: gl.constexpr, L: gl.constexpr):
+    """cp.async tile t's rows into dst [BK, D] bf16: slots at or past KW are the compressed
+    cache's, whose rows start x_delta elements past the window cache's; unused rows (index -1)
+    read nothing and are zero-filled, so their masked scores multiply finite values."""
+    b_idx = idx_smem.index(t).load(gl.SliceLayout(1, L))  # [BK]
+    m_row = b_idx >= 0
+    tok = gl.where(m_row, b_idx, 0).to(gl.int64)  # caches can exceed 2^31 elements
+    in_x = (start + t * BK + gl.arange(0, BK, layout=gl.SliceLayout(1, L))) >= KW
+    at = gl.where(in_x, x_delta, 0) + tok * stride_kv
+    o_d = gl.arange(0, D, layout=gl.SliceLayout(0, L))
+    cp.async_copy_global_to_shared(dst, p_kv + at[:, None] + o_d[None, :], mask=m_row[:, None])
+
+
+@gluon.jit
+def _producer(ring, full, empty, idx_smem, p_kv, start, x_delta, stride_kv, N_TILES: gl.constexpr,
+              KW: gl.constexpr, BK: gl.constexpr, D: gl.constexpr, ABLATE_: gl.constexpr):
+    """Tile 0 into slot 0; then per tile t: wait for its copies, hand it over (`full`), wait until
+    the consumers released slot (t + 1) % 2 (tile t - 1's) and issue tile t + 1 into it."""
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # 16 bytes a thread
+    if ABLATE_ & 2:  # diagnostic (kernel_gluon_fp8_ws.ABLATE): hand over the tiles untouched
+        for t in range(N_TILES):
+            mbarrier.wait(empty.index(t % 2), ((t // 2) & 1) ^ 1)
+            mbarrier.arrive(full.index(t % 2))
+        return
+    _issue_rows(ring.index(0), p_kv, idx_smem, 0, start, x_delta, stride_kv, KW, BK, D, L)
+    cp.commit_group()
+    for t in range(N_TILES):
+        cp.wait_group(0)  # this thread's copies of tile t landed (the only group in flight)
+        fence_async_shared()  # ... before the consumers' wgmma reads them through the async proxy
+        mbarrier.arrive(full.index(t % 2))  # a partition-wide bar.sync first: every thread's copies
+        if N_TILES > 1:  # static: Triton 3.6 fails to lower the folded one-tile loop's dead branch
+            if t + 1 < N_TILES:
+                nxt = (t + 1) % 2
+                mbarrier.wait(empty.index(nxt), (((t + 1) // 2) & 1) ^ 1)  # the first wait on slot 1 passes
+                _issue_rows(ring.index(nxt), p_kv, idx_smem, t + 1, start, x_delta, stride_kv, KW, BK, D, L)
+                cp.commit_group()
+
+
+@gluon.jit
+def gluon_bf16_ws_sparse_decode_kernel(
+    p_q, p_kv, p_idx, p_len, p_o_part, p_lse_part,
+    stride_qb, stride_kv, stride_iw, stride_ix, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
+    KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
+    D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, PRODUCER_REGS_: gl.constexpr, STAGED: gl.constexpr,
+    ABLATE_: gl.constexpr,
+):
+    """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
+    followed by the KX compressed-cache slots over bf16 rows [N, D]; writes split i_s of o_part
+    [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] fp32 (base 2)."""
+    gl.static_assert(gl.num_warps() == 8)
+    gl.static_assert(BK == 64)
+    SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    i_b = gl.program_id(0)
+    i_s = gl.program_id(2)
+    start = i_s * CHUNK
+    N_TILES: gl.constexpr = CHUNK // BK
+    IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + 1)  # >= 2: a [1, 64] view fails to lower on Triton 3.6
+    idx_flat = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
+                              CHUNK, IDX_ROWS * BK)
+    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_SMEM)  # row t: tile t's indices
+
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, D], SMEM)
+    ring = gl.allocate_shared_memory(gl.bfloat16, [2, BK, D], SMEM)
+    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(full.index(i), count=1)  # Gluon's arrive: a partition-wide bar.sync, one thread's arrive
+        mbarrier.init(empty.index(i), count=1)
+    gl.thread_barrier()  # the indices and the initialised barriers, before the partitions start
+
+    gl.warp_specialize(
+        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H,
+                      qk_scale_log2, N_TILES, NSPLIT, D, BH, BK, STAGED, ABLATE_)),
+         (_producer, (ring, full, empty, idx_smem, p_kv, start, x_delta, stride_kv, N_TILES, KW, BK, D, ABLATE_))],
+        [4], [PRODUCER_REGS_])
+
+
+def gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
+                                         o_part, lse_part, chunk: int, nsplit: int, scale: float,
+                                         staged: bool = False) -> None:
+    """Fill o_part [B, nsplit, H, D] (fp32 or bf16; o over each chunk of the window slots then the
+    compressed-cache slots, normalised) and lse_part [B, nsplit, H] (base 2) for q [B, 64, 512]
+    bf16 (rows contiguous) over the bf16 caches swa and extra (KVCache; extra may be None) with
+    indices [B, W] / [B, K] int32 of unit stride. The caches must pass kernel.gluon_bf16_ws_operands_ok."""
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
+    from dsv4opt.optimizations.mma_attn.kernel import _offset
+
+    B, H, D = q.shape
+    assert H == HEADS and chunk % BLOCK_K == 0, (H, chunk)
+    kv = swa.data
+    if extra is not None:
+        x_delta = _offset(extra.data, kv, kv.element_size())
+        idx_x_delta, len_x_delta = _offset(extra_indices, swa_indices, 4), _offset(extra_lengths, swa_lengths, 4)
+        stride_ix, kx = extra_indices.stride(0), extra_indices.shape[1]
+    else:
+        x_delta = idx_x_delta = len_x_delta = stride_ix = kx = 0
+    gluon_bf16_ws_sparse_decode_kernel[(B, 1, nsplit)](
+        p_q=q, p_kv=kv, p_idx=swa_indices, p_len=swa_lengths, p_o_part=o_part, p_lse_part=lse_part,
+        stride_qb=q.stride(0), stride_kv=kv.stride(0), stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H,
+        qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
+        KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K,
+        PRODUCER_REGS_=PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE, num_warps=8,
+    )
