@@ -337,14 +337,16 @@ GLUON_FP8_MERGE_IN_KERNEL = False
 GLUON_FP8_WS = True
 # The warp-specialised loop over bf16 rows (kernel_gluon_bf16_ws.py: one launch over both caches,
 # a producer partition gathering straight into the consumers' ring) in place of kernel_gluon.py
-# once per cache. Off until scripts/probe_mma_attn_fp8_gluon.py --kv bf16 --variants ws passes
-# its table on the H200.
-GLUON_BF16_WS = False
+# once per cache: on since scripts/probe_mma_attn_fp8_gluon.py --kv bf16 --variants ws passed its
+# 70-case table on the H200 and timed it 1.74x faster at B = 64 (commit 60eaba6). False: kernel_gluon.py.
+GLUON_BF16_WS = True
 # How the warp-specialised loops write their partials: through shared memory in whole lines
 # (STAGED) and in bf16 (half the bytes written by the loop and read by the combine; one more bf16
-# rounding of each split's normalised o before the merge).
-GLUON_WS_STAGED_STORE = False
-GLUON_WS_BF16_PARTIALS = False
+# rounding of each split's normalised o before the merge, worst error 2.1e-3 -> 2.7e-3 over the
+# table). On together since the probe's ws-bf16 variant passed both tables and timed 1.10x (FP8)
+# and 1.12x (bf16 rows) at B = 64 over fp32 partials (commit 04debe5); staged fp32 alone gained nothing.
+GLUON_WS_STAGED_STORE = True
+GLUON_WS_BF16_PARTIALS = True
 
 
 def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
@@ -526,11 +528,12 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
 
     One split-K launch covers the slots of both caches (a tile of 64 heads shares every KV tile
     read; FP8 rows are dequantised in registers); with a split, every split writes fp32 partials
-    and one combine kernel merges them with the sink, else the single pass writes o and lse. On
-    bf16 rows where the Gluon loop applies it runs once per cache instead, always with partials;
-    on FP8 rows an FP8 Gluon loop (the warp-specialised one by default) replaces the main kernel
-    where `fp8_engine` says so, and kernel_gluon_fp8.py's with GLUON_FP8_MERGE_IN_KERNEL merges the
-    splits itself (one launch, no combine).
+    and one combine kernel merges them with the sink, else the single pass writes o and lse. Where
+    a Gluon loop applies it replaces the main kernel, always with partials: on bf16 rows the
+    warp-specialised one (`bf16_engine`; kernel_gluon.py once per cache with GLUON_BF16_WS off), on
+    FP8 rows an FP8 one (`fp8_engine`; the warp-specialised one by default, and kernel_gluon_fp8.py's
+    with GLUON_FP8_MERGE_IN_KERNEL merges the splits itself: one launch, no combine). The
+    warp-specialised loops write bf16 partials (GLUON_WS_BF16_PARTIALS), the others fp32.
     CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
     """
     if q.device.type != "cuda" and not _INTERPRETED:
