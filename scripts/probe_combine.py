@@ -53,7 +53,7 @@ def combine_call(batch: int, nsplit: int, sets: list[tuple]):
         kernel._attn_combine_splits_kernel[(batch, B.HEADS)](
             p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse, stride_ob=o.stride(0),
             stride_oh=o.stride(1), H=B.HEADS, NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=B.DIM,
-            D_P=B.DIM, num_warps=4)
+            D_P=B.DIM, SPLIT_LOOP=o_part.dtype != torch.float32, num_warps=4)
 
     return call
 

@@ -179,28 +179,36 @@ def _mma_sparse_decode_kernel(
 def _attn_combine_splits_kernel(
     p_o_part, p_lse_part, p_sink, p_o, p_lse,
     stride_ob, stride_oh, H,
-    NSPLIT: tl.constexpr, NS_P: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
+    NSPLIT: tl.constexpr, NS_P: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, SPLIT_LOOP: tl.constexpr,
 ):
     """One program per (request, head): merge the NSPLIT partials (fp32 or bf16) and the sink.
 
-    The partials are summed a split at a time in registers (unrolled). Summed as one [NSPLIT, D] tile over
-    its first axis, Triton spread the splits over warps and reduced through shared memory: with
-    bf16 partials that reduction had 8-way bank conflicts and took 22.9 µs at B = 64 against 7.4
-    for fp32 (Nsight Compute on the H200, L1 92% busy, DRAM 8%; docs/kernels/mma_attn.md)."""
+    SPLIT_LOOP (bf16 partials): summed a split at a time in registers. Summed as one [NSPLIT, D]
+    tile over its first axis, Triton spreads the splits over warps and reduces through shared
+    memory: on bf16 partials with 8-way bank conflicts, 22.9 µs at B = 64 against 7.4 for fp32
+    (Nsight Compute on the H200, L1 92% busy, DRAM 8%; docs/kernels/mma_attn.md). The tile form
+    stays for fp32 partials: the split loop, unrolled, was 0.9 µs slower at B = 1 (20 splits)."""
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     o_s = tl.arange(0, NS_P)
-    row0 = (i_b * NSPLIT).to(tl.int64) * H + i_h  # split 0's row of [B*NSPLIT*H]
-    b_lse2 = tl.load(p_lse_part + row0 + o_s * H, mask=o_s < NSPLIT, other=float("-inf"))  # [NS_P]
-    b_sink = tl.load(p_sink + i_h).to(tl.float32) * LOG2E_
-    b_top = tl.maximum(tl.max(b_lse2, axis=0), b_sink)
-    b_den = tl.sum(tl.exp2(b_lse2 - b_top), axis=0) + tl.exp2(b_sink - b_top)  # empty splits weigh 0
+    m_s = o_s < NSPLIT
     o_d = tl.arange(0, D_P)
     m_d = o_d < D
-    b_o = tl.zeros([D_P], dtype=tl.float32)
-    for s in tl.static_range(NSPLIT):  # unrolled: the splits' loads go out together (a run-time loop
-        b_w = tl.exp2(tl.load(p_lse_part + row0 + s * H) - b_top)  # cost 1.5 µs at B = 1, 20 splits)
-        b_o += b_w * tl.load(p_o_part + (row0 + s * H) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+    row_part = (i_b * NSPLIT + o_s).to(tl.int64) * H + i_h  # [NS_P] rows of [B*NSPLIT*H]
+    b_lse2 = tl.load(p_lse_part + row_part, mask=m_s, other=float("-inf"))  # [NS_P]
+    b_sink = tl.load(p_sink + i_h).to(tl.float32) * LOG2E_
+    b_top = tl.maximum(tl.max(b_lse2, axis=0), b_sink)
+    b_w = tl.exp2(b_lse2 - b_top)  # [NS_P], 0 for empty splits
+    b_den = tl.sum(b_w, axis=0) + tl.exp2(b_sink - b_top)
+    if SPLIT_LOOP:
+        b_o = tl.zeros([D_P], dtype=tl.float32)
+        row0 = (i_b * NSPLIT).to(tl.int64) * H + i_h
+        for s in tl.static_range(NSPLIT):  # unrolled: the splits' loads go out together
+            b_ws = tl.exp2(tl.load(p_lse_part + row0 + s * H) - b_top)
+            b_o += b_ws * tl.load(p_o_part + (row0 + s * H) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        b_part = tl.load(p_o_part + row_part[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0)
+        b_o = tl.sum(b_part * b_w[:, None], axis=0)  # [D_P]
     tl.store(p_o + i_b * stride_ob + i_h * stride_oh + o_d, (b_o / b_den).to(p_o.dtype.element_ty), mask=m_d)
     tl.store(p_lse + i_b * H + i_h, (b_top + tl.log2(b_den)) * LN2_)
 
@@ -591,6 +599,7 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         _attn_combine_splits_kernel[(B, H)](
             p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse,
             stride_ob=o.stride(0), stride_oh=o.stride(1), H=H,
-            NSPLIT=ns_total, NS_P=triton.next_power_of_2(ns_total), D=D, D_P=d_p, num_warps=4,
+            NSPLIT=ns_total, NS_P=triton.next_power_of_2(ns_total), D=D, D_P=d_p,
+            SPLIT_LOOP=o_part.dtype != torch.float32, num_warps=4,
         )
     return o, lse
