@@ -1,5 +1,6 @@
 """kernel.py's split combine alone, on fp32 against bf16 partials: the warp-specialised loops write
-bf16 partials 3 µs faster at B = 64 but the call as a whole got slower, which leaves the combine.
+bf16 partials 3 µs faster at B = 64, but the call as a whole got slower, so the combine was suspect
+(it was: docs/kernels/mma_attn.md).
 Times it per B with the dispatch's split counts over rotating partial sets (far above L2),
 CUDA-graph medians (bench.py's helper); --drive only calls it, for Nsight Compute:
 
@@ -69,7 +70,8 @@ def main() -> None:
     batches = [int(b) for b in args.batch.split(",")]
     if args.drive:
         b = batches[0]
-        call = combine_call(b, SPLITS[b], partial_sets(b, SPLITS[b], getattr(torch, {"fp32": "float32"}.get(args.part, "bfloat16")), gen))
+        dtype = torch.float32 if args.part == "fp32" else torch.bfloat16
+        call = combine_call(b, SPLITS[b], partial_sets(b, SPLITS[b], dtype, gen))
         for _ in range(8):
             call()
         torch.cuda.synchronize()

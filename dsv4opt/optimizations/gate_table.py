@@ -39,7 +39,7 @@ def gate_device(device: str | None, kernel_modules: Sequence[str]) -> tuple[torc
 
 
 def table_result(name: str, rows: list[dict], dev: torch.device, dtype: torch.dtype, tol: float,
-                 errors: Sequence[str], details: dict) -> CheckResult:
+                 errors: Sequence[str], details: dict, notes: Sequence[str] = ()) -> CheckResult:
     """A gate's verdict from its rows (each with "case", "passed", "nonfinite" and the `errors`
     keys; the first error key names the worst case): each error's worst over the table, bounded by
     `tol`, and no non-finite output."""
@@ -61,6 +61,7 @@ def table_result(name: str, rows: list[dict], dev: torch.device, dtype: torch.dt
         bounds=bounds,
         summary=summary,
         details={"dtype": str(dtype), "cases": rows, **details},
+        notes=tuple(notes),
     )
 
 

@@ -29,6 +29,7 @@ class CheckResult:
     bounds: dict[str, float]
     summary: str
     details: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # lines printed under the summary: what ran, and why not something else
 
 
 @dataclass(frozen=True)

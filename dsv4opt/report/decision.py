@@ -23,6 +23,8 @@ def print_check(result: CheckResult, console: Console) -> None:
     if result.figures:
         console.print(table)
     console.print(result.summary, highlight=False)
+    for note in result.notes:
+        console.print(note, highlight=False)
 
 
 def _share(figure, bound) -> str:

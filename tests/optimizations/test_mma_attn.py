@@ -11,6 +11,7 @@ import importlib
 from dataclasses import replace
 import pytest
 import torch
+from rich.console import Console
 from typer.testing import CliRunner
 
 from dsv4opt.cli import app
@@ -18,6 +19,7 @@ from dsv4opt.numerics import error_report
 from dsv4opt.optimizations.mma_attn import kernel
 from dsv4opt.optimizations.mma_attn.cases import AttnCase, interpreter_cases, make_inputs
 from dsv4opt.optimizations.registry import get
+from dsv4opt.report.decision import print_check
 from dsv4opt.workload.attention import sparse_attention_ref
 from dsv4opt.workload.kvcache import KVCache
 from tests.helpers import needs_gpu
@@ -141,6 +143,18 @@ def test_gate_passes_and_reports_figures():
     assert result.passed, result.summary
     assert set(result.bounds) <= set(result.figures)
     assert result.figures["cases"] == 2 and result.device.startswith("cpu")
+    # what ran, and why the Gluon loops did not: printed by `list --check` under the summary
+    assert result.notes == ("main loops: block-level 2",
+                            "Gluon loops off here: Triton's interpreter runs the kernels; the block-level kernel runs instead")
+    console = Console(record=True, width=80)
+    print_check(result, console)
+    assert "Gluon loops off here: Triton's interpreter" in " ".join(console.export_text().split())
+
+
+def test_the_gate_names_each_main_loop_it_ran():
+    rows = [{"engine": e} for e in ("gluon-fp8-ws", "gluon-fp8-ws", "triton", "gluon-ws")]
+    notes = check_module.engine_notes(rows)
+    assert notes[0] == "main loops: FP8 warp-specialised 2, block-level 1, bf16 warp-specialised 1"
 
 
 def test_registry_provides_the_attention_slot():
@@ -275,19 +289,20 @@ def test_engine_takes_the_gluon_loop_only_with_aligned_bf16_rows(monkeypatch):
 
 
 def test_gluon_available_only_on_hopper_with_a_validated_triton(monkeypatch):
+    """And where not, gluon_unavailable_reason says why (what `list --check` prints)."""
     monkeypatch.setattr(kernel, "_INTERPRETED", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(kernel.triton, "__version__", "3.6.0")
     monkeypatch.delenv("DSV4OPT_MMA_ATTN_GLUON", raising=False)
     cases = [
-        ({}, True),
-        ({"__version__": "3.9.0"}, False),
-        ({"capability": (10, 0)}, False),
-        ({"capability": (8, 0)}, False),
-        ({"env": "0"}, False),
-        ({"interpreted": True}, False),
-        ({"cuda": False}, False),
+        ({}, ""),
+        ({"__version__": "3.9.0"}, "Triton 3.9.0, validated on 3.6.x only"),
+        ({"capability": (10, 0)}, "compute capability 10.0, not Hopper"),
+        ({"capability": (8, 0)}, "compute capability 8.0, not Hopper"),
+        ({"env": "0"}, "DSV4OPT_MMA_ATTN_GLUON=0"),
+        ({"interpreted": True}, "interpreter"),
+        ({"cuda": False}, "no CUDA device"),
     ]
     try:
         for change, expected in cases:
@@ -303,7 +318,9 @@ def test_gluon_available_only_on_hopper_with_a_validated_triton(monkeypatch):
                     m.setattr(kernel, "_INTERPRETED", True)
                 if "cuda" in change:
                     m.setattr(torch.cuda, "is_available", lambda: False)
-                assert kernel.gluon_available() is expected, change
+                reason = kernel.gluon_unavailable_reason()
+                assert kernel.gluon_available() is (expected == ""), change
+                assert (expected in reason) if expected else reason == "", (change, reason)
     finally:
         kernel.gluon_available.cache_clear()
 

@@ -6,6 +6,7 @@ tl.dot, so a reduced table in fp16. Outputs are NaN-poisoned so an unwritten ele
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict
 
 import torch
@@ -22,10 +23,11 @@ _KERNEL_MODULES = ("dsv4opt.optimizations.mma_attn.kernel", "dsv4opt.workload.at
 
 def run_case(case: AttnCase, device: torch.device, dtype: torch.dtype, seed: int = 0) -> dict:
     """Errors of mma-attn and the baseline on one case, as plain figures."""
-    from dsv4opt.optimizations.mma_attn.kernel import mma_attention
+    from dsv4opt.optimizations.mma_attn.kernel import mma_attention, plan
     from dsv4opt.workload.attention import sparse_attention_ref, sparse_decode_sm120
 
     x = make_inputs(case, device, dtype, seed)
+    engine = plan(x.q, x.swa, x.swa_indices, x.extra, x.extra_indices).engine
     ref_o, ref_lse = sparse_attention_ref(*x.args())
     with nan_poisoned_allocations():
         o, lse = mma_attention(*x.args())
@@ -34,6 +36,7 @@ def run_case(case: AttnCase, device: torch.device, dtype: torch.dtype, seed: int
     base_err_o = error_report(base_o, ref_o)
     return {
         "case": case.name,
+        "engine": engine,
         "rel_err_o": err_o.rel,
         "max_abs_o": err_o.max_abs,
         "worst_o": list(err_o.worst_index),
@@ -51,4 +54,16 @@ def check(device: str | None = None, cases: list[AttnCase] | None = None) -> Che
     cases = cases if cases is not None else (gpu_cases() if dev.type == "cuda" else interpreter_cases())
     rows = [run_case(c, dev, dtype, seed=i) for i, c in enumerate(cases)]
     return table_result("mma-attn", rows, dev, dtype, REL_TOL, ("rel_err_o", "rel_err_lse", "baseline_rel_err_o"),
-                        {"table": [asdict(c) for c in cases]})
+                        {"table": [asdict(c) for c in cases]}, engine_notes(rows))
+
+
+def engine_notes(rows: list[dict]) -> list[str]:
+    """Which main loops the table ran (cases each), and why the Gluon loops did not, where they did not."""
+    from dsv4opt.optimizations.mma_attn.kernel import ENGINE_NAMES, gluon_unavailable_reason
+
+    counts = Counter(ENGINE_NAMES.get(r["engine"], r["engine"]) for r in rows)
+    notes = ["main loops: " + ", ".join(f"{name} {n}" for name, n in counts.most_common())]
+    reason = gluon_unavailable_reason()
+    if reason:
+        notes.append(f"Gluon loops off here: {reason}; the block-level kernel runs instead")
+    return notes

@@ -307,15 +307,39 @@ def gluon_operands_ok(q: torch.Tensor, kv: torch.Tensor) -> bool:
 GLUON_VALIDATED_TRITON = ("3.6.",)
 
 
+def gluon_unavailable_reason() -> str:
+    """Why the Gluon loops cannot run here, in a phrase ("" where they can): they need a Hopper GPU,
+    a Triton version they were validated on, not the interpreter, and not switched off with
+    DSV4OPT_MMA_ATTN_GLUON=0. Where they cannot, the block-level kernel runs every launch."""
+    if _INTERPRETED:
+        return "Triton's interpreter runs the kernels"
+    if os.environ.get("DSV4OPT_MMA_ATTN_GLUON", "1") == "0":
+        return "switched off (DSV4OPT_MMA_ATTN_GLUON=0)"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        return f"compute capability {major}.{minor}, not Hopper (9.x)"
+    if not triton.__version__.startswith(GLUON_VALIDATED_TRITON):
+        validated = ", ".join(v + "x" for v in GLUON_VALIDATED_TRITON)
+        return f"Triton {triton.__version__}, validated on {validated} only"
+    return ""
+
+
 @functools.lru_cache(maxsize=None)
 def gluon_available() -> bool:
-    """kernel_gluon.py can run here: a Hopper GPU, a Triton version it was validated on, not the
-    interpreter, and not switched off with DSV4OPT_MMA_ATTN_GLUON=0 (read once per process)."""
-    if _INTERPRETED or os.environ.get("DSV4OPT_MMA_ATTN_GLUON", "1") == "0" or not torch.cuda.is_available():
-        return False
-    if torch.cuda.get_device_capability()[0] != 9:
-        return False
-    return triton.__version__.startswith(GLUON_VALIDATED_TRITON)
+    """kernel_gluon*.py can run here (gluon_unavailable_reason; read once per process)."""
+    return not gluon_unavailable_reason()
+
+
+# The dispatch's engines in words, as `list --check` names them.
+ENGINE_NAMES = {
+    "triton": "block-level",
+    "gluon": "bf16 Gluon per cache",
+    "gluon-ws": "bf16 warp-specialised",
+    "gluon-fp8": "FP8 Gluon",
+    "gluon-fp8-ws": "FP8 warp-specialised",
+}
 
 
 def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles) -> str:
