@@ -19,14 +19,13 @@ Same chunks and partials as the FP8 loops (kernel.py's combine merges them); GPU
 only, switched by kernel.GLUON_BF16_WS. Measurements: docs/kernels/mma_attn.md.
 """
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import BLOCK_K, HEADS, IDX_SMEM, _chunk_indices
-from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import _consumer
+from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import BLOCK_K, HEADS
+from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import _consumer, _ring_barriers, _ws_buffers
 from dsv4opt.tritonlib import LOG2E
 
 PRODUCER_REGS = 88  # address arithmetic and cp.async only
@@ -85,24 +84,13 @@ def gluon_bf16_ws_sparse_decode_kernel(
     [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] fp32 (base 2)."""
     gl.static_assert(gl.num_warps() == 8)
     gl.static_assert(BK == 64)
-    SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-
     i_b = gl.program_id(0)
     i_s = gl.program_id(2)
     start = i_s * CHUNK
     N_TILES: gl.constexpr = CHUNK // BK
-    IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + 1)  # >= 2: a [1, 64] view fails to lower on Triton 3.6
-    idx_flat = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
-                              CHUNK, IDX_ROWS * BK)
-    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_SMEM)  # row t: tile t's indices
-
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, D], SMEM)
-    ring = gl.allocate_shared_memory(gl.bfloat16, [2, BK, D], SMEM)
-    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(full.index(i), count=1)  # Gluon's arrive: a partition-wide bar.sync, one thread's arrive
-        mbarrier.init(empty.index(i), count=1)
+    _, idx_smem, q_smem, ring = _ws_buffers(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta,
+                                            KW, KX, CHUNK, BH, BK, D)
+    full, empty = _ring_barriers()
     gl.thread_barrier()  # the indices and the initialised barriers, before the partitions start
 
     gl.warp_specialize(

@@ -226,6 +226,33 @@ def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s
 
 
 @gluon.jit
+def _ws_buffers(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW: gl.constexpr,
+                KX: gl.constexpr, CHUNK: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, D: gl.constexpr):
+    """What both warp-specialised loops allocate first: the chunk's indices in shared memory, as
+    kernel_gluon_fp8 reads them (flat, and row t: tile t's), q's buffer and the ring of two bf16 tiles."""
+    SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    IDX_ROWS: gl.constexpr = triton.next_power_of_2(CHUNK // BK + 1)  # >= 2: a [1, 64] view fails to lower on Triton 3.6
+    idx_flat = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
+                              CHUNK, IDX_ROWS * BK)
+    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_SMEM)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, D], SMEM)
+    ring = gl.allocate_shared_memory(gl.bfloat16, [2, BK, D], SMEM)
+    return idx_flat, idx_smem, q_smem, ring
+
+
+@gluon.jit
+def _ring_barriers():
+    """The ring's hand-over barriers, `full` (producer -> consumers) and `empty` (back), one a slot,
+    each counting one arrival: Gluon's arrive is a partition-wide bar.sync, then one thread's arrive."""
+    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    return full, empty
+
+
+@gluon.jit
 def gluon_fp8_ws_sparse_decode_kernel(
     p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part,
     stride_qb, stride_iw, stride_ix, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
@@ -240,32 +267,19 @@ def gluon_fp8_ws_sparse_decode_kernel(
     gl.static_assert(gl.num_warps() == 8)
     gl.static_assert(BK == 64)
     gl.static_assert(D == _NOPE_TILES * _TILE + _ROPE)
-    SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     ROW1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
     i_b = gl.program_id(0)
     i_s = gl.program_id(2)
     start = i_s * CHUNK
-
-    # The chunk's indices, as kernel_gluon_fp8 reads them.
     N_TILES: gl.constexpr = CHUNK // BK
-    IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + 1)  # >= 2: a [1, 64] view fails to lower on Triton 3.6
-    idx_flat = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
-                              CHUNK, IDX_ROWS * BK)
-    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_SMEM)  # row t: tile t's indices
-    idx_sub = idx_flat._reinterpret(gl.int32, [IDX_ROWS * BK // SUB_, SUB_], IDX_SMEM)  # row u: sub-tile u's
-
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, D], SMEM)
-    ring = gl.allocate_shared_memory(gl.bfloat16, [2, BK, D], SMEM)
+    idx_flat, idx_smem, q_smem, ring = _ws_buffers(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta,
+                                                   len_x_delta, KW, KX, CHUNK, BH, BK, D)
+    idx_sub = idx_flat._reinterpret(gl.int32, [idx_flat.shape[0] // SUB_, SUB_], IDX_SMEM)  # row u: sub-tile u's
     st_data = gl.allocate_shared_memory(gl.uint8, [NST, SUB_, D], ROW2)  # the nope bytes, 64 masked columns
     st_scale = gl.allocate_shared_memory(gl.int32, [NST, 2 * SUB_], ROW1)
-    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        # one arrival a hand-over: Gluon's arrive is a partition-wide bar.sync, then one thread's arrive
-        mbarrier.init(full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+    full, empty = _ring_barriers()
     gl.thread_barrier()  # the indices and the initialised barriers, before the partitions start
 
     gl.warp_specialize(
