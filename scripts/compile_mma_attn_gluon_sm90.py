@@ -96,12 +96,13 @@ def fp8_ws_source(batch: int, staged: bool = False, part: str = "fp32"):
 
 def bf16_ws_source(batch: int, staged: bool = False, part: str = "fp32"):
     from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws as g
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
 
     cfg = ModelConfig.from_name("dsv4-flash")
     chunk, nsplit = _chunking(batch)
     fn = g.gluon_bf16_ws_sparse_decode_kernel
     constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, D=cfg.head_dim, BH=cfg.heads,
-                      BK=64, PRODUCER_REGS_=g.PRODUCER_REGS, STAGED=staged, ABLATE_=0)
+                      BK=g.BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE)
     types = dict(p_q="*bf16", p_kv="*bf16", p_idx="*i32", p_len="*i32", p_o_part=f"*{part}", p_lse_part="*fp32",
                  stride_qb="i32", stride_kv="i32", stride_iw="i32", stride_ix="i32", H="i32", qk_scale_log2="fp32",
                  x_delta="i64", idx_x_delta="i32", len_x_delta="i32")

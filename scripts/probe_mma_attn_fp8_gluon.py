@@ -110,8 +110,9 @@ def loop_tiles(batch: int, slots: int) -> kernel.Tiles:
 @contextlib.contextmanager
 def ws_config(variant: str):
     """"ws@SUB:NST:REGS[:ABLATE]" runs the warp-specialised loop with those sub-tile rows, staging
-    buffers, producer registers and ablation (kernel_gluon_fp8_ws's constants) for the calls
-    inside; other names as they are."""
+    buffers, producer registers and ablation (kernel_gluon_fp8_ws's constants; the bf16 loop reads
+    REGS and ABLATE from there too, and has no sub-tiles or staging) for the calls inside; other
+    names as they are."""
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
 
     name, _, config = variant.partition("@")
@@ -208,8 +209,9 @@ def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: flo
         launch = gluon_bf16_ws_sparse_decode_partials
     else:
         launch = gluon_fp8_ws_sparse_decode_partials if ws else gluon_fp8_sparse_decode_partials
-    extra_args = {"staged": VARIANTS[name]["GLUON_WS_STAGED_STORE"]} if ws else {}
-    part_dtype = torch.bfloat16 if VARIANTS[name]["GLUON_WS_BF16_PARTIALS"] else torch.float32
+    bf16_part = VARIANTS[name]["GLUON_WS_BF16_PARTIALS"]
+    extra_args = {"staged": VARIANTS[name]["GLUON_WS_STAGED_STORE"] or bf16_part} if ws else {}  # as mma_attention
+    part_dtype = torch.bfloat16 if bf16_part else torch.float32
 
     q, swa_idx, _, idx = sets[0][:4]
     with switches(**VARIANTS[name]):

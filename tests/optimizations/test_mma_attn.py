@@ -247,12 +247,17 @@ def test_gluon_main_loop_only_for_the_shapes_it_was_gated_on():
 
 
 class _FakeCudaTensor:
-    """What engine() reads of a tensor, for a dispatch test without a GPU."""
+    """What engine() and plan() read of a tensor, for a dispatch test without a GPU (a CPU device,
+    so that the tile choice assumes an H200's 132 SMs)."""
 
     is_cuda = True
+    device = torch.device("cpu")
 
     def __init__(self, shape, strides, dtype=torch.bfloat16, ptr=1 << 20):
         self.shape, self._strides, self.dtype, self._ptr = shape, strides, dtype, ptr
+
+    def element_size(self):
+        return torch.tensor([], dtype=self.dtype).element_size()
 
     def is_contiguous(self):
         expected, step = [], 1
@@ -306,7 +311,7 @@ def test_gluon_available_only_on_hopper_with_a_validated_triton(monkeypatch):
     ]
     try:
         for change, expected in cases:
-            kernel.gluon_available.cache_clear()
+            kernel.gluon_unavailable_reason.cache_clear()
             with monkeypatch.context() as m:
                 if "__version__" in change:
                     m.setattr(kernel.triton, "__version__", change["__version__"])
@@ -322,7 +327,7 @@ def test_gluon_available_only_on_hopper_with_a_validated_triton(monkeypatch):
                 assert kernel.gluon_available() is (expected == ""), change
                 assert (expected in reason) if expected else reason == "", (change, reason)
     finally:
-        kernel.gluon_available.cache_clear()
+        kernel.gluon_unavailable_reason.cache_clear()
 
 
 def test_bench_rotation_calls_each_set_in_turn():
@@ -578,6 +583,85 @@ def test_bf16_ws_engine_takes_one_launch_over_both_caches_only_when_switched_on_
         assert kernel.bf16_engine(q, swa, widx, extra, xidx, tiles) == "", tiles  # value split; no split
     monkeypatch.setattr(kernel, "gluon_available", lambda: False)  # another Triton, or no Hopper
     assert kernel.bf16_engine(q, swa, widx, extra, xidx, wide) == ""
+
+
+def test_plan_takes_the_one_launch_bf16_loop_else_the_loop_per_cache_else_the_block_level_kernel(monkeypatch):
+    """bf16 rows: "gluon-ws" over the fused chunks (K = 128 + 512 slots as one range) where
+    bf16_engine applies; with GLUON_BF16_WS off kernel_gluon.py per cache; FP8 rows never either."""
+    from dsv4opt.workload.kvcache import KVLayout
+
+    q = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1))
+    widx = _FakeCudaTensor((64, 128), (128, 1), dtype=torch.int32)
+    xidx = _FakeCudaTensor((64, 512), (512, 1), dtype=torch.int32)
+    layout = KVLayout(False, 448, 64, 64, 256)
+    swa = KVCache(layout, _FakeCudaTensor((1 << 16, 512), (512, 1)))
+    extra = KVCache(layout, _FakeCudaTensor((1 << 16, 512), (512, 1), ptr=1 << 30))
+    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
+    monkeypatch.setattr(kernel, "GLUON_BF16_WS", True)
+    p = kernel.plan(q, swa, widx, extra, xidx)
+    assert p.engine == "gluon-ws" and not p.per_cache
+    assert (p.chunk, p.nsplit) == (320, 2)  # 640 slots over 2 splits of whole 64-slot tiles at B = 64
+    monkeypatch.setattr(kernel, "GLUON_BF16_WS", False)
+    p = kernel.plan(q, swa, widx, extra, xidx)
+    # per cache: round(132 SMs / 64 programs) = 2 splits each (128 slots are 2 tiles, 512 are 8)
+    assert p.engine == "gluon" and [n for _, _, n in p.per_cache] == [2, 2] and p.nsplit == 4
+    monkeypatch.setattr(kernel, "gluon_available", lambda: False)
+    assert kernel.plan(q, swa, widx, extra, xidx).engine == "triton"
+    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
+    monkeypatch.setattr(kernel, "GLUON_BF16_WS", True)
+    fp8_swa, fp8_extra = _fp8_caches()
+    monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", False)
+    assert kernel.plan(q, fp8_swa, widx, fp8_extra, xidx).engine == "triton"
+
+
+def test_extra_offsets_count_in_the_window_cache_s_data_elements():
+    """The one-launch kernels read the compressed cache through the window cache's pointer: its
+    offset in bytes for FP8 (uint8 data), in elements for bf16 rows, negative when it lies below."""
+    from dsv4opt.workload.kvcache import KVLayout
+
+    rows = torch.zeros(1000, 512, dtype=torch.bfloat16)
+    raw = torch.zeros(1000 * 600, dtype=torch.uint8)
+    idx = torch.zeros(2, 700, dtype=torch.int32)
+    lengths = torch.zeros(10, dtype=torch.int32)
+    bf16 = KVLayout(False, 448, 64, 64, 256)
+    swa, extra = KVCache(bf16, rows[600:700]), KVCache(bf16, rows[100:500])
+    got = kernel.extra_offsets(swa, idx[:, :128], lengths[2:4], extra, idx[:, 100:612], lengths[5:7])
+    assert got == (-500 * 512, 100, 3, 700, 512)
+    fp8 = KVLayout(True, 448, 64, 64, 64)
+    swa, extra = KVCache(fp8, raw[:6000].view(10, 600)), KVCache(fp8, raw[12000:].view(-1, 600))
+    assert kernel.extra_offsets(swa, idx[:, :128], lengths, extra, idx[:, 128:], lengths[4:])[0] == 12000
+    assert kernel.extra_offsets(swa, idx[:, :128], lengths, None, None, None) == (0, 0, 0, 0, 0)
+
+
+@on_cpu
+def test_the_combine_s_split_loop_and_tile_forms_agree_with_a_torch_merge():
+    """kernel.py's combine in both forms (SPLIT_LOOP for bf16 partials, the tile for fp32) against
+    the merge written out in torch: weights 2^(lse_s - top), the sink in the denominator, an empty
+    split (lse -inf) weighing nothing, 5 splits (not a power of two)."""
+    import triton
+
+    gen = torch.Generator().manual_seed(3)
+    B, S, H, D = 2, 5, 4, 64
+    lse_part = torch.randn(B, S, H, generator=gen) * 3
+    lse_part[0, 2] = float("-inf")
+    sink = torch.randn(H, generator=gen)
+    for dtype in (torch.float32, torch.float16):
+        o_part = torch.randn(B, S, H, D, generator=gen).to(dtype)
+        o_part[0, 2] = 0.0  # what an empty split writes
+        top = torch.maximum(lse_part.amax(1), sink * kernel.LOG2E)  # [B, H], base 2
+        w = torch.exp2(lse_part - top[:, None])  # [B, S, H]
+        den = w.sum(1) + torch.exp2(sink * kernel.LOG2E - top)
+        ref_o = (o_part.double() * w[..., None].double()).sum(1) / den[..., None].double()
+        ref_lse = (top + torch.log2(den)) * kernel.LN2
+        for split_loop in (False, True):
+            o = torch.full((B, H, D), float("nan"))
+            lse = torch.full((B, H), float("nan"))
+            kernel._attn_combine_splits_kernel[(B, H)](
+                p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse, stride_ob=o.stride(0),
+                stride_oh=o.stride(1), H=H, NSPLIT=S, NS_P=triton.next_power_of_2(S), D=D, D_P=D,
+                SPLIT_LOOP=split_loop)
+            assert torch.allclose(o.double(), ref_o, rtol=1e-5, atol=1e-6), (dtype, split_loop)
+            assert torch.allclose(lse, ref_lse, rtol=1e-5, atol=1e-5), (dtype, split_loop)
 
 
 def test_fp8_ws_probe_constants_come_back_after_a_config():

@@ -57,9 +57,19 @@ def check(device: str | None = None, cases: list[AttnCase] | None = None) -> Che
                         {"table": [asdict(c) for c in cases]}, engine_notes(rows))
 
 
+# kernel.plan's engines in words
+ENGINE_NAMES = {
+    "triton": "block-level",
+    "gluon": "bf16 Gluon per cache",
+    "gluon-ws": "bf16 warp-specialised",
+    "gluon-fp8": "FP8 Gluon",
+    "gluon-fp8-ws": "FP8 warp-specialised",
+}
+
+
 def engine_notes(rows: list[dict]) -> list[str]:
     """Which main loops the table ran (cases each), and why the Gluon loops did not, where they did not."""
-    from dsv4opt.optimizations.mma_attn.kernel import ENGINE_NAMES, gluon_unavailable_reason
+    from dsv4opt.optimizations.mma_attn.kernel import gluon_unavailable_reason
 
     counts = Counter(ENGINE_NAMES.get(r["engine"], r["engine"]) for r in rows)
     notes = ["main loops: " + ", ".join(f"{name} {n}" for name, n in counts.most_common())]

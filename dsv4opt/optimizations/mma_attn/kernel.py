@@ -185,9 +185,9 @@ def _attn_combine_splits_kernel(
 
     SPLIT_LOOP (bf16 partials): summed a split at a time in registers. Summed as one [NSPLIT, D]
     tile over its first axis, Triton spreads the splits over warps and reduces through shared
-    memory: on bf16 partials with 8-way bank conflicts, 22.9 µs at B = 64 against 7.4 for fp32
-    (Nsight Compute on the H200, L1 92% busy, DRAM 8%; docs/kernels/mma_attn.md). The tile form
-    stays for fp32 partials: the split loop, unrolled, was 0.9 µs slower at B = 1 (20 splits)."""
+    memory, on bf16 partials with 8-way bank conflicts: three times the fp32 time (Nsight Compute).
+    The tile form stays for fp32 partials, where the split loop was slower at B = 1 (20 splits).
+    Figures: docs/kernels/mma_attn.md."""
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     o_s = tl.arange(0, NS_P)
@@ -307,10 +307,12 @@ def gluon_operands_ok(q: torch.Tensor, kv: torch.Tensor) -> bool:
 GLUON_VALIDATED_TRITON = ("3.6.",)
 
 
+@functools.lru_cache(maxsize=None)
 def gluon_unavailable_reason() -> str:
     """Why the Gluon loops cannot run here, in a phrase ("" where they can): they need a Hopper GPU,
     a Triton version they were validated on, not the interpreter, and not switched off with
-    DSV4OPT_MMA_ATTN_GLUON=0. Where they cannot, the block-level kernel runs every launch."""
+    DSV4OPT_MMA_ATTN_GLUON=0. Where they cannot, the block-level kernel runs every launch. Read
+    once per process, so what the gate reports is what the dispatch did."""
     if _INTERPRETED:
         return "Triton's interpreter runs the kernels"
     if os.environ.get("DSV4OPT_MMA_ATTN_GLUON", "1") == "0":
@@ -326,20 +328,9 @@ def gluon_unavailable_reason() -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=None)
 def gluon_available() -> bool:
-    """kernel_gluon*.py can run here (gluon_unavailable_reason; read once per process)."""
+    """kernel_gluon*.py can run here (gluon_unavailable_reason says why not)."""
     return not gluon_unavailable_reason()
-
-
-# The dispatch's engines in words, as `list --check` names them.
-ENGINE_NAMES = {
-    "triton": "block-level",
-    "gluon": "bf16 Gluon per cache",
-    "gluon-ws": "bf16 warp-specialised",
-    "gluon-fp8": "FP8 Gluon",
-    "gluon-fp8-ws": "FP8 warp-specialised",
-}
 
 
 def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles) -> str:
@@ -376,7 +367,9 @@ GLUON_BF16_WS = True
 # (STAGED) and in bf16 (half the bytes written by the loop and read by the combine; one more bf16
 # rounding of each split's normalised o before the merge, worst error 2.1e-3 -> 2.7e-3 over the
 # table). On together since the probe's ws-bf16 variant passed both tables and timed 1.10x (FP8)
-# and 1.12x (bf16 rows) at B = 64 over fp32 partials (commit 04debe5); staged fp32 alone gained nothing.
+# and 1.12x (bf16 rows) at B = 64 over fp32 partials (commit 04debe5); staged fp32 alone gained
+# nothing. bf16 partials always go staged: stored straight they were never measured with the
+# combine that reads them fast.
 GLUON_WS_STAGED_STORE = True
 GLUON_WS_BF16_PARTIALS = True
 
@@ -398,17 +391,24 @@ def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) 
     return q.dtype == torch.bfloat16 and fits(swa) and (extra is None or fits(extra))
 
 
+def _fused_gluon_shape_ok(q: torch.Tensor, swa_indices, extra_indices, tiles: Tiles) -> bool:
+    """What every one-launch Gluon loop needs besides its operands: a CUDA q, the shapes of
+    gluon_shape_ok (64 heads of 512, 64-row whole-width tiles with a split), both caches' indices
+    of unit stride, and Gluon usable here."""
+    B, H, D = q.shape
+    return (
+        q.is_cuda and gluon_shape_ok(H, D, tiles, True, q.stride(), swa_indices.stride(1))
+        and (extra_indices is None or extra_indices.stride(1) == 1) and gluon_available()
+    )
+
+
 def fp8_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles) -> str:
     """Which main loop runs one launch over FP8 caches: "gluon-fp8" (kernel_gluon_fp8.py) where it
     applies and GLUON_FP8_ENABLED is set ("gluon-fp8-ws", kernel_gluon_fp8_ws.py, with GLUON_FP8_WS
-    and no in-kernel merge), else "triton". Same shapes as the bf16 Gluon loop (gluon_shape_ok: 64
-    heads of 512, 64-row whole-width tiles with a split)."""
-    B, H, D = q.shape
+    and no in-kernel merge), else "triton"."""
     if (
-        GLUON_FP8_ENABLED and q.is_cuda and swa.layout.fp8
-        and gluon_shape_ok(H, D, tiles, True, q.stride(), swa_indices.stride(1))
-        and (extra_indices is None or extra_indices.stride(1) == 1)
-        and gluon_available() and gluon_fp8_operands_ok(q, swa, extra)
+        GLUON_FP8_ENABLED and swa.layout.fp8 and _fused_gluon_shape_ok(q, swa_indices, extra_indices, tiles)
+        and gluon_fp8_operands_ok(q, swa, extra)
     ):
         return "gluon-fp8-ws" if GLUON_FP8_WS and not GLUON_FP8_MERGE_IN_KERNEL else "gluon-fp8"
     return "triton"
@@ -425,14 +425,10 @@ def gluon_bf16_ws_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | No
 
 def bf16_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles) -> str:
     """"gluon-ws" (kernel_gluon_bf16_ws.py, one launch over both caches) where it applies and
-    GLUON_BF16_WS is set, else "" (the per-cache choice of `engine` decides). Same shapes as the
-    other Gluon loops (gluon_shape_ok)."""
-    B, H, D = q.shape
+    GLUON_BF16_WS is set, else "" (then `engine` chooses per cache)."""
     if (
-        GLUON_BF16_WS and q.is_cuda and not swa.layout.fp8
-        and gluon_shape_ok(H, D, tiles, True, q.stride(), swa_indices.stride(1))
-        and (extra_indices is None or extra_indices.stride(1) == 1)
-        and gluon_available() and gluon_bf16_ws_operands_ok(q, swa, extra)
+        GLUON_BF16_WS and not swa.layout.fp8 and _fused_gluon_shape_ok(q, swa_indices, extra_indices, tiles)
+        and gluon_bf16_ws_operands_ok(q, swa, extra)
     ):
         return "gluon-ws"
     return ""
@@ -462,25 +458,23 @@ def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, til
     B, H, D = q.shape
     caches = [(swa, swa_indices)] + ([(extra, extra_indices)] if extra is not None else [])
     K = sum(indices.shape[1] for _, indices in caches)
-    if not swa.layout.fp8:
-        t = tiles or choose_tiles(B, H, K, q.device, D, itemsize=q.element_size())
-        chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
-        t = replace(t, nsplit=nsplit)
-        if bf16_engine(q, swa, swa_indices, extra, extra_indices, t):
-            return Plan("gluon-ws", t, chunk, nsplit)
+    # one launch over both caches' slots: the chunks of every engine but "gluon"
+    fused = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8, itemsize=q.element_size())
+    chunk, nsplit = split_chunks(K, fused.block_k, fused.nsplit)
+    fused = replace(fused, nsplit=nsplit)
+    if swa.layout.fp8:
+        e = fp8_engine(q, swa, swa_indices, extra, extra_indices, fused)
+        return Plan(e, fused, chunk, nsplit, merge_in_kernel=e == "gluon-fp8" and GLUON_FP8_MERGE_IN_KERNEL)
+    if bf16_engine(q, swa, swa_indices, extra, extra_indices, fused):
+        return Plan("gluon-ws", fused, chunk, nsplit)
     per_cache = []
     for cache, indices in caches:
         t = tiles or choose_tiles(B, H, indices.shape[1], q.device, D, itemsize=q.element_size())
-        chunk, nsplit = split_chunks(indices.shape[1], t.block_k, t.nsplit)
-        per_cache.append((replace(t, nsplit=nsplit), chunk, nsplit))
+        c, n = split_chunks(indices.shape[1], t.block_k, t.nsplit)
+        per_cache.append((replace(t, nsplit=n), c, n))
     if all(engine(q, cache, indices, t) == "gluon" for (cache, indices), (t, _, _) in zip(caches, per_cache)):
-        t = per_cache[0][0]
-        return Plan("gluon", t, per_cache[0][1], sum(n for _, _, n in per_cache), tuple(per_cache))
-    t = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8, itemsize=q.element_size())
-    chunk, nsplit = split_chunks(K, t.block_k, t.nsplit)
-    t = replace(t, nsplit=nsplit)
-    e = fp8_engine(q, swa, swa_indices, extra, extra_indices, t)
-    return Plan(e, t, chunk, nsplit, merge_in_kernel=e == "gluon-fp8" and GLUON_FP8_MERGE_IN_KERNEL)
+        return Plan("gluon", per_cache[0][0], per_cache[0][1], sum(n for _, _, n in per_cache), tuple(per_cache))
+    return Plan("triton", fused, chunk, nsplit)
 
 
 _MERGE_COUNTS: dict[tuple[int, int], torch.Tensor] = {}
@@ -514,6 +508,18 @@ def _offset(a: torch.Tensor, base: torch.Tensor, unit: int) -> int:
     return delta // unit
 
 
+def extra_offsets(swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices,
+                  extra_lengths) -> tuple[int, int, int, int, int]:
+    """(x_delta, idx_x_delta, len_x_delta, stride_ix, kx) of a launch over both caches: where the
+    compressed cache's data (in the window cache's data elements: bytes for FP8, elements for bf16),
+    indices and lengths start relative to the window's, its indices' row stride and width. The
+    one-launch kernels read both caches through the window's pointers; all 0 on a window-only layer."""
+    if extra is None:
+        return 0, 0, 0, 0, 0
+    return (_offset(extra.data, swa.data, swa.data.element_size()), _offset(extra_indices, swa_indices, 4),
+            _offset(extra_lengths, swa_lengths, 4), extra_indices.stride(0), extra_indices.shape[1])
+
+
 def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices, extra_lengths,
                   sink, scale, p: Plan, o, lse, o_part, lse_part) -> None:
     """One launch over the window slots then the compressed-cache slots."""
@@ -528,17 +534,12 @@ def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         assert L.rope == L.tile and L.nope % L.tile == 0 and d_p % L.tile == 0, L
         kv8, kvu8, kv16 = swa.views()
         kv, kv32, stride_kv = q, kvu8.view(torch.int32), 0  # p_kv only gives the kernel q's dtype to convert to
-        x_delta = _offset(extra.data, swa.data, 1) if extra is not None else 0
     else:
         kv = kv8 = kv32 = kv16 = swa.data
         stride_kv = swa.data.stride(0)
         assert extra is None or extra.data.stride(0) == stride_kv, (extra.data.stride(), stride_kv)
-        x_delta = _offset(extra.data, swa.data, swa.data.element_size()) if extra is not None else 0
-    if extra is not None:
-        idx_x_delta, len_x_delta = _offset(extra_indices, swa_indices, 4), _offset(extra_lengths, swa_lengths, 4)
-        stride_ix, kx = extra_indices.stride(0), extra_indices.shape[1]
-    else:
-        idx_x_delta = len_x_delta = stride_ix = kx = 0
+    x_delta, idx_x_delta, len_x_delta, stride_ix, kx = extra_offsets(swa, swa_indices, swa_lengths, extra,
+                                                                     extra_indices, extra_lengths)
     grid = (B, triton.cdiv(H, t.block_h) * (d_p // block_v), p.nsplit)
     _mma_sparse_decode_kernel[grid](
         p_q=q, p_kv=kv, p_kv8=kv8, p_kv32=kv32, p_kv16=kv16, p_idx=swa_indices, p_len=swa_lengths, p_sink=sink,
@@ -581,8 +582,9 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     ns_total = max(p.nsplit, 2) if p.engine == "gluon" else p.nsplit  # the Gluon loop always writes partials
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
+    bf16_part = p.engine in WS_ENGINES and GLUON_WS_BF16_PARTIALS
+    staged = GLUON_WS_STAGED_STORE or bf16_part  # bf16 partials go through shared memory (the form measured)
     if ns_total > 1:
-        bf16_part = p.engine in WS_ENGINES and GLUON_WS_BF16_PARTIALS
         o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.bfloat16 if bf16_part else torch.float32)
         if p.engine.startswith("gluon-fp8") or p.engine == "gluon-ws":  # every program writes all its rows: no fill
             lse_part = torch.empty(B, ns_total, H, device=q.device, dtype=torch.float32)
@@ -603,12 +605,12 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
 
         gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                            o_part, lse_part, p.chunk, p.nsplit, scale, staged=GLUON_WS_STAGED_STORE)
+                                            o_part, lse_part, p.chunk, p.nsplit, scale, staged=staged)
     elif p.engine == "gluon-ws":
         from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
 
         gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                             o_part, lse_part, p.chunk, p.nsplit, scale, staged=GLUON_WS_STAGED_STORE)
+                                             o_part, lse_part, p.chunk, p.nsplit, scale, staged=staged)
     elif p.engine == "gluon-fp8":
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
 

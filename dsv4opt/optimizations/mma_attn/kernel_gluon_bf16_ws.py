@@ -15,8 +15,10 @@ kernel_gluon.py runs once per cache; and `gl.warp_specialize` splits the CTA:
   online softmax and PV per tile; the partials).
 
 Shared memory: q 64 KiB + two bf16 tiles 128 KiB + the chunk's indices + the softmax's scratch.
-Same chunks and partials as the FP8 loops (kernel.py's combine merges them); GPU and Triton 3.6
-only, switched by kernel.GLUON_BF16_WS. Measurements: docs/kernels/mma_attn.md.
+Same chunks and partials as the FP8 loops (kernel.py's combine merges them), and the same
+producer register budget and ABLATE diagnostic (kernel_gluon_fp8_ws.PRODUCER_REGS, .ABLATE, which
+the probe sets); GPU and Triton 3.6 only, switched by kernel.GLUON_BF16_WS. Measurements:
+docs/kernels/mma_attn.md.
 """
 
 from triton.experimental import gluon
@@ -27,8 +29,6 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import BLOCK_K, HEADS
 from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import _consumer, _ring_barriers, _ws_buffers
 from dsv4opt.tritonlib import LOG2E
-
-PRODUCER_REGS = 88  # address arithmetic and cp.async only
 
 
 @gluon.jit
@@ -108,21 +108,17 @@ def gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra
     bf16 (rows contiguous) over the bf16 caches swa and extra (KVCache; extra may be None) with
     indices [B, W] / [B, K] int32 of unit stride. The caches must pass kernel.gluon_bf16_ws_operands_ok."""
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
-    from dsv4opt.optimizations.mma_attn.kernel import _offset
+    from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
 
     B, H, D = q.shape
     assert H == HEADS and chunk % BLOCK_K == 0, (H, chunk)
     kv = swa.data
-    if extra is not None:
-        x_delta = _offset(extra.data, kv, kv.element_size())
-        idx_x_delta, len_x_delta = _offset(extra_indices, swa_indices, 4), _offset(extra_lengths, swa_lengths, 4)
-        stride_ix, kx = extra_indices.stride(0), extra_indices.shape[1]
-    else:
-        x_delta = idx_x_delta = len_x_delta = stride_ix = kx = 0
+    x_delta, idx_x_delta, len_x_delta, stride_ix, kx = extra_offsets(swa, swa_indices, swa_lengths, extra,
+                                                                     extra_indices, extra_lengths)
     gluon_bf16_ws_sparse_decode_kernel[(B, 1, nsplit)](
         p_q=q, p_kv=kv, p_idx=swa_indices, p_len=swa_lengths, p_o_part=o_part, p_lse_part=lse_part,
         stride_qb=q.stride(0), stride_kv=kv.stride(0), stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H,
         qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
         KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K,
-        PRODUCER_REGS_=PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE, num_warps=8,
+        PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE, num_warps=8,
     )

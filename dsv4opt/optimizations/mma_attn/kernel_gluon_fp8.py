@@ -165,22 +165,33 @@ def _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH
 
 
 @gluon.jit
-def _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr, BH: gl.constexpr,
-                    D: gl.constexpr, BK: gl.constexpr):
-    """Split i_s's o (normalised by its own denominator) into o_part [B, NSPLIT, H, D] fp32 and its
-    base-2 lse into lse_part [B, NSPLIT, H]; -inf for a chunk with no used slot."""
+def _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr, BH: gl.constexpr,
+                  BK: gl.constexpr):
+    """Stores split i_s's base-2 lse into lse_part [B, NSPLIT, H] (-inf for a chunk with no used
+    slot) and returns its o normalised by its own denominator ([BH, D] fp32, the accumulator's
+    layout) for the caller to store."""
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     m_any = b_l > 0
     b_lse2 = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH]
+    o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
+    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
     inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
-    b_o = b_acc * inv[:, None]  # [BH, D]
+    return b_acc * inv[:, None]
+
+
+@gluon.jit
+def _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr, BH: gl.constexpr,
+                    D: gl.constexpr, BK: gl.constexpr):
+    """Split i_s's o (normalised by its own denominator) into o_part [B, NSPLIT, H, D] (fp32 here;
+    the warp-specialised loops' bf16 partials go through kernel_gluon_fp8_ws._store_partials_staged),
+    straight from the accumulator's layout, and its base-2 lse into lse_part [B, NSPLIT, H]."""
+    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
+    b_o = _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, BK)  # [BH, D]
     o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
     o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
     row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
     gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
-    o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
-    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
 
 
 @gluon.jit
@@ -318,18 +329,14 @@ def gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, ex
     merge = (sink [H], o [B, H, D], lse [B, H] fp32, count [B] int32 zeros): each request's last
     program also merges the partials with the sink into o and lse (kernel.py's combine, in the
     same launch) and leaves count at zero again."""
-    from dsv4opt.optimizations.mma_attn.kernel import _offset
+    from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
 
     B, H, D = q.shape
     L = swa.layout
     LX = extra.layout if extra is not None else L
     _, kvu8, kv16 = swa.views()
-    if extra is not None:
-        x_delta = _offset(extra.data, swa.data, 1)
-        idx_x_delta, len_x_delta = _offset(extra_indices, swa_indices, 4), _offset(extra_lengths, swa_lengths, 4)
-        stride_ix, kx = extra_indices.stride(0), extra_indices.shape[1]
-    else:
-        x_delta = idx_x_delta = len_x_delta = stride_ix = kx = 0
+    x_delta, idx_x_delta, len_x_delta, stride_ix, kx = extra_offsets(swa, swa_indices, swa_lengths, extra,
+                                                                     extra_indices, extra_lengths)
     if merge is not None:
         sink, o, lse, count = merge
         assert nsplit > 1 and count.shape == (B,) and count.dtype == torch.int32, (nsplit, count.shape, count.dtype)

@@ -26,8 +26,9 @@ over kernel_gluon_fp8.py on the H200, the wide form 34 and 1.08x at B = 64.
 
 Shared memory 227,748 B: q 64 KiB + two bf16 tiles 128 KiB + three 8.1 KiB staging buffers + the
 chunk's indices + the softmax's scratch; a 64-row staging buffer would not fit beside two bf16
-tiles, hence the sub-tiles. Same launch, chunks and fp32 partials as kernel_gluon_fp8.py
-(kernel.py's combine merges them); GPU and Triton 3.6 only, switched by kernel.GLUON_FP8_WS.
+tiles, hence the sub-tiles. Same launch and chunks as kernel_gluon_fp8.py; the partials fp32 or bf16, straight or staged
+through the ring (kernel.py's switches; its combine merges them); GPU and Triton 3.6 only,
+switched by kernel.GLUON_FP8_WS.
 Measurements and what bounds it: docs/kernels/mma_attn.md.
 """
 
@@ -39,7 +40,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import (
-    BLOCK_K, HEADS, IDX_SMEM, _NOPE_TILES, _ROPE, _TILE, _chunk_indices, _store_partials, _tile_products, _tile_rows,
+    BLOCK_K, HEADS, IDX_SMEM, _NOPE_TILES, _ROPE, _TILE, _chunk_indices, _split_result, _store_partials, _tile_products,
+    _tile_rows,
 )
 from dsv4opt.tritonlib import LOG2E
 
@@ -201,8 +203,6 @@ def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s
     into the ring, free once both warpgroups' last PV is done, then out 16 bytes a thread, a warp
     writing 512 contiguous bytes of one row. Stored straight from the accumulator's layout, a warp
     instruction writes 32 bytes (fp32) or 16 (bf16) of each of eight rows."""
-    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
-    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     dt: gl.constexpr = p_o_part.dtype.element_ty
     VEC: gl.constexpr = 128 // dt.primitive_bitwidth  # 16 bytes
     # 16-byte units XOR-swizzled by row: the accumulator's eight rows a warp instruction land on
@@ -210,19 +210,15 @@ def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s
     STAGE: gl.constexpr = gl.SwizzledSharedLayout(vec=VEC, per_phase=1, max_phase=8, order=[1, 0])
     OUT: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
     gl.static_assert(BH * D * (dt.primitive_bitwidth // 8) <= 2 * BK * D * 2)  # fits the ring
-    m_any = b_l > 0
-    b_lse2 = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH]
-    inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
+    b_o = _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, BK)  # [BH, D] fp32
     stage = ring._reinterpret(dt, [BH, D], STAGE)
     gl.thread_barrier()  # both warpgroups' last PV has read the ring
-    stage.store((b_acc * inv[:, None]).to(dt))
+    stage.store(b_o.to(dt))
     gl.thread_barrier()  # every row staged, before any warp reads rows another wrote
     o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, OUT))
     o_d = gl.arange(0, D, layout=gl.SliceLayout(0, OUT))
     row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_h
     gl.store(p_o_part + row_part[:, None] * D + o_d[None, :], stage.load(OUT))
-    o_hs = gl.arange(0, BH, layout=gl.SliceLayout(1, S_MMA))
-    gl.store(p_lse_part + (i_b * NSPLIT + i_s).to(gl.int64) * H + o_hs, b_lse2)
 
 
 @gluon.jit
@@ -295,19 +291,15 @@ def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra,
                                         staged: bool = False) -> None:
     """kernel_gluon_fp8.gluon_fp8_sparse_decode_partials (without the merge), warp-specialised;
     o_part fp32 or bf16, `staged`: o written out through shared memory in whole lines."""
-    from dsv4opt.optimizations.mma_attn.kernel import _offset
+    from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
 
     B, H, D = q.shape
     assert H == HEADS and chunk % BLOCK_K == 0, (H, chunk)
     L = swa.layout
     LX = extra.layout if extra is not None else L
     _, kvu8, kv16 = swa.views()
-    if extra is not None:
-        x_delta = _offset(extra.data, swa.data, 1)
-        idx_x_delta, len_x_delta = _offset(extra_indices, swa_indices, 4), _offset(extra_lengths, swa_lengths, 4)
-        stride_ix, kx = extra_indices.stride(0), extra_indices.shape[1]
-    else:
-        x_delta = idx_x_delta = len_x_delta = stride_ix = kx = 0
+    x_delta, idx_x_delta, len_x_delta, stride_ix, kx = extra_offsets(swa, swa_indices, swa_lengths, extra,
+                                                                     extra_indices, extra_lengths)
     gluon_fp8_ws_sparse_decode_kernel[(B, 1, nsplit)](
         p_q=q, p_kv8=kvu8, p_kv16=kv16, p_kv32=kvu8.view(torch.int32), p_idx=swa_indices, p_len=swa_lengths,
         p_o_part=o_part, p_lse_part=lse_part, stride_qb=q.stride(0), stride_iw=swa_indices.stride(0),
