@@ -664,6 +664,43 @@ def test_the_combine_s_split_loop_and_tile_forms_agree_with_a_torch_merge():
             assert torch.allclose(lse, ref_lse, rtol=1e-5, atol=1e-5), (dtype, split_loop)
 
 
+@pytest.mark.parametrize("loop", ["fp8", "fp8-ws", "bf16-ws"])
+def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monkeypatch, loop):
+    """The host side of the one-launch Gluon loops, without a GPU: the kernel object is replaced by
+    a recorder, so the launch arguments are checked as the kernel would get them."""
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws, kernel_gluon_fp8, kernel_gluon_fp8_ws
+
+    module, name, fn = {
+        "fp8": (kernel_gluon_fp8, "gluon_fp8_sparse_decode_kernel", "gluon_fp8_sparse_decode_partials"),
+        "fp8-ws": (kernel_gluon_fp8_ws, "gluon_fp8_ws_sparse_decode_kernel", "gluon_fp8_ws_sparse_decode_partials"),
+        "bf16-ws": (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_kernel", "gluon_bf16_ws_sparse_decode_partials"),
+    }[loop]
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda **kwargs: launches.append((grid, kwargs))
+
+    monkeypatch.setattr(module, name, Recorder())
+    x = make_inputs(AttnCase(2, 512, "all", layout="bf16" if loop.startswith("bf16") else "fp8"), "cpu", torch.bfloat16)
+    o_part = torch.empty(2, 3, 64, 512)
+    lse_part = torch.empty(2, 3, 64)
+    args = (x.q, x.swa, x.swa_indices, x.swa_lengths, x.extra, x.extra_indices, x.extra_lengths, o_part, lse_part,
+            256, 3, 0.5)
+    getattr(module, fn)(*args, **({"staged": True} if loop.endswith("ws") else {}))
+    (grid, kw), = launches
+    unit = x.swa.data.element_size()  # bytes of FP8 pages, elements of bf16 rows
+    assert grid == (2, 1, 3) and kw["CHUNK"] == 256 and kw["NSPLIT"] == 3
+    assert (kw["KW"], kw["KX"]) == (128, 512) and kw["stride_ix"] == 512
+    assert kw["x_delta"] * unit == x.extra.data.data_ptr() - x.swa.data.data_ptr()
+    assert kw["idx_x_delta"] * 4 == x.extra_indices.data_ptr() - x.swa_indices.data_ptr()
+    assert kw["len_x_delta"] * 4 == x.extra_lengths.data_ptr() - x.swa_lengths.data_ptr()
+    if loop.endswith("ws"):
+        assert kw["STAGED"] is True and kw["PRODUCER_REGS_"] == kernel_gluon_fp8_ws.PRODUCER_REGS
+    if loop == "bf16-ws":
+        assert kw["stride_kv"] == 512 and kw["p_kv"] is x.swa.data
+
+
 def test_fp8_ws_probe_constants_come_back_after_a_config():
     """ws@SUB:NST:REGS:ABLATE sets the warp-specialised loop's constants for the calls inside and
     puts the committed ones back."""
