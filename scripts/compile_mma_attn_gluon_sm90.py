@@ -94,21 +94,40 @@ def fp8_ws_source(batch: int, staged: bool = False, part: str = "fp32"):
         f"FP8 warp-specialised{how}, B {batch}: chunk {constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
 
 
-def bf16_ws_source(batch: int, staged: bool = False, part: str = "fp32"):
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws as g
+def _bf16_ws_launch(batch: int, staged: bool, part: str) -> tuple[dict, dict]:
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
 
     cfg = ModelConfig.from_name("dsv4-flash")
     chunk, nsplit = _chunking(batch)
-    fn = g.gluon_bf16_ws_sparse_decode_kernel
     constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, D=cfg.head_dim, BH=cfg.heads,
-                      BK=g.BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE)
+                      BK=ws.BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE)
     types = dict(p_q="*bf16", p_kv="*bf16", p_idx="*i32", p_len="*i32", p_o_part=f"*{part}", p_lse_part="*fp32",
                  stride_qb="i32", stride_kv="i32", stride_iw="i32", stride_ix="i32", H="i32", qk_scale_log2="fp32",
                  x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
+    return constexprs, types
+
+
+def bf16_ws_source(batch: int, staged: bool = False, part: str = "fp32"):
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws as g
+
+    constexprs, types = _bf16_ws_launch(batch, staged, part)
+    fn = g.gluon_bf16_ws_sparse_decode_kernel
     sig, attrs = _signature(fn, types, constexprs)
-    how = f", {part} partials{' staged' if staged else ''}"
-    return GluonASTSource(fn, sig, constexprs, attrs), f"bf16 warp-specialised{how}, B {batch}: chunk {chunk}, {nsplit} splits"
+    return GluonASTSource(fn, sig, constexprs, attrs), \
+        f"bf16 warp-specialised, {part} partials{' staged' if staged else ''}, B {batch}: chunk " \
+        f"{constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
+
+
+def bf16_dsplit_source(batch: int, staged: bool = True, part: str = "bf16"):
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_dsplit as g
+
+    constexprs, types = _bf16_ws_launch(batch, staged, part)
+    constexprs.update(CONSUMER_REGS_=g.CONSUMER_REGS)
+    fn = g.gluon_bf16_dsplit_sparse_decode_kernel
+    sig, attrs = _signature(fn, types, constexprs)
+    return GluonASTSource(fn, sig, constexprs, attrs), \
+        f"bf16 QK split over D, {part} partials{' staged' if staged else ''}, B {batch}: chunk " \
+        f"{constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
 
 
 def bf16_source(batch: int):
@@ -134,11 +153,16 @@ VARIANTS = {
     "bf16": bf16_source,
     "bf16-ws": bf16_ws_source,
     "bf16-ws-bf16": lambda b: bf16_ws_source(b, staged=True, part="bf16"),
+    "bf16-dsplit": bf16_dsplit_source,
 }
 
 
-def report(src, label: str, dump: Path | None) -> dict:
-    compiled = triton.compile(src, target=TARGET, options={"num_warps": 8})
+# the launch's warps where not 8 (the default partition's: workers come on top)
+NUM_WARPS = {"bf16-dsplit": 4}
+
+
+def report(src, label: str, dump: Path | None, num_warps: int = 8) -> dict:
+    compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps})
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
@@ -187,7 +211,7 @@ def main() -> None:
     rows = []
     for b in (int(x) for x in args.batch.split(",")):
         for n in names:
-            rows.append(report(*VARIANTS[n](b), args.dump))
+            rows.append(report(*VARIANTS[n](b), args.dump, NUM_WARPS.get(n, 8)))
     if args.json:
         args.json.write_text(json.dumps({"triton": triton.__version__, "target": "sm_90a", "rows": rows}, indent=1))
 

@@ -11,6 +11,7 @@ Variants (--variants, comma-separated; each is the dispatch's switches for the c
              kernel_gluon_bf16_ws.py, GLUON_BF16_WS), fp32 partials + the combine
   ws-staged  the same, the partials written through shared memory in whole lines
   ws-bf16    the same, bf16 partials
+  ws-dsplit  (--kv bf16) the bf16 loop with QK split over D (kernel_gluon_bf16_dsplit.py), bf16 partials
   ws@SUB:NST:REGS[:ABLATE]  kernel_gluon_fp8_ws's constants (also ws-staged@..., ws-bf16@...)
 --kv bf16 runs the table and the timing on bf16 rows instead of the FP8 layout.
 
@@ -57,7 +58,8 @@ GATE_TOPK = (1, 100, 512, 640)
 
 
 # what each variant switches on in the dispatch (kernel.py's module switches)
-_WS = {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": True, "GLUON_BF16_WS": True}
+_WS = {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": True, "GLUON_BF16_WS": True,
+       "GLUON_BF16_WS_DSPLIT": False}
 _PARTIALS = {"GLUON_WS_STAGED_STORE": False, "GLUON_WS_BF16_PARTIALS": False}
 VARIANTS = {
     "loop": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": False,
@@ -66,13 +68,14 @@ VARIANTS = {
     "ws": {**_WS, **_PARTIALS},
     "ws-staged": {**_WS, "GLUON_WS_STAGED_STORE": True, "GLUON_WS_BF16_PARTIALS": False},
     "ws-bf16": {**_WS, "GLUON_WS_STAGED_STORE": True, "GLUON_WS_BF16_PARTIALS": True},
+    "ws-dsplit": {**_WS, "GLUON_BF16_WS_DSPLIT": True, "GLUON_WS_STAGED_STORE": True, "GLUON_WS_BF16_PARTIALS": True},
 }
 # the engine each variant must get from the dispatch, per KV layout (bf16 rows: "loop" is
 # kernel_gluon.py once per cache, and there is no in-kernel merge)
 ENGINES = {
     "fp8": {"loop": "gluon-fp8", "merge": "gluon-fp8", "ws": "gluon-fp8-ws", "ws-staged": "gluon-fp8-ws",
             "ws-bf16": "gluon-fp8-ws"},
-    "bf16": {"loop": "gluon", "ws": "gluon-ws", "ws-staged": "gluon-ws", "ws-bf16": "gluon-ws"},
+    "bf16": {"loop": "gluon", "ws": "gluon-ws", "ws-staged": "gluon-ws", "ws-bf16": "gluon-ws", "ws-dsplit": "gluon-ws"},
 }
 KV = "fp8"  # --kv
 
@@ -199,6 +202,7 @@ def check_cases(variant: str) -> tuple[list[dict], bool]:
 
 def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: float, variant: str = "loop"):
     """The loop alone (no combine), on preallocated partials, cycling through the sets."""
+    from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_dsplit import gluon_bf16_dsplit_sparse_decode_partials
     from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
     from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
     from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
@@ -206,7 +210,8 @@ def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: flo
     name = variant.split("@")[0]
     ws = name.startswith("ws")
     if KV == "bf16":
-        launch = gluon_bf16_ws_sparse_decode_partials
+        dsplit = VARIANTS[name].get("GLUON_BF16_WS_DSPLIT", False)
+        launch = gluon_bf16_dsplit_sparse_decode_partials if dsplit else gluon_bf16_ws_sparse_decode_partials
     else:
         launch = gluon_fp8_ws_sparse_decode_partials if ws else gluon_fp8_sparse_decode_partials
     bf16_part = VARIANTS[name]["GLUON_WS_BF16_PARTIALS"]

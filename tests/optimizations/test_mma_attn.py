@@ -476,7 +476,7 @@ def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
     spec.loader.exec_module(probe)
     committed = {k: getattr(kernel, k) for v in probe.VARIANTS.values() for k in v}
     assert set(probe.VARIANTS) >= {"loop", "merge", "ws"}
-    assert set(probe.ENGINES["fp8"]) == set(probe.VARIANTS) and set(probe.ENGINES["bf16"]) < set(probe.VARIANTS)
+    assert set(probe.ENGINES["fp8"]) | set(probe.ENGINES["bf16"]) == set(probe.VARIANTS)
     for name, on in probe.VARIANTS.items():
         assert on["GLUON_FP8_ENABLED"], name
         with probe.switches(**on):
@@ -517,7 +517,8 @@ def test_merge_counts_are_zeroed_once_per_batch_outside_a_capture(monkeypatch):
 
 @pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),
                     reason="the Gluon loops are compiled and gated on Triton 3.6 only")
-@pytest.mark.parametrize("kernels", ["fp8,fp8-merge", "fp8-ws", "fp8-ws-staged,fp8-ws-bf16", "bf16-ws,bf16-ws-bf16"])
+@pytest.mark.parametrize("kernels", ["fp8,fp8-merge", "fp8-ws", "fp8-ws-staged,fp8-ws-bf16",
+                                     "bf16-ws,bf16-ws-bf16,bf16-dsplit"])
 def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels):
     """Compiled ahead of time for an H200 (no GPU needed): the FP8 Gluon loop with and without the
     in-kernel merge, the warp-specialised loops (FP8 and bf16 rows, fp32 partials straight or
@@ -664,16 +665,20 @@ def test_the_combine_s_split_loop_and_tile_forms_agree_with_a_torch_merge():
             assert torch.allclose(lse, ref_lse, rtol=1e-5, atol=1e-5), (dtype, split_loop)
 
 
-@pytest.mark.parametrize("loop", ["fp8", "fp8-ws", "bf16-ws"])
+@pytest.mark.parametrize("loop", ["fp8", "fp8-ws", "bf16-ws", "bf16-dsplit"])
 def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monkeypatch, loop):
     """The host side of the one-launch Gluon loops, without a GPU: the kernel object is replaced by
     a recorder, so the launch arguments are checked as the kernel would get them."""
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws, kernel_gluon_fp8, kernel_gluon_fp8_ws
+    from dsv4opt.optimizations.mma_attn import (
+        kernel_gluon_bf16_dsplit, kernel_gluon_bf16_ws, kernel_gluon_fp8, kernel_gluon_fp8_ws,
+    )
 
     module, name, fn = {
         "fp8": (kernel_gluon_fp8, "gluon_fp8_sparse_decode_kernel", "gluon_fp8_sparse_decode_partials"),
         "fp8-ws": (kernel_gluon_fp8_ws, "gluon_fp8_ws_sparse_decode_kernel", "gluon_fp8_ws_sparse_decode_partials"),
         "bf16-ws": (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_kernel", "gluon_bf16_ws_sparse_decode_partials"),
+        "bf16-dsplit": (kernel_gluon_bf16_dsplit, "gluon_bf16_dsplit_sparse_decode_kernel",
+                        "gluon_bf16_dsplit_sparse_decode_partials"),
     }[loop]
     launches = []
 
@@ -687,7 +692,8 @@ def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monk
     lse_part = torch.empty(2, 3, 64)
     args = (x.q, x.swa, x.swa_indices, x.swa_lengths, x.extra, x.extra_indices, x.extra_lengths, o_part, lse_part,
             256, 3, 0.5)
-    getattr(module, fn)(*args, **({"staged": True} if loop.endswith("ws") else {}))
+    ws = loop != "fp8"
+    getattr(module, fn)(*args, **({"staged": True} if ws else {}))
     (grid, kw), = launches
     unit = x.swa.data.element_size()  # bytes of FP8 pages, elements of bf16 rows
     assert grid == (2, 1, 3) and kw["CHUNK"] == 256 and kw["NSPLIT"] == 3
@@ -695,10 +701,12 @@ def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monk
     assert kw["x_delta"] * unit == x.extra.data.data_ptr() - x.swa.data.data_ptr()
     assert kw["idx_x_delta"] * 4 == x.extra_indices.data_ptr() - x.swa_indices.data_ptr()
     assert kw["len_x_delta"] * 4 == x.extra_lengths.data_ptr() - x.swa_lengths.data_ptr()
-    if loop.endswith("ws"):
+    if ws:
         assert kw["STAGED"] is True and kw["PRODUCER_REGS_"] == kernel_gluon_fp8_ws.PRODUCER_REGS
-    if loop == "bf16-ws":
+    if loop.startswith("bf16"):
         assert kw["stride_kv"] == 512 and kw["p_kv"] is x.swa.data
+    if loop == "bf16-dsplit":
+        assert kw["num_warps"] == 4 and kw["CONSUMER_REGS_"] == kernel_gluon_bf16_dsplit.CONSUMER_REGS
 
 
 def test_fp8_ws_probe_constants_come_back_after_a_config():

@@ -372,6 +372,10 @@ GLUON_BF16_WS = True
 # combine that reads them fast.
 GLUON_WS_STAGED_STORE = True
 GLUON_WS_BF16_PARTIALS = True
+# The bf16 warp-specialised loop with QK split over D between its consumer warpgroups
+# (kernel_gluon_bf16_dsplit.py): compiled for sm_90a, not yet run on a GPU, so off. The probe's
+# ws-dsplit variant (--kv bf16) checks and times it.
+GLUON_BF16_WS_DSPLIT = False
 
 
 def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
@@ -607,10 +611,15 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
                                             o_part, lse_part, p.chunk, p.nsplit, scale, staged=staged)
     elif p.engine == "gluon-ws":
-        from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
+        if GLUON_BF16_WS_DSPLIT:
+            from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_dsplit import (
+                gluon_bf16_dsplit_sparse_decode_partials as launch,
+            )
+        else:
+            from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials as launch
 
-        gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                             o_part, lse_part, p.chunk, p.nsplit, scale, staged=staged)
+        launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, o_part, lse_part, p.chunk,
+               p.nsplit, scale, staged=staged)
     elif p.engine == "gluon-fp8":
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
 
