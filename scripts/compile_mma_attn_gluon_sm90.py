@@ -122,7 +122,7 @@ def bf16_dsplit_source(batch: int, staged: bool = True, part: str = "bf16"):
     from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_dsplit as g
 
     constexprs, types = _bf16_ws_launch(batch, staged, part)
-    constexprs.update(CONSUMER_REGS_=g.CONSUMER_REGS)
+    constexprs.update(CONSUMER_REGS_=g.consumer_regs(constexprs["PRODUCER_REGS_"]))
     fn = g.gluon_bf16_dsplit_sparse_decode_kernel
     sig, attrs = _signature(fn, types, constexprs)
     return GluonASTSource(fn, sig, constexprs, attrs), \

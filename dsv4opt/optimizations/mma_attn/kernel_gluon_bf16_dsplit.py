@@ -29,7 +29,15 @@ from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import BLOCK_K, HEADS
 from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import _ws_buffers
 from dsv4opt.tritonlib import LOG2E
 
-CONSUMER_REGS = 208  # the second consumer warpgroup's; the default partition (the first) gets the same
+# 12 warps share the register file: 168 registers a thread at launch. The producer keeps
+# kernel_gluon_fp8_ws.PRODUCER_REGS, and the two consumer halves split the rest evenly: the default
+# partition (half 0) gets what the workers leave, so half 1 must ask for exactly half.
+LAUNCH_REGS = 65536 // (12 * 32) // 8 * 8
+
+
+def consumer_regs(producer_regs: int) -> int:
+    """Half 1's register budget for a producer budget: 208 for the committed 88."""
+    return (3 * LAUNCH_REGS - producer_regs) // 2 // 8 * 8
 
 
 @gluon.jit
@@ -95,6 +103,7 @@ def _half(q_smem, ring, full, empty, xch, xready, xfree, idx_smem, p_q, p_o_part
         VEC: gl.constexpr = 128 // dt.primitive_bitwidth  # 16 bytes
         STAGE: gl.constexpr = gl.SwizzledSharedLayout(vec=VEC, per_phase=1, max_phase=8, order=[1, 0])
         OUT: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [4, 1], [1, 0])
+        gl.static_assert(BH * D * (dt.primitive_bitwidth // 8) <= 2 * BK * D * 2)  # fits the ring
         mbarrier.wait(empty.index((N_TILES - 1) % 2), ((N_TILES - 1) // 2) & 1)
         stage = ring._reinterpret(dt, [BH, D], STAGE).slice(HALF * DH, DH, dim=1)
         stage.store(b_o.to(dt))
@@ -121,6 +130,9 @@ def gluon_bf16_dsplit_sparse_decode_kernel(
     the producer."""
     gl.static_assert(gl.num_warps() == 4)
     gl.static_assert(BK == 64)
+    # 744 B of shared memory are left at 5 tiles a chunk: 8 tiles or more would double the index
+    # rows (_ws_buffers) past the 227 KiB
+    gl.static_assert(CHUNK // BK + 1 <= 8)
     XCH: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])
     i_b = gl.program_id(0)
     i_s = gl.program_id(2)
@@ -158,7 +170,8 @@ def gluon_bf16_dsplit_sparse_decode_partials(q, swa, swa_indices, swa_lengths, e
     from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
 
     B, H, D = q.shape
-    assert H == HEADS and chunk % BLOCK_K == 0, (H, chunk)
+    assert H == HEADS and chunk % BLOCK_K == 0 and chunk // BLOCK_K < 8, (H, chunk)
+    assert not ws.ABLATE & ~2, "the consumer halves have no ablation; only the producer's (bit 2)"
     kv = swa.data
     x_delta, idx_x_delta, len_x_delta, stride_ix, kx = extra_offsets(swa, swa_indices, swa_lengths, extra,
                                                                      extra_indices, extra_lengths)
@@ -167,6 +180,7 @@ def gluon_bf16_dsplit_sparse_decode_partials(q, swa, swa_indices, swa_lengths, e
         stride_qb=q.stride(0), stride_kv=kv.stride(0), stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H,
         qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
         KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K,
-        CONSUMER_REGS_=CONSUMER_REGS, PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE,
+        CONSUMER_REGS_=consumer_regs(ws.PRODUCER_REGS), PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged,
+        ABLATE_=ws.ABLATE,
         num_warps=4,
     )
