@@ -202,7 +202,6 @@ def check_cases(variant: str) -> tuple[list[dict], bool]:
 
 def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: float, variant: str = "loop"):
     """The loop alone (no combine), on preallocated partials, cycling through the sets."""
-    from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_dsplit import gluon_bf16_dsplit_sparse_decode_partials
     from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
     from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
     from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
@@ -210,12 +209,13 @@ def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: flo
     name = variant.split("@")[0]
     ws = name.startswith("ws")
     if KV == "bf16":
-        dsplit = VARIANTS[name].get("GLUON_BF16_WS_DSPLIT", False)
-        launch = gluon_bf16_dsplit_sparse_decode_partials if dsplit else gluon_bf16_ws_sparse_decode_partials
+        launch = gluon_bf16_ws_sparse_decode_partials
     else:
         launch = gluon_fp8_ws_sparse_decode_partials if ws else gluon_fp8_sparse_decode_partials
     bf16_part = VARIANTS[name]["GLUON_WS_BF16_PARTIALS"]
     extra_args = {"staged": VARIANTS[name]["GLUON_WS_STAGED_STORE"] or bf16_part} if ws else {}  # as mma_attention
+    if KV == "bf16" and VARIANTS[name].get("GLUON_BF16_WS_DSPLIT"):
+        extra_args["dsplit"] = True
     part_dtype = torch.bfloat16 if bf16_part else torch.float32
 
     q, swa_idx, _, idx = sets[0][:4]

@@ -673,12 +673,15 @@ def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monk
         kernel_gluon_bf16_dsplit, kernel_gluon_bf16_ws, kernel_gluon_fp8, kernel_gluon_fp8_ws,
     )
 
-    module, name, fn = {
-        "fp8": (kernel_gluon_fp8, "gluon_fp8_sparse_decode_kernel", "gluon_fp8_sparse_decode_partials"),
-        "fp8-ws": (kernel_gluon_fp8_ws, "gluon_fp8_ws_sparse_decode_kernel", "gluon_fp8_ws_sparse_decode_partials"),
-        "bf16-ws": (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_kernel", "gluon_bf16_ws_sparse_decode_partials"),
-        "bf16-dsplit": (kernel_gluon_bf16_dsplit, "gluon_bf16_dsplit_sparse_decode_kernel",
-                        "gluon_bf16_dsplit_sparse_decode_partials"),
+    bf16_launcher = kernel_gluon_bf16_ws.gluon_bf16_ws_sparse_decode_partials
+    module, name, launcher, options = {  # the module holding the kernel, its name, the launcher, its options
+        "fp8": (kernel_gluon_fp8, "gluon_fp8_sparse_decode_kernel", kernel_gluon_fp8.gluon_fp8_sparse_decode_partials,
+                {}),
+        "fp8-ws": (kernel_gluon_fp8_ws, "gluon_fp8_ws_sparse_decode_kernel",
+                   kernel_gluon_fp8_ws.gluon_fp8_ws_sparse_decode_partials, {"staged": True}),
+        "bf16-ws": (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_kernel", bf16_launcher, {"staged": True}),
+        "bf16-dsplit": (kernel_gluon_bf16_dsplit, "gluon_bf16_dsplit_sparse_decode_kernel", bf16_launcher,
+                        {"staged": True, "dsplit": True}),
     }[loop]
     launches = []
 
@@ -693,7 +696,7 @@ def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monk
     args = (x.q, x.swa, x.swa_indices, x.swa_lengths, x.extra, x.extra_indices, x.extra_lengths, o_part, lse_part,
             256, 3, 0.5)
     ws = loop != "fp8"
-    getattr(module, fn)(*args, **({"staged": True} if ws else {}))
+    launcher(*args, **options)
     (grid, kw), = launches
     unit = x.swa.data.element_size()  # bytes of FP8 pages, elements of bf16 rows
     assert grid == (2, 1, 3) and kw["CHUNK"] == 256 and kw["NSPLIT"] == 3

@@ -611,15 +611,11 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
                                             o_part, lse_part, p.chunk, p.nsplit, scale, staged=staged)
     elif p.engine == "gluon-ws":
-        if GLUON_BF16_WS_DSPLIT:
-            from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_dsplit import (
-                gluon_bf16_dsplit_sparse_decode_partials as launch,
-            )
-        else:
-            from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials as launch
+        from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
 
-        launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, o_part, lse_part, p.chunk,
-               p.nsplit, scale, staged=staged)
+        gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
+                                             o_part, lse_part, p.chunk, p.nsplit, scale, staged=staged,
+                                             dsplit=GLUON_BF16_WS_DSPLIT)
     elif p.engine == "gluon-fp8":
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
 

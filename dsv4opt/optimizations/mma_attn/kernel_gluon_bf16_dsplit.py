@@ -25,9 +25,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import _producer
-from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import BLOCK_K, HEADS
+from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import _online_softmax
 from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import _ws_buffers
-from dsv4opt.tritonlib import LOG2E
 
 # 12 warps share the register file: 168 registers a thread at launch. The producer keeps
 # kernel_gluon_fp8_ws.PRODUCER_REGS, and the two consumer halves split the rest evenly: the default
@@ -76,13 +75,7 @@ def _half(q_smem, ring, full, empty, xch, xready, xfree, idx_smem, p_q, p_o_part
         mbarrier.wait(xready.index(1 - HALF), t & 1)
         b_s = b_s + theirs.load(S_MMA)
         mbarrier.arrive(xfree.index(1 - HALF))
-        b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))  # [BK]
-        b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
-        b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
-        b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
-        b_p = gl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
-        b_l = b_l * b_alpha + gl.sum(b_p, axis=1)
-        b_m = b_m_new
+        b_m, b_l, b_alpha, b_p = _online_softmax(b_s, idx_smem, t, b_m, b_l, qk_scale_log2)  # the whole score
         b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
         p_dot = gl.convert_layout(b_p.to(gl.bfloat16), P_DOT)
         b_acc = warpgroup_mma(p_dot, kv_half, b_acc * b_alpha_o[:, None])  # waits for its completion
@@ -160,27 +153,3 @@ def gluon_bf16_dsplit_sparse_decode_kernel(
                   stride_qb, H, qk_scale_log2, gl.constexpr(1), N_TILES, NSPLIT, D, BH, BK, STAGED)),
          (_producer, (ring, full, empty, idx_smem, p_kv, start, x_delta, stride_kv, N_TILES, KW, BK, D, ABLATE_))],
         [4, 4], [CONSUMER_REGS_, PRODUCER_REGS_])
-
-
-def gluon_bf16_dsplit_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                             o_part, lse_part, chunk: int, nsplit: int, scale: float,
-                                             staged: bool = False) -> None:
-    """kernel_gluon_bf16_ws.gluon_bf16_ws_sparse_decode_partials, with QK split over D."""
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
-    from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
-
-    B, H, D = q.shape
-    assert H == HEADS and chunk % BLOCK_K == 0 and chunk // BLOCK_K < 8, (H, chunk)
-    assert not ws.ABLATE & ~2, "the consumer halves have no ablation; only the producer's (bit 2)"
-    kv = swa.data
-    x_delta, idx_x_delta, len_x_delta, stride_ix, kx = extra_offsets(swa, swa_indices, swa_lengths, extra,
-                                                                     extra_indices, extra_lengths)
-    gluon_bf16_dsplit_sparse_decode_kernel[(B, 1, nsplit)](
-        p_q=q, p_kv=kv, p_idx=swa_indices, p_len=swa_lengths, p_o_part=o_part, p_lse_part=lse_part,
-        stride_qb=q.stride(0), stride_kv=kv.stride(0), stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H,
-        qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
-        KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K,
-        CONSUMER_REGS_=consumer_regs(ws.PRODUCER_REGS), PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged,
-        ABLATE_=ws.ABLATE,
-        num_warps=4,
-    )

@@ -102,23 +102,32 @@ def gluon_bf16_ws_sparse_decode_kernel(
 
 def gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
                                          o_part, lse_part, chunk: int, nsplit: int, scale: float,
-                                         staged: bool = False) -> None:
+                                         staged: bool = False, dsplit: bool = False) -> None:
     """Fill o_part [B, nsplit, H, D] (fp32 or bf16; o over each chunk of the window slots then the
     compressed-cache slots, normalised) and lse_part [B, nsplit, H] (base 2) for q [B, 64, 512]
     bf16 (rows contiguous) over the bf16 caches swa and extra (KVCache; extra may be None) with
-    indices [B, W] / [B, K] int32 of unit stride. The caches must pass kernel.gluon_bf16_ws_operands_ok."""
+    indices [B, W] / [B, K] int32 of unit stride. The caches must pass kernel.gluon_bf16_ws_operands_ok.
+    `dsplit`: kernel_gluon_bf16_dsplit.py's loop (QK split over D) instead, same contract."""
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
     from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
 
     B, H, D = q.shape
     assert H == HEADS and chunk % BLOCK_K == 0, (H, chunk)
+    fn, launch = gluon_bf16_ws_sparse_decode_kernel, {"num_warps": 8}
+    if dsplit:
+        from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_dsplit as ds
+
+        assert chunk // BLOCK_K < 8, chunk  # more tiles' indices overflow its shared memory
+        assert not ws.ABLATE & ~2, "the consumer halves have no ablation; only the producer's (bit 2)"
+        fn, launch = ds.gluon_bf16_dsplit_sparse_decode_kernel, {
+            "num_warps": 4, "CONSUMER_REGS_": ds.consumer_regs(ws.PRODUCER_REGS)}
     kv = swa.data
     x_delta, idx_x_delta, len_x_delta, stride_ix, kx = extra_offsets(swa, swa_indices, swa_lengths, extra,
                                                                      extra_indices, extra_lengths)
-    gluon_bf16_ws_sparse_decode_kernel[(B, 1, nsplit)](
+    fn[(B, 1, nsplit)](
         p_q=q, p_kv=kv, p_idx=swa_indices, p_len=swa_lengths, p_o_part=o_part, p_lse_part=lse_part,
         stride_qb=q.stride(0), stride_kv=kv.stride(0), stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H,
         qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
         KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K,
-        PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE, num_warps=8,
+        PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE, **launch,
     )

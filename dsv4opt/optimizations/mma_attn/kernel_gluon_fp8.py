@@ -152,16 +152,24 @@ def _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH
     P_DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
     s_zero = gl.zeros([BH, BK], gl.float32, layout=S_MMA)
     b_s = warpgroup_mma(q_smem, kv_t.permute((1, 0)), s_zero, use_acc=False)  # [BH, BK]
-    b_idx = idx_smem.index(t).load(gl.SliceLayout(0, S_MMA))  # [BK]
-    b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
-    b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
-    b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
-    b_p = gl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
-    b_l = b_l * b_alpha + gl.sum(b_p, axis=1)
+    b_m_new, b_l, b_alpha, b_p = _online_softmax(b_s, idx_smem, t, b_m, b_l, qk_scale_log2)
     b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
     p_dot = gl.convert_layout(b_p.to(gl.bfloat16), P_DOT)
     b_acc = warpgroup_mma(p_dot, kv_t, b_acc * b_alpha_o[:, None])  # [BH, D]; waits for its completion
     return b_m_new, b_l, b_acc
+
+
+@gluon.jit
+def _online_softmax(b_s, idx_smem, t, b_m, b_l, qk_scale_log2):
+    """One tile's step of the online softmax on scores b_s [BH, BK] (in their MMA layout), base 2:
+    slots whose index (tile t's row of idx_smem) is -1 at -inf. Returns the new running max and
+    sum, the rescale of what came before (alpha) and the tile's unnormalised P."""
+    b_idx = idx_smem.index(t).load(gl.SliceLayout(0, b_s.type.layout))  # [BK]
+    b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
+    b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
+    b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
+    b_p = gl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+    return b_m_new, b_l * b_alpha + gl.sum(b_p, axis=1), b_alpha, b_p
 
 
 @gluon.jit
