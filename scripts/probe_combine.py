@@ -14,6 +14,7 @@ Diagnostic only.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -26,8 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsv4opt.optimizations.mma_attn import bench as B  # noqa: E402
 from dsv4opt.optimizations.mma_attn import kernel  # noqa: E402
 
-SPLITS = {16: 5, 32: 4, 64: 2}  # the FP8 and bf16 warp-specialised loops' splits at K 512 + window 128
 POOL_BYTES = 512 * 2**20
+
+
+def splits(batch: int) -> int:
+    """The dispatch's split count for the one-launch loops at K 512 + window 128 on this GPU."""
+    slots = B.TOPK + B.WINDOW
+    t = kernel.choose_tiles(batch, B.HEADS, slots, torch.device("cuda"), B.DIM, fp8=True)
+    return kernel.split_chunks(slots, t.block_k, t.nsplit)[1]
 
 
 def partial_sets(batch: int, nsplit: int, dtype: torch.dtype, gen: torch.Generator) -> list[tuple]:
@@ -42,19 +49,15 @@ def partial_sets(batch: int, nsplit: int, dtype: torch.dtype, gen: torch.Generat
     return sets
 
 
-def combine_call(batch: int, nsplit: int, sets: list[tuple]):
+def combine_call(batch: int, sets: list[tuple]):
+    """kernel.combine_splits on the next set each call (a graph captured over many keeps the order)."""
     sink = torch.randn(B.HEADS, device="cuda")
     o = torch.empty(batch, B.HEADS, B.DIM, device="cuda", dtype=torch.bfloat16)
     lse = torch.empty(batch, B.HEADS, device="cuda")
-    state = {"i": 0}
+    cycle = itertools.cycle(sets)
 
     def call():
-        o_part, lse_part = sets[state["i"] % len(sets)]
-        state["i"] += 1
-        kernel._attn_combine_splits_kernel[(batch, B.HEADS)](
-            p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse, stride_ob=o.stride(0),
-            stride_oh=o.stride(1), H=B.HEADS, NSPLIT=nsplit, NS_P=triton.next_power_of_2(nsplit), D=B.DIM,
-            D_P=B.DIM, SPLIT_LOOP=o_part.dtype != torch.float32, num_warps=4)
+        kernel.combine_splits(*next(cycle), sink, o, lse)
 
     return call
 
@@ -71,7 +74,7 @@ def main() -> None:
     if args.drive:
         b = batches[0]
         dtype = torch.float32 if args.part == "fp32" else torch.bfloat16
-        call = combine_call(b, SPLITS[b], partial_sets(b, SPLITS[b], dtype, gen))
+        call = combine_call(b, partial_sets(b, splits(b), dtype, gen))
         for _ in range(8):
             call()
         torch.cuda.synchronize()
@@ -80,10 +83,10 @@ def main() -> None:
     rows = []
     print(f"{torch.cuda.get_device_name()}, Triton {triton.__version__}; copy {copy_gbps:.0f} GB/s", flush=True)
     for b in batches:
-        ns = SPLITS[b]
+        ns = splits(b)
         row = {"batch": b, "nsplit": ns}
         for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-            us = B._median_graph_ms(combine_call(b, ns, partial_sets(b, ns, dt, gen))) * 1e3
+            us = B._median_graph_ms(combine_call(b, partial_sets(b, ns, dt, gen))) * 1e3
             moved = b * ns * B.HEADS * B.DIM * torch.tensor([], dtype=dt).element_size() + b * B.HEADS * B.DIM * 2
             row[name] = {"us": us, "bytes": moved, "of_copy_bandwidth": moved / (copy_gbps * 1e3 * us)}
             print(f"B {b:3d} x {ns} splits  {name} partials  {us:6.1f} us  {moved / 1e6:5.1f} MB  "

@@ -626,11 +626,18 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         _launch_fused(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p,
                       o, lse, o_part, lse_part)
     if ns_total > 1 and not p.merge_in_kernel:
-        d_p = triton.next_power_of_2(D)
-        _attn_combine_splits_kernel[(B, H)](
-            p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse,
-            stride_ob=o.stride(0), stride_oh=o.stride(1), H=H,
-            NSPLIT=ns_total, NS_P=triton.next_power_of_2(ns_total), D=D, D_P=d_p,
-            SPLIT_LOOP=o_part.dtype != torch.float32, num_warps=4,
-        )
+        combine_splits(o_part, lse_part, sink, o, lse)
     return o, lse
+
+
+def combine_splits(o_part: torch.Tensor, lse_part: torch.Tensor, sink: torch.Tensor, o: torch.Tensor,
+                   lse: torch.Tensor) -> None:
+    """Merge o_part [B, S, H, D] (fp32 or bf16) and lse_part [B, S, H] (base 2) with the sink [H]
+    into o [B, H, D] and lse [B, H] (natural log): one program per (request, head)."""
+    B, S, H, D = o_part.shape
+    _attn_combine_splits_kernel[(B, H)](
+        p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse,
+        stride_ob=o.stride(0), stride_oh=o.stride(1), H=H,
+        NSPLIT=S, NS_P=triton.next_power_of_2(S), D=D, D_P=triton.next_power_of_2(D),
+        SPLIT_LOOP=o_part.dtype != torch.float32, num_warps=4,
+    )

@@ -37,7 +37,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import (
     BLOCK_K, HEADS, IDX_SMEM, _NOPE_TILES, _ROPE, _TILE, _chunk_indices, _split_result, _store_partials, _tile_products,
