@@ -81,52 +81,47 @@ def fp8_source(batch: int, merge: bool = False):
         f"{name}, B {batch}: chunk {constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
 
 
-def fp8_ws_source(batch: int, staged: bool = False, part: str = "fp32"):
+# the warp-specialised loops' merge arguments (read only with MERGE)
+WS_MERGE_TYPES = dict(p_sink="*fp32", p_o="*bf16", p_lse="*fp32", p_ticket="*i32", p_done="*i32", stride_ob="i32",
+                      stride_oh="i32")
+
+
+def fp8_ws_source(batch: int, staged: bool = False, part: str = "fp32", merge: bool = False):
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
 
     constexprs, types = _fp8_launch(batch)
     constexprs.update(BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS, STAGED=staged,
-                      ABLATE_=g.ABLATE)
-    types.update(p_o_part=f"*{part}")
+                      MERGE=merge, ABLATE_=g.ABLATE)
+    types.update(p_o_part=f"*{part}", **WS_MERGE_TYPES)
     sig, attrs = _signature(g.gluon_fp8_ws_sparse_decode_kernel, types, constexprs)
     how = f", {part} partials{' staged' if staged else ''}" if staged or part != "fp32" else ""
+    how += ", merged in the last program" if merge else ""
     return GluonASTSource(g.gluon_fp8_ws_sparse_decode_kernel, sig, constexprs, attrs), \
         f"FP8 warp-specialised{how}, B {batch}: chunk {constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
 
 
-def _bf16_ws_launch(batch: int, staged: bool, part: str) -> tuple[dict, dict]:
+def _bf16_ws_launch(batch: int, staged: bool, part: str, merge: bool) -> tuple[dict, dict]:
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
 
     cfg = ModelConfig.from_name("dsv4-flash")
     chunk, nsplit = _chunking(batch)
     constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, D=cfg.head_dim, BH=cfg.heads,
-                      BK=ws.BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE)
+                      BK=ws.BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, MERGE=merge, ABLATE_=ws.ABLATE)
     types = dict(p_q="*bf16", p_kv="*bf16", p_idx="*i32", p_len="*i32", p_o_part=f"*{part}", p_lse_part="*fp32",
                  stride_qb="i32", stride_kv="i32", stride_iw="i32", stride_ix="i32", H="i32", qk_scale_log2="fp32",
-                 x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
+                 x_delta="i64", idx_x_delta="i32", len_x_delta="i32", **WS_MERGE_TYPES)
     return constexprs, types
 
 
-def bf16_ws_source(batch: int, staged: bool = False, part: str = "fp32"):
+def bf16_ws_source(batch: int, staged: bool = False, part: str = "fp32", merge: bool = False):
     from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws as g
 
-    constexprs, types = _bf16_ws_launch(batch, staged, part)
+    constexprs, types = _bf16_ws_launch(batch, staged, part, merge)
     fn = g.gluon_bf16_ws_sparse_decode_kernel
     sig, attrs = _signature(fn, types, constexprs)
     return GluonASTSource(fn, sig, constexprs, attrs), \
-        f"bf16 warp-specialised, {part} partials{' staged' if staged else ''}, B {batch}: chunk " \
-        f"{constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
-
-
-def bf16_dsplit_source(batch: int, staged: bool = True, part: str = "bf16"):
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_dsplit as g
-
-    constexprs, types = _bf16_ws_launch(batch, staged, part)
-    constexprs.update(CONSUMER_REGS_=g.consumer_regs(constexprs["PRODUCER_REGS_"]))
-    fn = g.gluon_bf16_dsplit_sparse_decode_kernel
-    sig, attrs = _signature(fn, types, constexprs)
-    return GluonASTSource(fn, sig, constexprs, attrs), \
-        f"bf16 QK split over D, {part} partials{' staged' if staged else ''}, B {batch}: chunk " \
+        f"bf16 warp-specialised, {part} partials{' staged' if staged else ''}{', merged' if merge else ''}, " \
+        f"B {batch}: chunk " \
         f"{constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
 
 
@@ -153,12 +148,13 @@ VARIANTS = {
     "bf16": bf16_source,
     "bf16-ws": bf16_ws_source,
     "bf16-ws-bf16": lambda b: bf16_ws_source(b, staged=True, part="bf16"),
-    "bf16-dsplit": bf16_dsplit_source,
+    "fp8-ws-merge": lambda b: fp8_ws_source(b, staged=True, part="bf16", merge=True),
+    "bf16-ws-merge": lambda b: bf16_ws_source(b, staged=True, part="bf16", merge=True),
 }
 
 
 # the launch's warps where not 8 (the default partition's: workers come on top)
-NUM_WARPS = {"bf16-dsplit": 4}
+NUM_WARPS: dict[str, int] = {}
 
 
 def report(src, label: str, dump: Path | None, num_warps: int = 8) -> dict:

@@ -11,7 +11,9 @@ Variants (--variants, comma-separated; each is the dispatch's switches for the c
              kernel_gluon_bf16_ws.py, GLUON_BF16_WS), fp32 partials + the combine
   ws-staged  the same, the partials written through shared memory in whole lines
   ws-bf16    the same, bf16 partials
-  ws-dsplit  (--kv bf16) the bf16 loop with QK split over D (kernel_gluon_bf16_dsplit.py), bf16 partials
+  ws-merge   ws-bf16 with the splits merged in each request's last program, its own split kept on
+             chip (GLUON_WS_MERGE_IN_KERNEL), at every split count (the dispatch: up to
+             WS_MERGE_MAX_SPLITS)
   ws@SUB:NST:REGS[:ABLATE]  kernel_gluon_fp8_ws's constants (also ws-staged@..., ws-bf16@...)
 --kv bf16 runs the table and the timing on bf16 rows instead of the FP8 layout.
 
@@ -21,11 +23,11 @@ Variants (--variants, comma-separated; each is the dispatch's switches for the c
    contexts shorter than K}, window-only rows, and the compressed cache lying below the window
    cache in memory; bf16, outputs NaN-poisoned, relative error bound 1e-2 (the gate's). One line a
    case; FAIL lines say which output, the error, the worst element and the non-finite count. With
-   merge, the per-request counts must be back at zero after the table.
+   merge and ws-merge, the per-request counts must be back at zero after the table.
 2. Timing, only of the variants whose every case passed: B {1, 16, 32, 64}, K 512 + window 128,
    FP8 layout, CUDA-graph medians over rotating input sets (bench.py's helpers): the production
    path as dispatched today against each variant (loop: also the loop alone, without the combine);
-   each variant checked again after its replays (merge: the counts survive graph replays).
+   each variant checked again after its replays (merge, ws-merge: the counts survive graph replays).
 
 Diagnostic only: the committed figures come from `dsv4opt bench mma-attn`.
 """
@@ -59,7 +61,7 @@ GATE_TOPK = (1, 100, 512, 640)
 
 # what each variant switches on in the dispatch (kernel.py's module switches)
 _WS = {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": True, "GLUON_BF16_WS": True,
-       "GLUON_BF16_WS_DSPLIT": False}
+       "GLUON_WS_MERGE_IN_KERNEL": False}
 _PARTIALS = {"GLUON_WS_STAGED_STORE": False, "GLUON_WS_BF16_PARTIALS": False}
 VARIANTS = {
     "loop": {"GLUON_FP8_ENABLED": True, "GLUON_FP8_MERGE_IN_KERNEL": False, "GLUON_FP8_WS": False,
@@ -68,14 +70,15 @@ VARIANTS = {
     "ws": {**_WS, **_PARTIALS},
     "ws-staged": {**_WS, "GLUON_WS_STAGED_STORE": True, "GLUON_WS_BF16_PARTIALS": False},
     "ws-bf16": {**_WS, "GLUON_WS_STAGED_STORE": True, "GLUON_WS_BF16_PARTIALS": True},
-    "ws-dsplit": {**_WS, "GLUON_BF16_WS_DSPLIT": True, "GLUON_WS_STAGED_STORE": True, "GLUON_WS_BF16_PARTIALS": True},
+    "ws-merge": {**_WS, "GLUON_WS_STAGED_STORE": True, "GLUON_WS_BF16_PARTIALS": True, "GLUON_WS_MERGE_IN_KERNEL": True,
+                 "WS_MERGE_MAX_SPLITS": 64},
 }
 # the engine each variant must get from the dispatch, per KV layout (bf16 rows: "loop" is
 # kernel_gluon.py once per cache, and there is no in-kernel merge)
 ENGINES = {
     "fp8": {"loop": "gluon-fp8", "merge": "gluon-fp8", "ws": "gluon-fp8-ws", "ws-staged": "gluon-fp8-ws",
-            "ws-bf16": "gluon-fp8-ws"},
-    "bf16": {"loop": "gluon", "ws": "gluon-ws", "ws-staged": "gluon-ws", "ws-bf16": "gluon-ws", "ws-dsplit": "gluon-ws"},
+            "ws-bf16": "gluon-fp8-ws", "ws-merge": "gluon-fp8-ws"},
+    "bf16": {"loop": "gluon", "ws": "gluon-ws", "ws-staged": "gluon-ws", "ws-bf16": "gluon-ws", "ws-merge": "gluon-ws"},
 }
 KV = "fp8"  # --kv
 
@@ -129,10 +132,16 @@ def gluon_call(*args, tiles: kernel.Tiles, variant: str = "loop"):
     with ws_config(variant) as variant, switches(**VARIANTS[variant]):
         q, swa, swa_idx, _, extra, idx = args[:6]
         p = kernel.plan(q, swa, swa_idx, extra, idx, tiles)
-        if p.engine != ENGINES[KV].get(variant) or p.merge_in_kernel != VARIANTS[variant]["GLUON_FP8_MERGE_IN_KERNEL"]:
+        if p.engine != ENGINES[KV].get(variant) or p.merge_in_kernel != merges(variant, p.nsplit):
             raise RuntimeError(f"the dispatch took {p.engine!r} (merge in kernel: {p.merge_in_kernel}), not "
                                f"variant {variant!r} (Hopper and Triton 3.6 needed)")
         return kernel.mma_attention(*args, tiles=tiles)
+
+
+def merges(variant: str, nsplit: int) -> bool:
+    """Whether `variant` merges `nsplit` splits in the loop's last program (no combine launch)."""
+    on = VARIANTS[variant.split("@")[0]]
+    return bool(on["GLUON_FP8_MERGE_IN_KERNEL"] or (on.get("GLUON_WS_MERGE_IN_KERNEL") and nsplit > 1))
 
 
 def counts_at_zero() -> bool:
@@ -192,7 +201,7 @@ def check_cases(variant: str) -> tuple[list[dict], bool]:
         if "error" in row and ("CUDA" in row["error"] or "illegal" in row["error"]):
             print("stopping the table: a CUDA error leaves the context unusable", flush=True)
             break
-    if variant == "merge":
+    if merges(variant, 2):
         zero = counts_at_zero()
         rows.append({"case": "merge counts back at zero", "passed": zero})
         ok &= zero
@@ -214,8 +223,6 @@ def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: flo
         launch = gluon_fp8_ws_sparse_decode_partials if ws else gluon_fp8_sparse_decode_partials
     bf16_part = VARIANTS[name]["GLUON_WS_BF16_PARTIALS"]
     extra_args = {"staged": VARIANTS[name]["GLUON_WS_STAGED_STORE"] or bf16_part} if ws else {}  # as mma_attention
-    if KV == "bf16" and VARIANTS[name].get("GLUON_BF16_WS_DSPLIT"):
-        extra_args["dsplit"] = True
     part_dtype = torch.bfloat16 if bf16_part else torch.float32
 
     q, swa_idx, _, idx = sets[0][:4]
@@ -274,11 +281,12 @@ def time_batches(batches: list[int], variants: list[str], copy_gbps: float, tflo
             if err <= REL_TOL or ablation:  # an ablation's results are wrong by design: timed, never checked
                 us = B._median_graph_ms(B.rotating(lambda *a, v=v: gluon_call(*a, tiles=tiles, variant=v), swa, extra,
                                                    sets, scale)) * 1e3
-                if v.split("@")[0].startswith("ws") or (v.split("@")[0] == "loop" and KV == "fp8"):
+                name = v.split("@")[0]  # the loop alone: not for a merging variant, whose loop is the whole call
+                if (name.startswith("ws") and not merges(v, p.nsplit)) or (name == "loop" and KV == "fp8"):
                     alone_us = B._median_graph_ms(partials_only(tiles, sets, swa, extra, scale, v)) * 1e3
                 torch.cuda.synchronize()
                 err_after = err_of(*gluon_call(*x, tiles=tiles, variant=v))
-            ok_after = ablation or (err_after <= REL_TOL and (v != "merge" or counts_at_zero()))
+            ok_after = ablation or (err_after <= REL_TOL and (not merges(v, p.nsplit) or counts_at_zero()))
             row["variants"][v] = {"us": us, "loop_alone_us": alone_us, "rel_err": err, "rel_err_after_replays": err_after,
                                   "passed_after_replays": ok_after}
             speed = f"{prod_us / us:5.2f}x" if us == us else "  -  "

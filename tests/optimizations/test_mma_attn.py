@@ -464,6 +464,58 @@ def test_fp8_merge_in_kernel_is_off_by_default_and_rides_only_the_fp8_gluon_loop
     assert not kernel.plan(*x).merge_in_kernel  # the block-level kernel keeps its combine
 
 
+
+def test_ws_merge_rides_the_warp_specialised_loops_only_at_the_split_counts_allowed(monkeypatch):
+    """GLUON_WS_MERGE_IN_KERNEL: the warp-specialised loops (FP8 and bf16 rows) merge in their last
+    program at 2 to WS_MERGE_MAX_SPLITS splits; one split has nothing to merge, more keep the
+    combine; kernel_gluon_fp8.py's loop answers to its own switch."""
+    from dsv4opt.workload.kvcache import KVLayout
+
+    x = _fp8_plan_inputs()  # B = 64: two splits on 132 SMs
+    monkeypatch.setattr(kernel, "fp8_engine", lambda *a: "gluon-fp8-ws")
+    monkeypatch.setattr(kernel, "GLUON_WS_MERGE_IN_KERNEL", False)
+    assert not kernel.plan(*x).merge_in_kernel
+    monkeypatch.setattr(kernel, "GLUON_WS_MERGE_IN_KERNEL", True)
+    monkeypatch.setattr(kernel, "WS_MERGE_MAX_SPLITS", 2)
+    p = kernel.plan(*x)
+    assert (p.engine, p.nsplit, p.merge_in_kernel) == ("gluon-fp8-ws", 2, True)
+    assert [kernel.ws_merge(n) for n in (1, 2, 3)] == [False, True, False]
+    monkeypatch.setattr(kernel, "WS_MERGE_MAX_SPLITS", 1)
+    assert not kernel.plan(*x).merge_in_kernel
+    monkeypatch.setattr(kernel, "WS_MERGE_MAX_SPLITS", 2)
+    monkeypatch.setattr(kernel, "fp8_engine", lambda *a: "gluon-fp8")
+    assert not kernel.plan(*x).merge_in_kernel
+    bf16 = KVLayout(False, 448, 64, 64, 256)
+    rows = KVCache(bf16, torch.empty(1, 512, dtype=torch.bfloat16))
+    monkeypatch.setattr(kernel, "bf16_engine", lambda *a: "gluon-ws")
+    p = kernel.plan(x[0], rows, x[2], rows, x[4])
+    assert (p.engine, p.nsplit, p.merge_in_kernel) == ("gluon-ws", 2, True)
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_mma_attention_hands_a_merging_loop_its_outputs_and_launches_no_combine(monkeypatch, merge):
+    """The warp-specialised loop gets (sink, o, lse, the [2, B] counts) and writes o and lse
+    itself when the plan merges in the kernel; otherwise it gets no merge and the combine runs."""
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws
+
+    x = make_inputs(AttnCase(2, 512, "all", layout="bf16"), "cpu", torch.bfloat16)
+    tiles = kernel.Tiles(64, 64, 2, 8, 2)
+    monkeypatch.setattr(kernel, "_INTERPRETED", True)  # past the CPU guard: only recorders run here
+    monkeypatch.setattr(kernel, "plan", lambda *a: kernel.Plan("gluon-ws", tiles, 320, 2, merge_in_kernel=merge))
+    monkeypatch.setattr(kernel, "merge_counts", lambda b, dev, rows=1: torch.zeros(rows, b, dtype=torch.int32))
+    launched, combined = [], []
+    monkeypatch.setattr(kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_partials",
+                        lambda *a, **k: launched.append((a, k)))
+    monkeypatch.setattr(kernel, "combine_splits", lambda *a: combined.append(a))
+    o, lse = kernel.mma_attention(*x.args())
+    (args, kw), = launched
+    assert args[7].shape == (2, 2, 64, 512) and args[9:11] == (320, 2)  # o_part, chunk, splits
+    if merge:
+        sink, o_given, lse_given, counts = kw["merge"]
+        assert sink is x.sink and o_given is o and lse_given is lse and counts.shape == (2, 2) and not combined
+    else:
+        assert kw["merge"] is None and len(combined) == 1 and combined[0][3] is o
+
 def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
     """The GPU probe's variants name switches kernel.py has (a misspelt one would set nothing),
     and each switches the loop on; the committed values come back after the calls."""
@@ -513,19 +565,23 @@ def test_merge_counts_are_zeroed_once_per_batch_outside_a_capture(monkeypatch):
     assert c is not d and c.tolist() == [0] * 16 and synced == [1, 1]  # none cached, no wait
     capturing[0] = False
     assert kernel.merge_counts(16, cpu) is not c  # a capture's buffer is never cached
+    two = kernel.merge_counts(64, cpu, rows=2)  # the warp-specialised loops': tickets and stored splits
+    assert two.shape == (2, 64) and two is not a and kernel.merge_counts(64, cpu, rows=2) is two
 
 
 @pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),
                     reason="the Gluon loops are compiled and gated on Triton 3.6 only")
-@pytest.mark.parametrize("kernels", ["fp8,fp8-merge", "fp8-ws", "fp8-ws-staged,fp8-ws-bf16",
-                                     "bf16-ws,bf16-ws-bf16,bf16-dsplit"])
-def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels):
+@pytest.mark.parametrize("kernels,batches", [("fp8,fp8-merge", "1,32,64"), ("fp8-ws", "1,32,64"),
+                                             ("fp8-ws-staged,fp8-ws-bf16", "1,32,64"), ("bf16-ws,bf16-ws-bf16", "1,32,64"),
+                                             ("fp8-ws-merge,bf16-ws-merge", "64")])
+def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batches):
     """Compiled ahead of time for an H200 (no GPU needed): the FP8 Gluon loop with and without the
     in-kernel merge, the warp-specialised loops (FP8 and bf16 rows, fp32 partials straight or
     staged, bf16 partials; at B = 1 a tile a program: Triton 3.6 crashed on the folded loop's dead
-    branch until the guard went static). No spills, within 227 KB of shared memory, every gather a
-    cp.async that zero-fills masked rows, 16 bytes wide for the data records; the
-    warp-specialised loops with their register budgets set per partition."""
+    branch until the guard went static), and those merging in their last program at two splits
+    (the only count the dispatch gives them, kernel.WS_MERGE_MAX_SPLITS). No spills, within 227 KB
+    of shared memory, every gather a cp.async that zero-fills masked rows, 16 bytes wide for the
+    data records; the warp-specialised loops with their register budgets set per partition."""
     import json
     import os
     import subprocess
@@ -537,11 +593,11 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels):
     env["PYTHONPATH"] = str(root)
     out = tmp_path / "compile.json"
     done = subprocess.run([sys.executable, str(root / "scripts/compile_mma_attn_gluon_sm90.py"), "--kernel", kernels,
-                           "--batch", "1,32,64", "--json", str(out)], capture_output=True, text=True, env=env,
+                           "--batch", batches, "--json", str(out)], capture_output=True, text=True, env=env,
                           timeout=600, cwd=str(root))
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 3 * len(kernels.split(","))
+    assert len(rows) == len(batches.split(",")) * len(kernels.split(","))
     for row in rows:
         assert row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0, row
         assert row["fits_227KB"], row
@@ -665,13 +721,12 @@ def test_the_combine_s_split_loop_and_tile_forms_agree_with_a_torch_merge():
             assert torch.allclose(lse, ref_lse, rtol=1e-5, atol=1e-5), (dtype, split_loop)
 
 
-@pytest.mark.parametrize("loop", ["fp8", "fp8-ws", "bf16-ws", "bf16-dsplit"])
+@pytest.mark.parametrize("loop", ["fp8", "fp8-ws", "bf16-ws", "fp8-ws-merge", "bf16-ws-merge"])
 def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monkeypatch, loop):
     """The host side of the one-launch Gluon loops, without a GPU: the kernel object is replaced by
-    a recorder, so the launch arguments are checked as the kernel would get them."""
-    from dsv4opt.optimizations.mma_attn import (
-        kernel_gluon_bf16_dsplit, kernel_gluon_bf16_ws, kernel_gluon_fp8, kernel_gluon_fp8_ws,
-    )
+    a recorder, so the launch arguments are checked as the kernel would get them; with a merge, its
+    counts' two rows (tickets, stored splits), the outputs' strides, and staged partials."""
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws, kernel_gluon_fp8, kernel_gluon_fp8_ws
 
     bf16_launcher = kernel_gluon_bf16_ws.gluon_bf16_ws_sparse_decode_partials
     module, name, launcher, options = {  # the module holding the kernel, its name, the launcher, its options
@@ -680,9 +735,7 @@ def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monk
         "fp8-ws": (kernel_gluon_fp8_ws, "gluon_fp8_ws_sparse_decode_kernel",
                    kernel_gluon_fp8_ws.gluon_fp8_ws_sparse_decode_partials, {"staged": True}),
         "bf16-ws": (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_kernel", bf16_launcher, {"staged": True}),
-        "bf16-dsplit": (kernel_gluon_bf16_dsplit, "gluon_bf16_dsplit_sparse_decode_kernel", bf16_launcher,
-                        {"staged": True, "dsplit": True}),
-    }[loop]
+    }[loop.removesuffix("-merge")]
     launches = []
 
     class Recorder:
@@ -696,7 +749,9 @@ def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monk
     args = (x.q, x.swa, x.swa_indices, x.swa_lengths, x.extra, x.extra_indices, x.extra_lengths, o_part, lse_part,
             256, 3, 0.5)
     ws = loop != "fp8"
-    launcher(*args, **options)
+    o, lse, counts = torch.empty(2, 64, 512), torch.empty(2, 64), torch.zeros(2, 2, dtype=torch.int32)
+    merge = (torch.zeros(64), o, lse, counts) if loop.endswith("-merge") else None
+    launcher(*args, **{**options, **({"merge": merge, "staged": False} if merge else {})})
     (grid, kw), = launches
     unit = x.swa.data.element_size()  # bytes of FP8 pages, elements of bf16 rows
     assert grid == (2, 1, 3) and kw["CHUNK"] == 256 and kw["NSPLIT"] == 3
@@ -706,11 +761,12 @@ def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monk
     assert kw["len_x_delta"] * 4 == x.extra_lengths.data_ptr() - x.swa_lengths.data_ptr()
     if ws:
         assert kw["STAGED"] is True and kw["PRODUCER_REGS_"] == kernel_gluon_fp8_ws.PRODUCER_REGS
+        assert kw["MERGE"] is (merge is not None) and kw["num_warps"] == 8
+    if merge:  # the partials of every program but the last go staged, whatever `staged` says
+        assert kw["p_o"] is o and kw["p_lse"] is lse and (kw["stride_ob"], kw["stride_oh"]) == (64 * 512, 512)
+        assert kw["p_ticket"].data_ptr() == counts.data_ptr() and kw["p_done"].data_ptr() == counts[1].data_ptr()
     if loop.startswith("bf16"):
         assert kw["stride_kv"] == 512 and kw["p_kv"] is x.swa.data
-    if loop == "bf16-dsplit":
-        # 168 registers x 384 threads at launch, less the producer's 88 x 128, halved: 208 for each half
-        assert kw["num_warps"] == 4 and kw["CONSUMER_REGS_"] == 208 == (168 * 3 - 88) // 2
 
 
 def test_fp8_ws_probe_constants_come_back_after_a_config():

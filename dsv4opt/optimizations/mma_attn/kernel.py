@@ -372,10 +372,12 @@ GLUON_BF16_WS = True
 # combine that reads them fast.
 GLUON_WS_STAGED_STORE = True
 GLUON_WS_BF16_PARTIALS = True
-# The bf16 warp-specialised loop with QK split over D between its consumer warpgroups
-# (kernel_gluon_bf16_dsplit.py): compiled for sm_90a, not yet run on a GPU, so off. The probe's
-# ws-dsplit variant (--kv bf16) checks and times it.
-GLUON_BF16_WS_DSPLIT = False
+# The warp-specialised loops' split merge in each request's last program, its own split kept on
+# chip (kernel_gluon_fp8_ws._store_or_merge), instead of the combine launch, at up to
+# WS_MERGE_MAX_SPLITS splits. Off until the probe's ws-merge variant has passed its table and
+# timed it on the H200.
+GLUON_WS_MERGE_IN_KERNEL = False
+WS_MERGE_MAX_SPLITS = 2
 
 
 def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
@@ -454,7 +456,7 @@ class Plan:
     chunk: int
     nsplit: int
     per_cache: tuple[tuple[Tiles, int, int], ...] = ()
-    merge_in_kernel: bool = False  # "gluon-fp8": the loop merges the splits itself, no combine launch
+    merge_in_kernel: bool = False  # the loop merges the splits itself, no combine launch
 
 
 def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles | None = None) -> Plan:
@@ -468,9 +470,10 @@ def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, til
     fused = replace(fused, nsplit=nsplit)
     if swa.layout.fp8:
         e = fp8_engine(q, swa, swa_indices, extra, extra_indices, fused)
-        return Plan(e, fused, chunk, nsplit, merge_in_kernel=e == "gluon-fp8" and GLUON_FP8_MERGE_IN_KERNEL)
+        merge = (e == "gluon-fp8" and GLUON_FP8_MERGE_IN_KERNEL) or (e == "gluon-fp8-ws" and ws_merge(nsplit))
+        return Plan(e, fused, chunk, nsplit, merge_in_kernel=merge)
     if bf16_engine(q, swa, swa_indices, extra, extra_indices, fused):
-        return Plan("gluon-ws", fused, chunk, nsplit)
+        return Plan("gluon-ws", fused, chunk, nsplit, merge_in_kernel=ws_merge(nsplit))
     per_cache = []
     for cache, indices in caches:
         t = tiles or choose_tiles(B, H, indices.shape[1], q.device, D, itemsize=q.element_size())
@@ -481,11 +484,17 @@ def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, til
     return Plan("triton", fused, chunk, nsplit)
 
 
-_MERGE_COUNTS: dict[tuple[int, int], torch.Tensor] = {}
+def ws_merge(nsplit: int) -> bool:
+    """Whether a warp-specialised loop with `nsplit` splits merges them in its last program."""
+    return GLUON_WS_MERGE_IN_KERNEL and 1 < nsplit <= WS_MERGE_MAX_SPLITS
 
 
-def merge_counts(batch: int, device: torch.device) -> torch.Tensor:
-    """[batch] int32 zeros: the in-kernel merge's count of finished programs per request.
+_MERGE_COUNTS: dict[tuple[int, int, int], torch.Tensor] = {}
+
+
+def merge_counts(batch: int, device: torch.device, rows: int = 1) -> torch.Tensor:
+    """[batch] (or [rows, batch]) int32 zeros: the in-kernel merge's counts per request
+    (kernel_gluon_fp8's finished programs; the warp-specialised loops' tickets and stored splits).
 
     Allocated and zeroed once per (device, batch), outside any graph capture, then kept at zero by
     the kernel (each request's last program puts its count back), so neither an eager call nor a
@@ -494,11 +503,11 @@ def merge_counts(batch: int, device: torch.device) -> torch.Tensor:
     torch.zeros instead: the capture records the memset and every replay zeroes its own buffer.
     Launches of one batch size on concurrent streams would share the counts: the model's decode
     runs its layers on one stream."""
-    key = (device.index if device.index is not None else torch.cuda.current_device(), batch)
+    key = (device.index if device.index is not None else torch.cuda.current_device(), batch, rows)
     counts = _MERGE_COUNTS.get(key)
     if counts is not None:
         return counts
-    counts = torch.zeros(batch, device=device, dtype=torch.int32)
+    counts = torch.zeros((rows, batch) if rows > 1 else (batch,), device=device, dtype=torch.int32)
     if not torch.cuda.is_current_stream_capturing():
         torch.cuda.current_stream(device).synchronize()
         _MERGE_COUNTS[key] = counts
@@ -569,7 +578,8 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     a Gluon loop applies it replaces the main kernel, always with partials: on bf16 rows the
     warp-specialised one (`bf16_engine`; kernel_gluon.py once per cache with GLUON_BF16_WS off), on
     FP8 rows an FP8 one (`fp8_engine`; the warp-specialised one by default, and kernel_gluon_fp8.py's
-    with GLUON_FP8_MERGE_IN_KERNEL merges the splits itself: one launch, no combine). The
+    with GLUON_FP8_MERGE_IN_KERNEL merges the splits itself: one launch, no combine; so do the
+    warp-specialised ones with GLUON_WS_MERGE_IN_KERNEL, up to WS_MERGE_MAX_SPLITS splits). The
     warp-specialised loops write bf16 partials (GLUON_WS_BF16_PARTIALS), the others fp32.
     CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
     """
@@ -605,17 +615,14 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
             gluon_sparse_decode_partials(q, cache.data, indices, lengths, o_part, lse_part, chunk, nsplit, scale,
                                          split_base=base, ns_total=ns_total)
             base += nsplit
-    elif p.engine == "gluon-fp8-ws":
+    elif p.engine in WS_ENGINES:
+        from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
 
-        gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                            o_part, lse_part, p.chunk, p.nsplit, scale, staged=staged)
-    elif p.engine == "gluon-ws":
-        from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
-
-        gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                             o_part, lse_part, p.chunk, p.nsplit, scale, staged=staged,
-                                             dsplit=GLUON_BF16_WS_DSPLIT)
+        launch = gluon_fp8_ws_sparse_decode_partials if p.engine == "gluon-fp8-ws" else gluon_bf16_ws_sparse_decode_partials
+        merge = (sink, o, lse, merge_counts(B, q.device, rows=2)) if p.merge_in_kernel else None
+        launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, o_part, lse_part, p.chunk,
+               p.nsplit, scale, staged=staged, merge=merge)
     elif p.engine == "gluon-fp8":
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
 

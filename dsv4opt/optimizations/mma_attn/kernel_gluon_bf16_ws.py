@@ -73,15 +73,16 @@ def _producer(ring, full, empty, idx_smem, p_kv, start, x_delta, stride_kv, N_TI
 
 @gluon.jit
 def gluon_bf16_ws_sparse_decode_kernel(
-    p_q, p_kv, p_idx, p_len, p_o_part, p_lse_part,
-    stride_qb, stride_kv, stride_iw, stride_ix, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
-    KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
+    p_q, p_kv, p_idx, p_len, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done,
+    stride_qb, stride_kv, stride_iw, stride_ix, stride_ob, stride_oh, H, qk_scale_log2, x_delta, idx_x_delta,
+    len_x_delta, KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
     D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, PRODUCER_REGS_: gl.constexpr, STAGED: gl.constexpr,
-    ABLATE_: gl.constexpr,
+    MERGE: gl.constexpr, ABLATE_: gl.constexpr,
 ):
     """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
     followed by the KX compressed-cache slots over bf16 rows [N, D]; writes split i_s of o_part
-    [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] fp32 (base 2)."""
+    [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] fp32 (base 2); MERGE as in
+    kernel_gluon_fp8_ws.gluon_fp8_ws_sparse_decode_kernel."""
     gl.static_assert(gl.num_warps() == 8)
     gl.static_assert(BK == 64)
     i_b = gl.program_id(0)
@@ -94,40 +95,35 @@ def gluon_bf16_ws_sparse_decode_kernel(
     gl.thread_barrier()  # the indices and the initialised barriers, before the partitions start
 
     gl.warp_specialize(
-        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H,
-                      qk_scale_log2, N_TILES, NSPLIT, D, BH, BK, STAGED, ABLATE_)),
+        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket,
+                      p_done, i_b, i_s, stride_qb, stride_ob, stride_oh, H, qk_scale_log2, N_TILES, NSPLIT, D, BH, BK,
+                      STAGED, MERGE, ABLATE_)),
          (_producer, (ring, full, empty, idx_smem, p_kv, start, x_delta, stride_kv, N_TILES, KW, BK, D, ABLATE_))],
         [4], [PRODUCER_REGS_])
 
 
 def gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
                                          o_part, lse_part, chunk: int, nsplit: int, scale: float,
-                                         staged: bool = False, dsplit: bool = False) -> None:
+                                         staged: bool = False, merge: tuple | None = None) -> None:
     """Fill o_part [B, nsplit, H, D] (fp32 or bf16; o over each chunk of the window slots then the
     compressed-cache slots, normalised) and lse_part [B, nsplit, H] (base 2) for q [B, 64, 512]
     bf16 (rows contiguous) over the bf16 caches swa and extra (KVCache; extra may be None) with
     indices [B, W] / [B, K] int32 of unit stride. The caches must pass kernel.gluon_bf16_ws_operands_ok.
-    `dsplit`: kernel_gluon_bf16_dsplit.py's loop (QK split over D) instead, same contract."""
+    `merge` (sink, o, lse, counts [2, B] int32 zeros): the request's last program merges the splits
+    into o and lse instead (kernel_gluon_fp8_ws._store_or_merge), no combine needed."""
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
     from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
 
     B, H, D = q.shape
     assert H == HEADS and chunk % BLOCK_K == 0, (H, chunk)
-    fn, launch = gluon_bf16_ws_sparse_decode_kernel, {"num_warps": 8}
-    if dsplit:
-        from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_dsplit as ds
-
-        assert chunk // BLOCK_K < 8, chunk  # more tiles' indices overflow its shared memory
-        assert not ws.ABLATE & ~2, "the consumer halves have no ablation; only the producer's (bit 2)"
-        fn, launch = ds.gluon_bf16_dsplit_sparse_decode_kernel, {
-            "num_warps": 4, "CONSUMER_REGS_": ds.consumer_regs(ws.PRODUCER_REGS)}
     kv = swa.data
     x_delta, idx_x_delta, len_x_delta, stride_ix, kx = extra_offsets(swa, swa_indices, swa_lengths, extra,
                                                                      extra_indices, extra_lengths)
-    fn[(B, 1, nsplit)](
+    gluon_bf16_ws_sparse_decode_kernel[(B, 1, nsplit)](
         p_q=q, p_kv=kv, p_idx=swa_indices, p_len=swa_lengths, p_o_part=o_part, p_lse_part=lse_part,
-        stride_qb=q.stride(0), stride_kv=kv.stride(0), stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H,
-        qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
-        KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K,
-        PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, ABLATE_=ws.ABLATE, **launch,
+        **ws.merge_args(merge, lse_part), stride_qb=q.stride(0), stride_kv=kv.stride(0),
+        stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta,
+        idx_x_delta=idx_x_delta, len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, CHUNK=chunk,
+        NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged or merge is not None,
+        ABLATE_=ws.ABLATE, num_warps=8,
     )

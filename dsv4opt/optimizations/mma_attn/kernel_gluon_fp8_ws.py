@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import (
-    BLOCK_K, HEADS, IDX_SMEM, _NOPE_TILES, _ROPE, _TILE, _chunk_indices, _split_result, _store_partials, _tile_products,
-    _tile_rows,
+    BLOCK_K, HEADS, IDX_SMEM, LN2_, LOG2E_, _NOPE_TILES, _ROPE, _TILE, _chunk_indices, _split_result, _store_partials,
+    _tile_products, _tile_rows,
 )
 from dsv4opt.tritonlib import LOG2E
 
@@ -155,13 +155,14 @@ def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_
 
 
 @gluon.jit
-def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H, qk_scale_log2,
-              N_TILES: gl.constexpr, NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr,
-              STAGED: gl.constexpr, ABLATE_: gl.constexpr):
+def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done,
+              i_b, i_s, stride_qb, stride_ob, stride_oh, H, qk_scale_log2, N_TILES: gl.constexpr, NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr,
+              BK: gl.constexpr, STAGED: gl.constexpr, MERGE: gl.constexpr, ABLATE_: gl.constexpr):
     """q into shared memory, then per ring tile QK, the online softmax (base 2, masked slots at
     -inf) and PV as in kernel_gluon_fp8.py; writes split i_s's partials (in o_part's dtype; with
-    STAGED through the ring, in whole lines). Shared by the FP8 and bf16 warp-specialised loops:
-    only their producers differ."""
+    STAGED through the ring, in whole lines), or with MERGE `_store_or_merge`'s (p_sink to
+    stride_oh are read only there). Shared by the FP8 and bf16 warp-specialised loops: only their producers
+    differ."""
     LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
@@ -190,6 +191,9 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_
         o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
         row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
         gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_acc, mask=(o_ho == 0)[:, None])
+    elif MERGE:
+        _store_or_merge(ring, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done, b_acc, b_m, b_l, i_b, i_s,
+                        stride_ob, stride_oh, H, NSPLIT, BH, D, BK)
     elif STAGED:
         _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
     else:
@@ -222,6 +226,82 @@ def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s
 
 
 @gluon.jit
+def _store_or_merge(ring, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done, b_acc, b_m, b_l, i_b, i_s,
+                    stride_ob, stride_oh, H, NSPLIT: gl.constexpr, BH: gl.constexpr, D: gl.constexpr,
+                    BK: gl.constexpr):
+    """The split merge in the request's last program, its own split kept on chip.
+
+    Each program takes a ticket in p_ticket[i_b] when its loop is done. Those before the last store
+    their partials (staged, as without MERGE) and count them in p_done[i_b]; the last one stages
+    its own o in fp32 in the ring, waits until p_done says NSPLIT - 1, and merges: its own split
+    from shared memory, the others' from L2, and the sink, into o [B, H, D] and lse [B, H]
+    (natural log), as kernel.py's combine does. It puts both counts back to 0 for the next launch.
+
+    kernel_gluon_fp8._merge_if_last stored every split and had the last program read all of them
+    back, slower than the combine launch. Here at two splits the last program neither stores nor
+    reloads its own 64 KiB, and the second launch and its gap go. No deadlock: the last program
+    waits only for programs that already took a ticket, so are resident and past their loop.
+
+    Ordering: a partition barrier puts every thread's partial stores before the one-thread release
+    add; the spinning thread's acquire comes before the barrier after which every thread reads the
+    others' partials, through L2 (.cg), not this SM's L1."""
+    ticket = gl.atomic_add(p_ticket + i_b, 1, sem="relaxed", scope="gpu")
+    if ticket < NSPLIT - 1:
+        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+        gl.thread_barrier()  # every thread's stores, before the release
+        gl.atomic_add(p_done + i_b, 1, sem="release", scope="gpu")
+    else:
+        O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                        instr_shape=[16, 256, 16])
+        # 16-byte units XOR-swizzled by row: a warp's store from the accumulator (eight rows, 32
+        # bytes each) hits every bank position twice, the fewest wavefronts for 256 bytes
+        STAGE: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+        DC: gl.constexpr = 128  # columns merged at a time: 32 registers a thread per operand
+        M: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])  # a warp: 512 B of a row
+        HEAD: gl.constexpr = gl.SliceLayout(1, M)
+        m_any = b_l > 0
+        b_lse_own = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH] base 2
+        inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
+        stage = ring._reinterpret(gl.float32, [BH, D], STAGE)
+        gl.thread_barrier()  # both warpgroups' last PV has read the ring
+        stage.store(b_acc * inv[:, None])
+        while gl.atomic_add(p_done + i_b, 0, sem="acquire", scope="gpu") < NSPLIT - 1:
+            pass
+        gl.store(p_ticket + i_b, 0)  # no program of this launch touches either count again
+        gl.store(p_done + i_b, 0)
+        gl.thread_barrier()  # the own split staged by every thread (and the wait seen by all)
+
+        o_h = gl.arange(0, BH, layout=HEAD)
+        o_c = gl.arange(0, DC, layout=gl.SliceLayout(0, M))
+        row0 = (i_b * NSPLIT).to(gl.int64) * H  # split 0's first row of [B * NSPLIT * H]
+        b_sink = gl.load(p_sink + o_h).to(gl.float32) * LOG2E_  # [BH] base 2
+        b_lse_own = gl.convert_layout(b_lse_own, HEAD)
+        b_top = gl.maximum(b_sink, b_lse_own)  # the sink keeps it finite: empty splits weigh 0
+        for s in gl.static_range(NSPLIT):
+            m_other = (o_h >= 0) & (i_s != s)
+            b_top = gl.maximum(b_top, gl.load(p_lse_part + row0 + s * H + o_h, mask=m_other, other=float("-inf"),
+                                              cache_modifier=".cg"))
+        b_w_own = gl.exp2(b_lse_own - b_top)
+        b_den = gl.exp2(b_sink - b_top) + b_w_own  # [BH]
+        for s in gl.static_range(NSPLIT):
+            m_other = (o_h >= 0) & (i_s != s)
+            b_den += gl.exp2(gl.load(p_lse_part + row0 + s * H + o_h, mask=m_other, other=float("-inf"),
+                                     cache_modifier=".cg") - b_top)
+        for c in gl.static_range(D // DC):
+            b_o = stage.slice(c * DC, DC, dim=1).load(M) * b_w_own[:, None]  # [BH, DC]
+            for s in gl.static_range(NSPLIT):
+                m_other = (o_h >= 0) & (i_s != s)
+                b_w = gl.exp2(gl.load(p_lse_part + row0 + s * H + o_h, mask=m_other, other=float("-inf"),
+                                      cache_modifier=".cg") - b_top)  # [BH], 0 for the own split
+                p_part = p_o_part + (row0 + s * H + o_h)[:, None] * D + (c * DC + o_c)[None, :]
+                b_part = gl.load(p_part, mask=m_other[:, None], other=0.0, cache_modifier=".cg")
+                b_o += b_part.to(gl.float32) * b_w[:, None]
+            p_out = p_o + i_b * stride_ob + o_h[:, None] * stride_oh + (c * DC + o_c)[None, :]
+            gl.store(p_out, (b_o / b_den[:, None]).to(p_o.dtype.element_ty))
+        gl.store(p_lse + i_b * H + o_h, (b_top + gl.log2(b_den)) * LN2_)
+
+
+@gluon.jit
 def _ws_buffers(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW: gl.constexpr,
                 KX: gl.constexpr, CHUNK: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, D: gl.constexpr):
     """What both warp-specialised loops allocate first: the chunk's indices in shared memory, as
@@ -250,16 +330,19 @@ def _ring_barriers():
 
 @gluon.jit
 def gluon_fp8_ws_sparse_decode_kernel(
-    p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part,
-    stride_qb, stride_iw, stride_ix, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
+    p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done,
+    stride_qb, stride_iw, stride_ix, stride_ob, stride_oh, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
     KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
     PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
     D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr,
-    PRODUCER_REGS_: gl.constexpr, STAGED: gl.constexpr, ABLATE_: gl.constexpr,
+    PRODUCER_REGS_: gl.constexpr, STAGED: gl.constexpr, MERGE: gl.constexpr, ABLATE_: gl.constexpr,
 ):
     """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
-    followed by the KX compressed-cache slots (kernel_gluon_fp8's contract without MERGE); writes
-    split i_s of o_part [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] fp32 (base 2)."""
+    followed by the KX compressed-cache slots (kernel_gluon_fp8's contract); writes split i_s of
+    o_part [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] fp32 (base 2). MERGE: the
+    request's last program merges the splits and the sink [H] into o [B, H, D] and lse [B, H]
+    (`_store_or_merge`, counts p_ticket and p_done [B] int32, zero at launch); without it p_sink to
+    stride_oh are not read."""
     gl.static_assert(gl.num_warps() == 8)
     gl.static_assert(BK == 64)
     gl.static_assert(D == _NOPE_TILES * _TILE + _ROPE)
@@ -279,8 +362,9 @@ def gluon_fp8_ws_sparse_decode_kernel(
     gl.thread_barrier()  # the indices and the initialised barriers, before the partitions start
 
     gl.warp_specialize(
-        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, stride_qb, H,
-                      qk_scale_log2, N_TILES, NSPLIT, D, BH, BK, STAGED, ABLATE_)),
+        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket,
+                      p_done, i_b, i_s, stride_qb, stride_ob, stride_oh, H, qk_scale_log2, N_TILES, NSPLIT, D, BH, BK,
+                      STAGED, MERGE, ABLATE_)),
          (_producer, (ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
                       N_TILES, KW, PS_W, PB_W, PS_X, PB_X, BK, SUB_, NST, ABLATE_))],
         [4], [PRODUCER_REGS_])  # the producer: 4 warps
@@ -288,9 +372,11 @@ def gluon_fp8_ws_sparse_decode_kernel(
 
 def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
                                         o_part, lse_part, chunk: int, nsplit: int, scale: float,
-                                        staged: bool = False) -> None:
-    """kernel_gluon_fp8.gluon_fp8_sparse_decode_partials (without the merge), warp-specialised;
-    o_part fp32 or bf16, `staged`: o written out through shared memory in whole lines."""
+                                        staged: bool = False, merge: tuple | None = None) -> None:
+    """kernel_gluon_fp8.gluon_fp8_sparse_decode_partials, warp-specialised; o_part fp32 or bf16,
+    `staged`: o written out through shared memory in whole lines. `merge` (sink, o, lse, counts
+    [2, B] int32 zeros): the request's last program merges the splits into o and lse
+    (`_store_or_merge`; the others' partials go staged), no combine needed."""
     from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
 
     B, H, D = q.shape
@@ -302,10 +388,22 @@ def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra,
                                                                      extra_indices, extra_lengths)
     gluon_fp8_ws_sparse_decode_kernel[(B, 1, nsplit)](
         p_q=q, p_kv8=kvu8, p_kv16=kv16, p_kv32=kvu8.view(torch.int32), p_idx=swa_indices, p_len=swa_lengths,
-        p_o_part=o_part, p_lse_part=lse_part, stride_qb=q.stride(0), stride_iw=swa_indices.stride(0),
-        stride_ix=stride_ix, H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta,
+        p_o_part=o_part, p_lse_part=lse_part, **merge_args(merge, lse_part), stride_qb=q.stride(0),
+        stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta,
         len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit,
         PS_W=L.page_size, PB_W=L.page_bytes, PS_X=LX.page_size, PB_X=LX.page_bytes,
-        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, STAGED=staged, ABLATE_=ABLATE,
-        num_warps=8,
+        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, STAGED=staged or merge is not None,
+        ABLATE_=ABLATE, num_warps=8,
     )
+
+
+def merge_args(merge: tuple | None, lse_part: torch.Tensor) -> dict:
+    """The warp-specialised kernels' merge arguments: MERGE and its pointers and strides from
+    `merge` (sink, o, lse, counts [2, B]), or with None stand-ins that the kernel does not read."""
+    if merge is None:
+        return dict(p_sink=lse_part, p_o=lse_part, p_lse=lse_part, p_ticket=lse_part, p_done=lse_part,
+                    stride_ob=0, stride_oh=0, MERGE=False)
+    sink, o, lse, counts = merge
+    assert counts.shape == (2, o.shape[0]) and counts.dtype == torch.int32, counts.shape
+    return dict(p_sink=sink, p_o=o, p_lse=lse, p_ticket=counts[0], p_done=counts[1], stride_ob=o.stride(0),
+                stride_oh=o.stride(1), MERGE=True)
