@@ -604,7 +604,10 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batc
         if "ws" in kernels:
             assert {"208", "88"} <= set(row["setmaxnreg"]), row  # consumers 208, producer 88 registers
         widths = row["cp_async_by_width"]
-        assert widths["16"] > 0 and widths["8"] == 0 and row["cp_async_zero_fill"] == sum(widths.values()), row
+        # a merging loop also copies one other split's 64 KiB partial, unmasked: 16 x 16 bytes a thread
+        unmasked = 16 if "merged" in row["kernel"] else 0
+        assert widths["16"] > 0 and widths["8"] == 0, row
+        assert row["cp_async_zero_fill"] == sum(widths.values()) - unmasked, row
 
 
 def test_bf16_ws_engine_takes_one_launch_over_both_caches_only_when_switched_on_and_it_applies(monkeypatch):

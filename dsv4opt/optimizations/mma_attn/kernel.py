@@ -374,9 +374,9 @@ GLUON_WS_STAGED_STORE = True
 GLUON_WS_BF16_PARTIALS = True
 # The warp-specialised loops' split merge in each request's last program, its own split kept on
 # chip (kernel_gluon_fp8_ws._store_or_merge), instead of the combine launch, at up to
-# WS_MERGE_MAX_SPLITS splits. Off until the probe's ws-merge variant has passed its table and
-# timed it on the H200.
-GLUON_WS_MERGE_IN_KERNEL = False
+# WS_MERGE_MAX_SPLITS splits (B 53 to 88 on 132 SMs); more splits keep the combine, which spreads
+# their reads over every SM. Measured by the probe's ws-merge variant (docs/kernels/mma_attn.md).
+GLUON_WS_MERGE_IN_KERNEL = True
 WS_MERGE_MAX_SPLITS = 2
 
 
@@ -596,7 +596,7 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     ns_total = max(p.nsplit, 2) if p.engine == "gluon" else p.nsplit  # the Gluon loop always writes partials
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
-    bf16_part = p.engine in WS_ENGINES and GLUON_WS_BF16_PARTIALS
+    bf16_part = p.engine in WS_ENGINES and (GLUON_WS_BF16_PARTIALS or p.merge_in_kernel)  # a merge reads bf16
     staged = GLUON_WS_STAGED_STORE or bf16_part  # bf16 partials go through shared memory (the form measured)
     if ns_total > 1:
         o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.bfloat16 if bf16_part else torch.float32)

@@ -192,8 +192,8 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_
         row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
         gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_acc, mask=(o_ho == 0)[:, None])
     elif MERGE:
-        _store_or_merge(ring, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done, b_acc, b_m, b_l, i_b, i_s,
-                        stride_ob, stride_oh, H, NSPLIT, BH, D, BK)
+        _store_or_merge(ring, q_smem, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done, b_acc, b_m, b_l,
+                        i_b, i_s, stride_ob, stride_oh, H, NSPLIT, BH, D, BK)
     elif STAGED:
         _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
     else:
@@ -226,25 +226,30 @@ def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s
 
 
 @gluon.jit
-def _store_or_merge(ring, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done, b_acc, b_m, b_l, i_b, i_s,
-                    stride_ob, stride_oh, H, NSPLIT: gl.constexpr, BH: gl.constexpr, D: gl.constexpr,
+def _store_or_merge(ring, q_smem, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done, b_acc, b_m, b_l, i_b,
+                    i_s, stride_ob, stride_oh, H, NSPLIT: gl.constexpr, BH: gl.constexpr, D: gl.constexpr,
                     BK: gl.constexpr):
     """The split merge in the request's last program, its own split kept on chip.
 
     Each program takes a ticket in p_ticket[i_b] when its loop is done. Those before the last store
-    their partials (staged, as without MERGE) and count them in p_done[i_b]; the last one stages
-    its own o in fp32 in the ring, waits until p_done says NSPLIT - 1, and merges: its own split
-    from shared memory, the others' from L2, and the sink, into o [B, H, D] and lse [B, H]
-    (natural log), as kernel.py's combine does. It puts both counts back to 0 for the next launch.
+    their bf16 partials (staged, as without MERGE) and count them in p_done[i_b]. The last one waits
+    until p_done says NSPLIT - 1, then:
+    - copies another split's partial (64 KiB) by cp.async into q's buffer, free after the last QK:
+      every load in flight at once, none behind a store (a first form read the partials with
+      loads in the accumulator's column slices, each slice's loads behind the previous slice's
+      stores: 31.2 against 30.1 µs with the combine at B = 64);
+    - meanwhile stages its own o, weighted, in fp32 in the ring;
+    - adds each other split's weighted o to it, and the last one's sum goes out as o [B, H, D],
+      with lse [B, H] (natural log), the weights as in kernel.py's combine (the sink included);
+    - puts both counts back to 0 for the next launch.
 
-    kernel_gluon_fp8._merge_if_last stored every split and had the last program read all of them
-    back, slower than the combine launch. Here at two splits the last program neither stores nor
-    reloads its own 64 KiB, and the second launch and its gap go. No deadlock: the last program
-    waits only for programs that already took a ticket, so are resident and past their loop.
-
-    Ordering: a partition barrier puts every thread's partial stores before the one-thread release
-    add; the spinning thread's acquire comes before the barrier after which every thread reads the
-    others' partials, through L2 (.cg), not this SM's L1."""
+    No deadlock: the last program waits only for programs that already took a ticket, so are
+    resident and past their loop. Ordering: a partition barrier puts every thread's partial stores
+    before the one-thread release add; the spinning thread's acquire comes before the barrier
+    after which any thread reads another program's partials (through L2: lse by .cg loads, o by
+    cp.async)."""
+    gl.static_assert(NSPLIT > 1)
+    gl.static_assert(p_o_part.dtype.element_ty == gl.bfloat16)  # one split's partial fits q's buffer
     ticket = gl.atomic_add(p_ticket + i_b, 1, sem="relaxed", scope="gpu")
     if ticket < NSPLIT - 1:
         _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
@@ -256,48 +261,60 @@ def _store_or_merge(ring, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_
         # 16-byte units XOR-swizzled by row: a warp's store from the accumulator (eight rows, 32
         # bytes each) hits every bank position twice, the fewest wavefronts for 256 bytes
         STAGE: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+        L16: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])  # 16 bytes a thread
         DC: gl.constexpr = 128  # columns merged at a time: 32 registers a thread per operand
-        M: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])  # a warp: 512 B of a row
+        M: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])  # a warp: 128 columns of a row
         HEAD: gl.constexpr = gl.SliceLayout(1, M)
-        m_any = b_l > 0
-        b_lse_own = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH] base 2
-        inv = gl.convert_layout(1.0 / gl.where(m_any, b_l, 1.0), gl.SliceLayout(1, O_MMA))
-        stage = ring._reinterpret(gl.float32, [BH, D], STAGE)
-        gl.thread_barrier()  # both warpgroups' last PV has read the ring
-        stage.store(b_acc * inv[:, None])
+        row0 = (i_b * NSPLIT).to(gl.int64) * H  # split 0's first row of [B * NSPLIT * H]
+        o_hc = gl.arange(0, BH, layout=gl.SliceLayout(1, L16))
+        o_dc = gl.arange(0, D, layout=gl.SliceLayout(0, L16))
         while gl.atomic_add(p_done + i_b, 0, sem="acquire", scope="gpu") < NSPLIT - 1:
             pass
         gl.store(p_ticket + i_b, 0)  # no program of this launch touches either count again
         gl.store(p_done + i_b, 0)
-        gl.thread_barrier()  # the own split staged by every thread (and the wait seen by all)
+        s_first = (i_s <= 0).to(gl.int32)  # the first split that is not this one
+        cp.async_copy_global_to_shared(q_smem, p_o_part + (row0 + s_first * H + o_hc)[:, None] * D + o_dc[None, :])
+        cp.commit_group()
 
         o_h = gl.arange(0, BH, layout=HEAD)
         o_c = gl.arange(0, DC, layout=gl.SliceLayout(0, M))
-        row0 = (i_b * NSPLIT).to(gl.int64) * H  # split 0's first row of [B * NSPLIT * H]
+        m_any = b_l > 0
+        b_lse_own = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH] base 2
         b_sink = gl.load(p_sink + o_h).to(gl.float32) * LOG2E_  # [BH] base 2
-        b_lse_own = gl.convert_layout(b_lse_own, HEAD)
-        b_top = gl.maximum(b_sink, b_lse_own)  # the sink keeps it finite: empty splits weigh 0
-        for s in gl.static_range(NSPLIT):
-            m_other = (o_h >= 0) & (i_s != s)
-            b_top = gl.maximum(b_top, gl.load(p_lse_part + row0 + s * H + o_h, mask=m_other, other=float("-inf"),
-                                              cache_modifier=".cg"))
-        b_w_own = gl.exp2(b_lse_own - b_top)
-        b_den = gl.exp2(b_sink - b_top) + b_w_own  # [BH]
-        for s in gl.static_range(NSPLIT):
-            m_other = (o_h >= 0) & (i_s != s)
-            b_den += gl.exp2(gl.load(p_lse_part + row0 + s * H + o_h, mask=m_other, other=float("-inf"),
-                                     cache_modifier=".cg") - b_top)
-        for c in gl.static_range(D // DC):
-            b_o = stage.slice(c * DC, DC, dim=1).load(M) * b_w_own[:, None]  # [BH, DC]
-            for s in gl.static_range(NSPLIT):
-                m_other = (o_h >= 0) & (i_s != s)
-                b_w = gl.exp2(gl.load(p_lse_part + row0 + s * H + o_h, mask=m_other, other=float("-inf"),
-                                      cache_modifier=".cg") - b_top)  # [BH], 0 for the own split
-                p_part = p_o_part + (row0 + s * H + o_h)[:, None] * D + (c * DC + o_c)[None, :]
-                b_part = gl.load(p_part, mask=m_other[:, None], other=0.0, cache_modifier=".cg")
-                b_o += b_part.to(gl.float32) * b_w[:, None]
-            p_out = p_o + i_b * stride_ob + o_h[:, None] * stride_oh + (c * DC + o_c)[None, :]
-            gl.store(p_out, (b_o / b_den[:, None]).to(p_o.dtype.element_ty))
+        b_top = gl.maximum(b_sink, gl.convert_layout(b_lse_own, HEAD))  # the sink keeps it finite
+        for j in gl.static_range(NSPLIT - 1):
+            s = j + (i_s <= j).to(gl.int32)  # the other splits in turn
+            b_top = gl.maximum(b_top, gl.load(p_lse_part + row0 + s * H + o_h, cache_modifier=".cg"))
+        b_den = gl.exp2(b_sink - b_top) + gl.exp2(gl.convert_layout(b_lse_own, HEAD) - b_top)  # [BH]
+        for j in gl.static_range(NSPLIT - 1):
+            s = j + (i_s <= j).to(gl.int32)
+            b_den += gl.exp2(gl.load(p_lse_part + row0 + s * H + o_h, cache_modifier=".cg") - b_top)
+        # own o times its weight over the denominator: b_acc / l * 2^(lse_own - top) / den
+        w_own = gl.where(m_any, gl.exp2(b_m - gl.convert_layout(b_top, b_m.type.layout)), 0.0)
+        scale_own = w_own / gl.convert_layout(b_den, b_m.type.layout)
+        stage = ring._reinterpret(gl.float32, [BH, D], STAGE)
+        gl.thread_barrier()  # both warpgroups' last PV has read the ring
+        stage.store(b_acc * gl.convert_layout(scale_own, gl.SliceLayout(1, O_MMA))[:, None])
+
+        for j in gl.static_range(NSPLIT - 1):
+            s = j + (i_s <= j).to(gl.int32)
+            b_w = gl.exp2(gl.load(p_lse_part + row0 + s * H + o_h, cache_modifier=".cg") - b_top) / b_den  # [BH]
+            cp.wait_group(0)
+            gl.thread_barrier()  # split s's partial in q's buffer and the stage, for every thread
+            for c in gl.static_range(D // DC):
+                b_o = stage.slice(c * DC, DC, dim=1).load(M)
+                b_o += q_smem.slice(c * DC, DC, dim=1).load(M).to(gl.float32) * b_w[:, None]
+                if j == NSPLIT - 2:
+                    p_out = p_o + i_b * stride_ob + o_h[:, None] * stride_oh + (c * DC + o_c)[None, :]
+                    gl.store(p_out, b_o.to(p_o.dtype.element_ty))
+                else:
+                    stage.slice(c * DC, DC, dim=1).store(b_o)
+            if j < NSPLIT - 2:
+                gl.thread_barrier()  # every thread past q's buffer before the next split's copy
+                s_next = (j + 1) + (i_s <= j + 1).to(gl.int32)
+                cp.async_copy_global_to_shared(q_smem, p_o_part + (row0 + s_next * H + o_hc)[:, None] * D
+                                               + o_dc[None, :])
+                cp.commit_group()
         gl.store(p_lse + i_b * H + o_h, (b_top + gl.log2(b_den)) * LN2_)
 
 
