@@ -374,9 +374,11 @@ GLUON_WS_STAGED_STORE = True
 GLUON_WS_BF16_PARTIALS = True
 # The warp-specialised loops' split merge in each request's last program, its own split kept on
 # chip (kernel_gluon_fp8_ws._store_or_merge), instead of the combine launch, at up to
-# WS_MERGE_MAX_SPLITS splits (B 53 to 88 on 132 SMs); more splits keep the combine, which spreads
-# their reads over every SM. Measured by the probe's ws-merge variant (docs/kernels/mma_attn.md).
-GLUON_WS_MERGE_IN_KERNEL = True
+# WS_MERGE_MAX_SPLITS splits (B 53 to 88 on 132 SMs). Correct on the H200 (the probe's ws-merge
+# variant, 71/71 cases in both layouts) but no faster than the combine at B = 64 (31.0 against 30.1
+# us on FP8 rows, 27.3 against 27.1 on bf16 rows, commit 46aefd8) and slower at more splits, so off
+# (docs/kernels/mma_attn.md).
+GLUON_WS_MERGE_IN_KERNEL = False
 WS_MERGE_MAX_SPLITS = 2
 
 
