@@ -610,6 +610,28 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batc
         assert row["cp_async_zero_fill"] == sum(widths.values()) - unmasked, row
 
 
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs CUDA's nvcc (no GPU needed)")
+def test_the_cluster_merge_probe_compiles_for_sm90a_without_spills(tmp_path):
+    """scripts/probe_cluster_merge.cu, the price of merging two splits through a cluster's shared
+    memory, builds for sm_90a as its header says, keeps every accumulator in registers (no stack),
+    and its merge is a cluster one: the peer's shared memory mapped, the cluster barrier used."""
+    import subprocess
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "scripts/probe_cluster_merge.cu"
+    arch = ["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a"]
+    built = subprocess.run(["nvcc", *arch, "-Xptxas", "-v", str(src), "-o", str(tmp_path / "pcm")],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    frames = [line for line in built.stderr.splitlines() if "stack frame" in line]
+    assert len(frames) == 4 and all(line.strip().startswith("0 bytes stack frame, 0 bytes spill") for line in frames)
+    ptx = subprocess.run(["nvcc", *arch, "-ptx", str(src), "-o", str(tmp_path / "pcm.ptx")], capture_output=True,
+                         text=True, timeout=300)
+    assert ptx.returncode == 0, ptx.stderr[-2000:]
+    text = (tmp_path / "pcm.ptx").read_text()
+    assert "mapa" in text and "barrier.cluster.arrive" in text and "barrier.cluster.wait" in text
+
 def test_bf16_ws_engine_takes_one_launch_over_both_caches_only_when_switched_on_and_it_applies(monkeypatch):
     """bf16 rows: the warp-specialised loop (one launch over both caches, the fused chunks) where
     GLUON_BF16_WS is on and the operands suit it; else kernel_gluon.py per cache or kernel.py."""

@@ -1,0 +1,244 @@
+// The split merge at the end of mma-attn's main loop, priced three ways on a Hopper GPU, before
+// anyone writes the loop as a cluster (docs/kernels/mma_attn.md, "What would meet the targets",
+// item 1). Two splits a request, 64 heads of 512, as the warp-specialised loops run at B = 53 to
+// 88 on 132 SMs. Each split's CTA (256 threads, as the loops' consumer partition) starts with its
+// split's o [64, 512] fp32 in registers (128 values a thread) and its lse [64] (base 2); values
+// are integer hashes, exact in fp32, so the host recomputes them for the float64 reference.
+//
+//   combine  what runs today: each split writes bf16 partials and lse, then a second kernel (one
+//            block per request and head) merges the two with the sink;
+//   cluster  the two splits of a request as a cluster of two CTAs: each sends the half of the
+//            columns the other merges (64 KiB fp32) and its lse into the other's shared memory,
+//            one cluster barrier, then each merges its half and writes it;
+//   store    each CTA writes its half of o, no exchange, no merge: the floor under `cluster` (it
+//            computes only the half it writes, so it is a little cheaper than a real epilogue).
+//
+// Build and run on the GPU machine (nvcc 13.0 there):
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a scripts/probe_cluster_merge.cu -o /tmp/pcm && /tmp/pcm
+// Prints, per B, each variant's CUDA-graph time per call (median of 30 replays of 20 calls) and
+// the float64 check of `combine` and `cluster` (max |o - ref| over max |ref|, lse the same).
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace cg = cooperative_groups;
+
+#define CHECK(x)                                                                          \
+  do {                                                                                    \
+    cudaError_t err_ = (x);                                                               \
+    if (err_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_));  \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+constexpr int H = 64, D = 512, HALF = D / 2, THREADS = 256, PER_THREAD = H * D / THREADS;
+constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+// split s of request b: element e = h * D + d of o (unnormalised values do not matter here)
+__host__ __device__ inline float o_val(int b, int s, int e) {
+  unsigned x = unsigned(e) * 2654435761u + unsigned(s) * 40503u + unsigned(b) * 97u;
+  return float((x >> 20) & 1023u) / 512.0f - 1.0f;
+}
+__host__ __device__ inline float lse_val(int b, int s, int h) { return float((h * 7 + s * 13 + b * 3) % 17) * 0.25f - 2.0f; }
+__host__ __device__ inline float sink_val(int h) { return float(h % 5) * 0.3f - 0.6f; }  // natural log
+
+// thread t holds element e = i * THREADS + t: row i / 2, column t + 256 (i % 2), so warps touch
+// consecutive columns and the even i are the first half of the columns, the odd i the second
+__device__ inline void load_acc(float (&acc)[PER_THREAD], int b, int s) {
+#pragma unroll
+  for (int i = 0; i < PER_THREAD; ++i) acc[i] = o_val(b, s, i * THREADS + threadIdx.x);
+}
+
+// row r's value in column half `half` (a run-time 0 or 1): a select, so acc stays in registers
+__device__ inline float half_of(const float (&acc)[PER_THREAD], int r, int half) {
+  return half ? acc[2 * r + 1] : acc[2 * r];
+}
+
+__global__ void __launch_bounds__(THREADS, 1) write_partials(__nv_bfloat16* o_part, float* lse_part) {
+  const int b = blockIdx.x / 2, s = blockIdx.x % 2, t = threadIdx.x;
+  float acc[PER_THREAD];
+  load_acc(acc, b, s);
+  __nv_bfloat16* out = o_part + size_t(b * 2 + s) * H * D;
+#pragma unroll
+  for (int i = 0; i < PER_THREAD; ++i) out[i * THREADS + t] = __float2bfloat16(acc[i]);
+  if (t < H) lse_part[(b * 2 + s) * H + t] = lse_val(b, s, t);
+}
+
+// one block per (request, head), 128 threads of four columns: the shape of kernel.py's combine
+__global__ void __launch_bounds__(128) combine(const __nv_bfloat16* o_part, const float* lse_part, const float* sink,
+                                               __nv_bfloat16* o, float* lse) {
+  const int b = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
+  const float l0 = lse_part[(b * 2) * H + h], l1 = lse_part[(b * 2 + 1) * H + h], sk = sink[h] * LOG2E;
+  const float top = fmaxf(fmaxf(l0, l1), sk);
+  const float w0 = exp2f(l0 - top), w1 = exp2f(l1 - top), den = w0 + w1 + exp2f(sk - top);
+  const __nv_bfloat162* p0 = reinterpret_cast<const __nv_bfloat162*>(o_part + (size_t(b * 2) * H + h) * D) + t * 2;
+  const __nv_bfloat162* p1 = reinterpret_cast<const __nv_bfloat162*>(o_part + (size_t(b * 2 + 1) * H + h) * D) + t * 2;
+  __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(o + (size_t(b) * H + h) * D) + t * 2;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float2 a = __bfloat1622float2(p0[k]), c = __bfloat1622float2(p1[k]);
+    out[k] = __floats2bfloat162_rn((w0 * a.x + w1 * c.x) / den, (w0 * a.y + w1 * c.y) / den);
+  }
+  if (t == 0) lse[b * H + h] = (top + log2f(den)) * LN2;
+}
+
+// shared memory: the half received [H, HALF] fp32, the peer's lse [H], own lse [H], weights 2 x [H]
+constexpr int RECV = H * HALF, SMEM_FLOATS = RECV + 4 * H;
+
+__global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
+    cluster_merge(const float* sink, __nv_bfloat16* o, float* lse) {
+  extern __shared__ float smem[];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int s = int(cluster.block_rank()), b = blockIdx.x / 2, t = threadIdx.x;
+  float acc[PER_THREAD];
+  load_acc(acc, b, s);
+  float* peer = cluster.map_shared_rank(smem, s ^ 1);
+#pragma unroll
+  for (int r = 0; r < H; ++r) peer[r * HALF + t] = half_of(acc, r, s ^ 1);  // the half the peer merges
+  if (t < H) {
+    const float l = lse_val(b, s, t);
+    peer[RECV + t] = l;
+    smem[RECV + H + t] = l;
+  }
+  cluster.sync();  // release of the stores into the peer, acquire of the peer's into this CTA
+  if (t < H) {
+    const float lp = smem[RECV + t], lo = smem[RECV + H + t], sk = sink[t] * LOG2E;
+    const float top = fmaxf(fmaxf(lo, lp), sk);
+    const float wo = exp2f(lo - top), wp = exp2f(lp - top), den = wo + wp + exp2f(sk - top);
+    smem[RECV + 2 * H + t] = wo / den;
+    smem[RECV + 3 * H + t] = wp / den;
+    if (s == 0) lse[b * H + t] = (top + log2f(den)) * LN2;
+  }
+  __syncthreads();
+  __nv_bfloat16* out = o + size_t(b) * H * D + s * HALF + t;
+#pragma unroll
+  for (int r = 0; r < H; ++r)
+    out[r * D] = __float2bfloat16(half_of(acc, r, s) * smem[RECV + 2 * H + r] + smem[r * HALF + t] * smem[RECV + 3 * H + r]);
+}
+
+__global__ void __launch_bounds__(THREADS, 1) store_half(__nv_bfloat16* o) {
+  const int b = blockIdx.x / 2, s = blockIdx.x % 2, t = threadIdx.x;
+  float acc[PER_THREAD];
+  load_acc(acc, b, s);
+  __nv_bfloat16* out = o + size_t(b) * H * D + s * HALF + t;
+#pragma unroll
+  for (int r = 0; r < H; ++r) out[r * D] = __float2bfloat16(half_of(acc, r, s));
+}
+
+struct Buffers {
+  __nv_bfloat16 *o_part, *o;
+  float *lse_part, *lse, *sink;
+};
+
+static void launch(int variant, int batch, const Buffers& x, cudaStream_t st) {
+  if (variant == 0) {
+    write_partials<<<batch * 2, THREADS, 0, st>>>(x.o_part, x.lse_part);
+    combine<<<dim3(batch, H), 128, 0, st>>>(x.o_part, x.lse_part, x.sink, x.o, x.lse);
+  } else if (variant == 1) {
+    cluster_merge<<<batch * 2, THREADS, SMEM_FLOATS * sizeof(float), st>>>(x.sink, x.o, x.lse);
+  } else {
+    store_half<<<batch * 2, THREADS, 0, st>>>(x.o);
+  }
+  CHECK(cudaGetLastError());
+}
+
+// max |got - ref| / max |ref| of o and lse against the float64 merge
+static void check(int batch, const Buffers& x, double* err_o, double* err_lse) {
+  std::vector<__nv_bfloat16> o(size_t(batch) * H * D);
+  std::vector<float> lse(size_t(batch) * H);
+  CHECK(cudaMemcpy(o.data(), x.o, o.size() * sizeof(o[0]), cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(lse.data(), x.lse, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  double eo = 0, ro = 0, el = 0, rl = 0;
+  for (int b = 0; b < batch; ++b)
+    for (int h = 0; h < H; ++h) {
+      const double l0 = lse_val(b, 0, h), l1 = lse_val(b, 1, h), sk = double(sink_val(h)) / std::log(2.0);
+      const double top = std::max({l0, l1, sk}), w0 = std::exp2(l0 - top), w1 = std::exp2(l1 - top);
+      const double den = w0 + w1 + std::exp2(sk - top), ref_lse = (top + std::log2(den)) * std::log(2.0);
+      el = std::max(el, std::fabs(double(lse[b * H + h]) - ref_lse));
+      rl = std::max(rl, std::fabs(ref_lse));
+      for (int d = 0; d < D; ++d) {
+        const double ref = (w0 * o_val(b, 0, h * D + d) + w1 * o_val(b, 1, h * D + d)) / den;
+        const double got = double(__bfloat162float(o[(size_t(b) * H + h) * D + d]));
+        eo = std::max(eo, std::isfinite(got) ? std::fabs(got - ref) : INFINITY);
+        ro = std::max(ro, std::fabs(ref));
+      }
+    }
+  *err_o = eo / ro;
+  *err_lse = el / rl;
+}
+
+int main() {
+  CHECK(cudaFuncSetAttribute(cluster_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_FLOATS * sizeof(float)));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs; two splits a request, %d heads x %d; per call, median of 30 graph replays of 20 calls\n",
+              prop.name, prop.multiProcessorCount, H, D);
+  const char* names[] = {"combine", "cluster", "store"};
+  const int calls = 20, replays = 30;
+  bool ok = true;
+  for (int batch : {64, 88}) {
+    Buffers x;
+    CHECK(cudaMalloc(&x.o_part, size_t(batch) * 2 * H * D * sizeof(__nv_bfloat16)));
+    CHECK(cudaMalloc(&x.o, size_t(batch) * H * D * sizeof(__nv_bfloat16)));
+    CHECK(cudaMalloc(&x.lse_part, size_t(batch) * 2 * H * sizeof(float)));
+    CHECK(cudaMalloc(&x.lse, size_t(batch) * H * sizeof(float)));
+    CHECK(cudaMalloc(&x.sink, H * sizeof(float)));
+    std::vector<float> sink(H);
+    for (int h = 0; h < H; ++h) sink[h] = sink_val(h);
+    CHECK(cudaMemcpy(x.sink, sink.data(), H * sizeof(float), cudaMemcpyHostToDevice));
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st));
+    for (int v = 0; v < 3; ++v) {
+      CHECK(cudaMemset(x.o, 0xff, size_t(batch) * H * D * sizeof(__nv_bfloat16)));  // NaN-poisoned
+      CHECK(cudaMemset(x.lse, 0xff, size_t(batch) * H * sizeof(float)));
+      launch(v, batch, x, st);
+      CHECK(cudaStreamSynchronize(st));
+      double err_o = 0, err_lse = 0;
+      if (v < 2) {
+        check(batch, x, &err_o, &err_lse);
+        ok &= err_o <= 1e-2 && err_lse <= 1e-5;
+      }
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      for (int c = 0; c < calls; ++c) launch(v, batch, x, st);
+      CHECK(cudaStreamEndCapture(st, &graph));
+      CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      CHECK(cudaGraphLaunch(exec, st));  // warm-up
+      cudaEvent_t e0, e1;
+      CHECK(cudaEventCreate(&e0));
+      CHECK(cudaEventCreate(&e1));
+      std::vector<float> us;
+      for (int r = 0; r < replays; ++r) {
+        CHECK(cudaEventRecord(e0, st));
+        CHECK(cudaGraphLaunch(exec, st));
+        CHECK(cudaEventRecord(e1, st));
+        CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        us.push_back(ms * 1e3f / calls);
+      }
+      std::sort(us.begin(), us.end());
+      std::printf("B %3d  %-8s %7.2f us", batch, names[v], us[us.size() / 2]);
+      if (v < 2) std::printf("   o err %.2e  lse err %.2e%s", err_o, err_lse, err_o <= 1e-2 && err_lse <= 1e-5 ? "" : "  FAIL");
+      std::printf("\n");
+      CHECK(cudaGraphExecDestroy(exec));
+      CHECK(cudaGraphDestroy(graph));
+    }
+    CHECK(cudaFree(x.o_part));
+    CHECK(cudaFree(x.o));
+    CHECK(cudaFree(x.lse_part));
+    CHECK(cudaFree(x.lse));
+    CHECK(cudaFree(x.sink));
+    CHECK(cudaStreamDestroy(st));
+  }
+  std::printf(ok ? "check: both merges match the float64 reference\n" : "check: FAILED\n");
+  return ok ? 0 : 1;
+}
