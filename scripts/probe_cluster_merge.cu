@@ -10,13 +10,13 @@
 //   cluster  the two splits of a request as a cluster of two CTAs: each sends the half of the
 //            columns the other merges (64 KiB fp32) and its lse into the other's shared memory,
 //            one cluster barrier, then each merges its half and writes it;
-//   store    each CTA writes its half of o, no exchange, no merge: the floor under `cluster` (it
-//            computes only the half it writes, so it is a little cheaper than a real epilogue).
+//   store    each CTA writes its half of o, no exchange, no merge: the floor under `cluster`.
 //
 // Build and run on the GPU machine (nvcc 13.0 there):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a scripts/probe_cluster_merge.cu -o /tmp/pcm && /tmp/pcm
 // Prints, per B, each variant's CUDA-graph time per call (median of 30 replays of 20 calls) and
-// the float64 check of `combine` and `cluster` (max |o - ref| over max |ref|, lse the same).
+// the float64 check of `combine` and `cluster` (max |o - ref| over max |ref|, lse the same; an
+// unwritten NaN counts as infinite), before and after the replays; exits 1 if a check fails.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -49,16 +49,38 @@ __host__ __device__ inline float o_val(int b, int s, int e) {
 __host__ __device__ inline float lse_val(int b, int s, int h) { return float((h * 7 + s * 13 + b * 3) % 17) * 0.25f - 2.0f; }
 __host__ __device__ inline float sink_val(int h) { return float(h % 5) * 0.3f - 0.6f; }  // natural log
 
-// thread t holds element e = i * THREADS + t: row i / 2, column t + 256 (i % 2), so warps touch
-// consecutive columns and the even i are the first half of the columns, the odd i the second
+// thread t holds columns 4v .. 4v + 3 of both halves (v = t % 64) in rows g, g + 4, .., g + 60
+// (g = t / 64): acc[(rr * 2 + half) * 4 + k] is row g + 4 rr, column half * 256 + 4v + k. A warp
+// writes 256 contiguous bytes of a row in bf16 (8 a thread), 512 in fp32; the values are pinned in
+// registers (an empty asm), as a loop's accumulator would be, so none is recomputed at its use.
+constexpr int ROWS_PER_THREAD = H / 4;
+__device__ inline int row_of(int rr) { return threadIdx.x / 64 + 4 * rr; }
+__device__ inline int col_of(int half) { return half * HALF + 4 * (threadIdx.x % 64); }
+
 __device__ inline void load_acc(float (&acc)[PER_THREAD], int b, int s) {
 #pragma unroll
-  for (int i = 0; i < PER_THREAD; ++i) acc[i] = o_val(b, s, i * THREADS + threadIdx.x);
+  for (int rr = 0; rr < ROWS_PER_THREAD; ++rr)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float& a = acc[(rr * 2 + half) * 4 + k];
+        a = o_val(b, s, row_of(rr) * D + col_of(half) + k);
+        asm volatile("" : "+f"(a));
+      }
 }
 
-// row r's value in column half `half` (a run-time 0 or 1): a select, so acc stays in registers
-__device__ inline float half_of(const float (&acc)[PER_THREAD], int r, int half) {
-  return half ? acc[2 * r + 1] : acc[2 * r];
+// row rr's four values in column half `half` (a run-time 0 or 1): selects, so acc stays in registers
+__device__ inline float4 half_of(const float (&acc)[PER_THREAD], int rr, int half) {
+  const float* lo = &acc[(rr * 2) * 4];
+  const float* hi = &acc[(rr * 2 + 1) * 4];
+  return half ? make_float4(hi[0], hi[1], hi[2], hi[3]) : make_float4(lo[0], lo[1], lo[2], lo[3]);
+}
+
+__device__ inline void store4(__nv_bfloat16* p, float4 v) {
+  __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), c = __floats2bfloat162_rn(v.z, v.w);
+  uint2 packed = make_uint2(*reinterpret_cast<unsigned*>(&a), *reinterpret_cast<unsigned*>(&c));
+  *reinterpret_cast<uint2*>(p) = packed;  // 8 bytes
 }
 
 __global__ void __launch_bounds__(THREADS, 1) write_partials(__nv_bfloat16* o_part, float* lse_part) {
@@ -67,7 +89,9 @@ __global__ void __launch_bounds__(THREADS, 1) write_partials(__nv_bfloat16* o_pa
   load_acc(acc, b, s);
   __nv_bfloat16* out = o_part + size_t(b * 2 + s) * H * D;
 #pragma unroll
-  for (int i = 0; i < PER_THREAD; ++i) out[i * THREADS + t] = __float2bfloat16(acc[i]);
+  for (int rr = 0; rr < ROWS_PER_THREAD; ++rr)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) store4(out + row_of(rr) * D + col_of(half), half_of(acc, rr, half));
   if (t < H) lse_part[(b * 2 + s) * H + t] = lse_val(b, s, t);
 }
 
@@ -94,14 +118,20 @@ constexpr int RECV = H * HALF, SMEM_FLOATS = RECV + 4 * H;
 
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
     cluster_merge(const float* sink, __nv_bfloat16* o, float* lse) {
-  extern __shared__ float smem[];
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
   cg::cluster_group cluster = cg::this_cluster();
   const int s = int(cluster.block_rank()), b = blockIdx.x / 2, t = threadIdx.x;
+  // the peer must have started before its shared memory is written: arrive now, wait at the
+  // first remote store, so the wait overlaps the accumulator's set-up
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
   float acc[PER_THREAD];
   load_acc(acc, b, s);
   float* peer = cluster.map_shared_rank(smem, s ^ 1);
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 #pragma unroll
-  for (int r = 0; r < H; ++r) peer[r * HALF + t] = half_of(acc, r, s ^ 1);  // the half the peer merges
+  for (int rr = 0; rr < ROWS_PER_THREAD; ++rr)  // the half the peer merges, 16 bytes a store
+    *reinterpret_cast<float4*>(peer + row_of(rr) * HALF + 4 * (t % 64)) = half_of(acc, rr, s ^ 1);
   if (t < H) {
     const float l = lse_val(b, s, t);
     peer[RECV + t] = l;
@@ -117,19 +147,24 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
     if (s == 0) lse[b * H + t] = (top + log2f(den)) * LN2;
   }
   __syncthreads();
-  __nv_bfloat16* out = o + size_t(b) * H * D + s * HALF + t;
+  __nv_bfloat16* out = o + size_t(b) * H * D;
 #pragma unroll
-  for (int r = 0; r < H; ++r)
-    out[r * D] = __float2bfloat16(half_of(acc, r, s) * smem[RECV + 2 * H + r] + smem[r * HALF + t] * smem[RECV + 3 * H + r]);
+  for (int rr = 0; rr < ROWS_PER_THREAD; ++rr) {
+    const int r = row_of(rr);
+    const float wo = smem[RECV + 2 * H + r], wp = smem[RECV + 3 * H + r];
+    const float4 a = half_of(acc, rr, s), c = *reinterpret_cast<const float4*>(smem + r * HALF + 4 * (t % 64));
+    store4(out + r * D + col_of(s),
+           make_float4(a.x * wo + c.x * wp, a.y * wo + c.y * wp, a.z * wo + c.z * wp, a.w * wo + c.w * wp));
+  }
 }
 
 __global__ void __launch_bounds__(THREADS, 1) store_half(__nv_bfloat16* o) {
-  const int b = blockIdx.x / 2, s = blockIdx.x % 2, t = threadIdx.x;
+  const int b = blockIdx.x / 2, s = blockIdx.x % 2;
   float acc[PER_THREAD];
   load_acc(acc, b, s);
-  __nv_bfloat16* out = o + size_t(b) * H * D + s * HALF + t;
+  __nv_bfloat16* out = o + size_t(b) * H * D;
 #pragma unroll
-  for (int r = 0; r < H; ++r) out[r * D] = __float2bfloat16(half_of(acc, r, s));
+  for (int rr = 0; rr < ROWS_PER_THREAD; ++rr) store4(out + row_of(rr) * D + col_of(s), half_of(acc, rr, s));
 }
 
 struct Buffers {
@@ -161,7 +196,8 @@ static void check(int batch, const Buffers& x, double* err_o, double* err_lse) {
       const double l0 = lse_val(b, 0, h), l1 = lse_val(b, 1, h), sk = double(sink_val(h)) / std::log(2.0);
       const double top = std::max({l0, l1, sk}), w0 = std::exp2(l0 - top), w1 = std::exp2(l1 - top);
       const double den = w0 + w1 + std::exp2(sk - top), ref_lse = (top + std::log2(den)) * std::log(2.0);
-      el = std::max(el, std::fabs(double(lse[b * H + h]) - ref_lse));
+      const double got_lse = double(lse[b * H + h]);
+      el = std::max(el, std::isfinite(got_lse) ? std::fabs(got_lse - ref_lse) : INFINITY);
       rl = std::max(rl, std::fabs(ref_lse));
       for (int d = 0; d < D; ++d) {
         const double ref = (w0 * o_val(b, 0, h * D + d) + w1 * o_val(b, 1, h * D + d)) / den;
@@ -201,10 +237,7 @@ int main() {
       launch(v, batch, x, st);
       CHECK(cudaStreamSynchronize(st));
       double err_o = 0, err_lse = 0;
-      if (v < 2) {
-        check(batch, x, &err_o, &err_lse);
-        ok &= err_o <= 1e-2 && err_lse <= 1e-5;
-      }
+      if (v < 2) check(batch, x, &err_o, &err_lse);
       cudaGraph_t graph;
       cudaGraphExec_t exec;
       CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -227,8 +260,17 @@ int main() {
       }
       std::sort(us.begin(), us.end());
       std::printf("B %3d  %-8s %7.2f us", batch, names[v], us[us.size() / 2]);
-      if (v < 2) std::printf("   o err %.2e  lse err %.2e%s", err_o, err_lse, err_o <= 1e-2 && err_lse <= 1e-5 ? "" : "  FAIL");
+      if (v < 2) {  // checked again on what the last replay wrote
+        double after_o = 0, after_lse = 0;
+        check(batch, x, &after_o, &after_lse);
+        const bool good = std::max(err_o, after_o) <= 1e-2 && std::max(err_lse, after_lse) <= 1e-5;
+        ok &= good;
+        std::printf("   o err %.2e (after the replays %.2e)  lse err %.2e (%.2e)%s", err_o, after_o, err_lse,
+                    after_lse, good ? "" : "  FAIL");
+      }
       std::printf("\n");
+      CHECK(cudaEventDestroy(e0));
+      CHECK(cudaEventDestroy(e1));
       CHECK(cudaGraphExecDestroy(exec));
       CHECK(cudaGraphDestroy(graph));
     }

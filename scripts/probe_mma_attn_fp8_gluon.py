@@ -141,7 +141,10 @@ def gluon_call(*args, tiles: kernel.Tiles, variant: str = "loop"):
 def merges(variant: str, nsplit: int) -> bool:
     """Whether `variant` merges `nsplit` splits in the loop's last program (no combine launch)."""
     on = VARIANTS[variant.split("@")[0]]
-    return bool(on["GLUON_FP8_MERGE_IN_KERNEL"] or (on.get("GLUON_WS_MERGE_IN_KERNEL") and nsplit > 1))
+    if on["GLUON_FP8_MERGE_IN_KERNEL"]:
+        return True
+    with switches(**on):  # the dispatch's own rule, under the variant's switches
+        return kernel.ws_merge(nsplit)
 
 
 def counts_at_zero() -> bool:

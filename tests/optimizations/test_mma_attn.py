@@ -490,31 +490,41 @@ def test_ws_merge_rides_the_warp_specialised_loops_only_at_the_split_counts_allo
     monkeypatch.setattr(kernel, "bf16_engine", lambda *a: "gluon-ws")
     p = kernel.plan(x[0], rows, x[2], rows, x[4])
     assert (p.engine, p.nsplit, p.merge_in_kernel) == ("gluon-ws", 2, True)
+    monkeypatch.setattr(kernel, "GLUON_WS_MERGE_IN_KERNEL", False)
+    assert not kernel.plan(x[0], rows, x[2], rows, x[4]).merge_in_kernel
 
 
+@pytest.mark.parametrize("engine", ["gluon-ws", "gluon-fp8-ws"])
 @pytest.mark.parametrize("merge", [False, True])
-def test_mma_attention_hands_a_merging_loop_its_outputs_and_launches_no_combine(monkeypatch, merge):
-    """The warp-specialised loop gets (sink, o, lse, the [2, B] counts) and writes o and lse
-    itself when the plan merges in the kernel; otherwise it gets no merge and the combine runs."""
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws
+def test_mma_attention_hands_a_merging_loop_its_outputs_and_launches_no_combine(monkeypatch, merge, engine):
+    """The warp-specialised loop of the layout (bf16 rows or FP8) gets (sink, o, lse, the [2, B]
+    counts) and writes o and lse itself when the plan merges in the kernel, with bf16 partials
+    even where GLUON_WS_BF16_PARTIALS is off (the merge reads bf16); otherwise it gets no merge,
+    the partials that switch says, and the combine runs."""
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws, kernel_gluon_fp8_ws
 
-    x = make_inputs(AttnCase(2, 512, "all", layout="bf16"), "cpu", torch.bfloat16)
+    fp8 = engine == "gluon-fp8-ws"
+    x = make_inputs(AttnCase(2, 512, "all", layout="fp8" if fp8 else "bf16"), "cpu", torch.bfloat16)
     tiles = kernel.Tiles(64, 64, 2, 8, 2)
     monkeypatch.setattr(kernel, "_INTERPRETED", True)  # past the CPU guard: only recorders run here
-    monkeypatch.setattr(kernel, "plan", lambda *a: kernel.Plan("gluon-ws", tiles, 320, 2, merge_in_kernel=merge))
+    monkeypatch.setattr(kernel, "plan", lambda *a: kernel.Plan(engine, tiles, 320, 2, merge_in_kernel=merge))
     monkeypatch.setattr(kernel, "merge_counts", lambda b, dev, rows=1: torch.zeros(rows, b, dtype=torch.int32))
+    monkeypatch.setattr(kernel, "GLUON_WS_BF16_PARTIALS", False)
     launched, combined = [], []
-    monkeypatch.setattr(kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_partials",
-                        lambda *a, **k: launched.append((a, k)))
+    module, name = ((kernel_gluon_fp8_ws, "gluon_fp8_ws_sparse_decode_partials") if fp8
+                    else (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_partials"))
+    monkeypatch.setattr(module, name, lambda *a, **k: launched.append((a, k)))
     monkeypatch.setattr(kernel, "combine_splits", lambda *a: combined.append(a))
     o, lse = kernel.mma_attention(*x.args())
     (args, kw), = launched
     assert args[7].shape == (2, 2, 64, 512) and args[9:11] == (320, 2)  # o_part, chunk, splits
+    assert args[7].dtype == (torch.bfloat16 if merge else torch.float32)
     if merge:
         sink, o_given, lse_given, counts = kw["merge"]
         assert sink is x.sink and o_given is o and lse_given is lse and counts.shape == (2, 2) and not combined
     else:
         assert kw["merge"] is None and len(combined) == 1 and combined[0][3] is o
+
 
 def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
     """The GPU probe's variants name switches kernel.py has (a misspelt one would set nothing),
@@ -614,8 +624,10 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batc
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs CUDA's nvcc (no GPU needed)")
 def test_the_cluster_merge_probe_compiles_for_sm90a_without_spills(tmp_path):
     """scripts/probe_cluster_merge.cu, the price of merging two splits through a cluster's shared
-    memory, builds for sm_90a as its header says, keeps every accumulator in registers (no stack),
-    and its merge is a cluster one: the peer's shared memory mapped, the cluster barrier used."""
+    memory, builds for sm_90a as its header says; the three kernels that start from a split's
+    accumulator hold its 128 values a thread in registers (at least 128 registers, no stack), and
+    the merge is a cluster one: the peer's shared memory mapped, the cluster barrier used."""
+    import re
     import subprocess
     from pathlib import Path
 
@@ -626,6 +638,10 @@ def test_the_cluster_merge_probe_compiles_for_sm90a_without_spills(tmp_path):
     assert built.returncode == 0, built.stderr[-2000:]
     frames = [line for line in built.stderr.splitlines() if "stack frame" in line]
     assert len(frames) == 4 and all(line.strip().startswith("0 bytes stack frame, 0 bytes spill") for line in frames)
+    names = re.findall(r"Compiling entry function '_Z\d+(\w+?)P", built.stderr)
+    regs = dict(zip(names, map(int, re.findall(r"Used (\d+) registers", built.stderr))))
+    assert set(regs) == {"write_partials", "combine", "cluster_merge", "store_half"}, regs
+    assert all(regs[k] >= 128 for k in ("write_partials", "cluster_merge", "store_half")), regs
     ptx = subprocess.run(["nvcc", *arch, "-ptx", str(src), "-o", str(tmp_path / "pcm.ptx")], capture_output=True,
                          text=True, timeout=300)
     assert ptx.returncode == 0, ptx.stderr[-2000:]

@@ -247,7 +247,8 @@ def _store_or_merge(ring, q_smem, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ti
     resident and past their loop. Ordering: a partition barrier puts every thread's partial stores
     before the one-thread release add; the spinning thread's acquire comes before the barrier
     after which any thread reads another program's partials (through L2: lse by .cg loads, o by
-    cp.async)."""
+    cp.async). That barrier is the one Triton's lowering of a scalar atomic puts between the one
+    thread's load and the broadcast of its result (checked in the PTX for sm_90a, Triton 3.6)."""
     gl.static_assert(NSPLIT > 1)
     gl.static_assert(p_o_part.dtype.element_ty == gl.bfloat16)  # one split's partial fits q's buffer
     ticket = gl.atomic_add(p_ticket + i_b, 1, sem="relaxed", scope="gpu")
