@@ -498,9 +498,9 @@ def merge_counts(batch: int, device: torch.device, rows: int = 1) -> torch.Tenso
     """[batch] (or [rows, batch]) int32 zeros: the in-kernel merge's counts per request
     (kernel_gluon_fp8's finished programs; the warp-specialised loops' tickets and stored splits).
 
-    Allocated and zeroed once per (device, batch), outside any graph capture, then kept at zero by
-    the kernel (each request's last program puts its count back), so neither an eager call nor a
-    graph replay pays a memset launch. Its first allocation waits for the memset (once), so a launch
+    Allocated and zeroed once per (device, batch, rows), outside any graph capture, then kept at
+    zero by the kernel (each request's last program puts its count back), so neither an eager call
+    nor a graph replay pays a memset launch. Its first allocation waits for the memset (once), so a launch
     on another stream cannot see it unzeroed. Under a capture with none cached yet, a fresh
     torch.zeros instead: the capture records the memset and every replay zeroes its own buffer.
     Launches of one batch size on concurrent streams would share the counts: the model's decode
@@ -621,7 +621,8 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
 
-        launch = gluon_fp8_ws_sparse_decode_partials if p.engine == "gluon-fp8-ws" else gluon_bf16_ws_sparse_decode_partials
+        fp8 = p.engine == "gluon-fp8-ws"
+        launch = gluon_fp8_ws_sparse_decode_partials if fp8 else gluon_bf16_ws_sparse_decode_partials
         merge = (sink, o, lse, merge_counts(B, q.device, rows=2)) if p.merge_in_kernel else None
         launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, o_part, lse_part, p.chunk,
                p.nsplit, scale, staged=staged, merge=merge)
