@@ -1,0 +1,207 @@
+"""FlashMLA's Hopper sparse FP8 decode at DeepSeek-V4-Flash's shape, beside mma-attn, in one run.
+
+Issue 13 names FlashMLA's sparse decode as the anchor to beat. Its Hopper kernel reads the MODEL1
+FP8 layout, which is byte for byte the layout `dsv4opt/workload/kvcache.py` stores (SGLang's), and
+has a 64-head instance with a second ("extra") cache, so it runs on the very inputs of `dsv4opt
+bench mma-attn --kv fp8`: the window cache as its main cache, the compressed cache as the extra one,
+the same rotating input sets over the same 4 GB pool, the same CUDA-graph medians.
+
+    FLASHMLA=... CUTLASS=... bash scripts/anchor_flashmla/build.sh        # here: nvcc, no GPU
+    PYTHONPATH=. python3 scripts/bench_flashmla_anchor.py --json OUT.json  # on the H200
+
+The library is FlashMLA's own decode kernel, scheduler and combine behind scripts/anchor_flashmla/
+shim.cu. Its scheduler metadata is computed once per input set, outside the timed calls, as
+FlashMLA's interface expects (once per decoding step, shared by the layers). Both kernels are
+checked against a float64 reference on the first input set of each batch before anything is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dsv4opt.optimizations.mma_attn import bench  # noqa: E402
+
+HEAD_DIM_V = 512
+TOL = 1e-2  # relative, as the mma-attn gate in bf16
+
+
+class AnchorArgs(ctypes.Structure):
+    """shim.cu's AnchorArgs, field for field."""
+
+    _fields_ = [
+        ("b", ctypes.c_int), ("h_q", ctypes.c_int), ("num_sm_parts", ctypes.c_int), ("sm_scale", ctypes.c_float),
+        ("q", ctypes.c_void_p), ("stride_q_b", ctypes.c_int), ("stride_q_h", ctypes.c_int),
+        ("kv", ctypes.c_void_p), ("num_blocks", ctypes.c_int), ("page_block_size", ctypes.c_int),
+        ("stride_kv_block", ctypes.c_int), ("topk", ctypes.c_int),
+        ("indices", ctypes.c_void_p), ("stride_indices_b", ctypes.c_int), ("topk_length", ctypes.c_void_p),
+        ("extra_kv", ctypes.c_void_p), ("extra_num_blocks", ctypes.c_int), ("extra_page_block_size", ctypes.c_int),
+        ("stride_extra_kv_block", ctypes.c_int), ("extra_topk", ctypes.c_int),
+        ("extra_indices", ctypes.c_void_p), ("stride_extra_indices_b", ctypes.c_int),
+        ("extra_topk_length", ctypes.c_void_p),
+        ("sink", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("out", ctypes.c_void_p),
+        ("lse_accum", ctypes.c_void_p), ("o_accum", ctypes.c_void_p), ("sched", ctypes.c_void_p),
+        ("num_splits", ctypes.c_void_p), ("stream", ctypes.c_void_p),
+    ]
+
+
+class FlashMLA:
+    """One batch size's calls into the library: buffers shared by the input sets, metadata per set."""
+
+    def __init__(self, lib, batch: int, swa, extra, sets: list[tuple], scale: float):
+        self.lib, self.sets = lib, sets
+        parts = torch.cuda.get_device_properties(0).multi_processor_count  # get_meta: SMs / s_q / (h_q / 64)
+        meta_ints = lib.anchor_sched_meta_size() // 4
+        dev = "cuda"
+        self.out = torch.empty(batch, bench.HEADS, HEAD_DIM_V, device=dev, dtype=torch.bfloat16)
+        self.lse = torch.empty(batch, bench.HEADS, device=dev)
+        self.lse_accum = torch.empty(batch + parts, bench.HEADS, device=dev)
+        self.o_accum = torch.empty(batch + parts, bench.HEADS, HEAD_DIM_V, device=dev)
+        self.keep, self.args = [], []
+        for q, swa_idx, swa_len, idx, lengths, sink in sets:
+            sched = torch.empty(parts, meta_ints, device=dev, dtype=torch.int32)
+            splits = torch.empty(batch + 1, device=dev, dtype=torch.int32)
+            sink = sink.float().contiguous()
+            a = AnchorArgs(
+                batch, bench.HEADS, parts, scale,
+                q.data_ptr(), q.stride(0), q.stride(1),
+                swa.data.data_ptr(), swa.data.shape[0], swa.layout.page_size, swa.data.stride(0), swa_idx.shape[1],
+                swa_idx.data_ptr(), swa_idx.stride(0), swa_len.data_ptr(),
+                extra.data.data_ptr(), extra.data.shape[0], extra.layout.page_size, extra.data.stride(0), idx.shape[1],
+                idx.data_ptr(), idx.stride(0), lengths.data_ptr(),
+                sink.data_ptr(), self.lse.data_ptr(), self.out.data_ptr(),
+                self.lse_accum.data_ptr(), self.o_accum.data_ptr(), sched.data_ptr(), splits.data_ptr(), None,
+            )
+            a.stream = torch.cuda.current_stream().cuda_stream
+            if lib.anchor_sched(ctypes.byref(a)) != 0:
+                raise SystemExit("FlashMLA's scheduler failed (message above)")
+            self.keep.append((sched, splits, sink))
+            self.args.append(a)
+        torch.cuda.synchronize()
+        self.turn = 0
+
+    def call(self, i: int | None = None):
+        """FlashMLA on input set i (the next one in turn when None), on the current stream."""
+        if i is None:
+            i, self.turn = self.turn, (self.turn + 1) % len(self.args)
+        a = self.args[i]
+        a.stream = torch.cuda.current_stream().cuda_stream
+        if self.lib.anchor_decode(ctypes.byref(a)) != 0:
+            raise RuntimeError("FlashMLA's decode failed (message above)")
+        return self.out, self.lse
+
+
+def reference(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale):
+    """float64 attention over both caches with the sink: o, and lse without the sink (FlashMLA's)."""
+    def rows(cache, ind, n):
+        used = torch.arange(ind.shape[1], device=ind.device)[None, :] < n[:, None]
+        used &= ind >= 0
+        r = cache.read(ind.clamp(min=0).reshape(-1), torch.float64).view(*ind.shape, -1)
+        return r, used
+
+    r1, u1 = rows(swa, swa_idx, swa_len)
+    r2, u2 = rows(extra, idx, lengths)
+    r, used = torch.cat([r1, r2], 1), torch.cat([u1, u2], 1)
+    s = torch.einsum("bhd,bkd->bhk", q.double(), r) * scale
+    s = s.masked_fill(~used[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    total = torch.logaddexp(lse, sink.double()[None, :])
+    o = torch.einsum("bhk,bkd->bhd", torch.exp(s - total[..., None]), r[..., :HEAD_DIM_V])
+    return o, lse
+
+
+def rel_err(got, want) -> float:
+    got, want = got.double(), want.double()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lib", default=str(ROOT / ".anchor" / "libflashmla_anchor.so"))
+    ap.add_argument("--batch", default="1,16,32,64")
+    ap.add_argument("--pool-gb", type=float, default=bench.POOL_GB)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    if not os.path.exists(args.lib):
+        raise SystemExit(f"{args.lib} not found: build it with scripts/anchor_flashmla/build.sh")
+    lib = ctypes.CDLL(args.lib)
+    lib.anchor_sched.argtypes = lib.anchor_decode.argtypes = [ctypes.POINTER(AnchorArgs)]
+    from dsv4opt.optimizations.mma_attn.kernel import mma_attention, plan
+    from dsv4opt.workload.kvcache import KVCache
+
+    copy_gbps, tflops = bench.copy_bandwidth_gbps(), bench.matmul_tflops()
+    print(f"{torch.cuda.get_device_name()}: copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    layout = bench._layout("fp8", bench.EXTRA_PAGE)
+    pages = int(args.pool_gb * 2**30) // (layout.token_bytes * bench.EXTRA_PAGE)
+    extra = KVCache.allocate(layout, pages, torch.bfloat16, "cuda")
+    extra.fill_random(gen)
+    scale = bench.DIM**-0.5
+    rows = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        swa = KVCache.allocate(bench._layout("fp8", bench.WINDOW_PAGE), batch, torch.bfloat16, "cuda")
+        swa.fill_random(gen)
+        sets = bench.input_sets(batch, swa, extra, gen)
+        fm = FlashMLA(lib, batch, swa, extra, sets, scale)
+        # Correctness on the first set, outputs NaN-poisoned first.
+        o_ref, lse_ref = reference(sets[0][0], swa, *sets[0][1:3], extra, *sets[0][3:], scale)
+        fm.out.fill_(float("nan"))
+        fm.lse.fill_(float("nan"))
+        o_fm, lse_fm = fm.call(0)
+        torch.cuda.synchronize()
+        err_fm = (rel_err(o_fm, o_ref), rel_err(lse_fm, lse_ref))
+        o_mma, _ = mma_attention(sets[0][0], swa, *sets[0][1:3], extra, *sets[0][3:], scale)
+        err_mma = rel_err(o_mma, o_ref)
+        ok = max(err_fm) <= TOL and err_mma <= TOL
+        print(f"B = {batch}: {len(sets)} input sets; rel err FlashMLA o {err_fm[0]:.2e} lse {err_fm[1]:.2e}, "
+              f"mma-attn o {err_mma:.2e}", flush=True)
+        if not ok:
+            print(f"B = {batch}: a kernel is off the float64 reference (tolerance {TOL}); not timed", flush=True)
+            rows.append({"batch": batch, "check": False, "err_flashmla": err_fm, "err_mma_o": err_mma})
+            continue
+        fm_ms = bench.median_graph_ms(lambda: fm.call())
+        mma_ms = bench.median_graph_ms(bench.rotating(mma_attention, swa, extra, sets, scale))
+        q, swa_idx, _, idx = sets[0][:4]
+        unique = int(torch.unique(swa_idx).numel()) + int(torch.unique(idx).numel())
+        moved = unique * layout.token_bytes + 2 * q.numel() * q.element_size()
+        flops = 2 * 2 * batch * bench.HEADS * (bench.TOPK + bench.WINDOW) * bench.DIM
+        roof_us = max(moved / (copy_gbps * 1e9), flops / (tflops * 1e12)) * 1e6
+        row = {
+            "batch": batch, "check": True, "input_sets": len(sets),
+            "err_flashmla": err_fm, "err_mma_o": err_mma,
+            "flashmla_us": fm_ms * 1e3, "mma_attn_us": mma_ms * 1e3,
+            "mma_attn_loop": plan(q, swa, swa_idx, extra, idx).engine,
+            "roofline_us": roof_us, "flashmla_of_roofline": roof_us / (fm_ms * 1e3),
+            "mma_attn_of_roofline": roof_us / (mma_ms * 1e3), "mma_attn_x_flashmla": fm_ms / mma_ms,
+        }
+        rows.append(row)
+        print(f"B = {batch}: FlashMLA {row['flashmla_us']:.1f} µs ({row['flashmla_of_roofline']:.1%} of the roofline), "
+              f"mma-attn {row['mma_attn_us']:.1f} µs ({row['mma_attn_of_roofline']:.1%}); "
+              f"mma-attn {row['mma_attn_x_flashmla']:.2f}x FlashMLA", flush=True)
+    out = {"device": torch.cuda.get_device_name(), "commit": os.environ.get("DSV4OPT_COMMIT", "unknown"),
+           "copy_gbps": copy_gbps, "matmul_tflops": tflops,
+           "shape": {"heads": bench.HEADS, "dim": bench.DIM, "topk": bench.TOPK, "window": bench.WINDOW, "kv": "fp8"},
+           "flashmla": "deepseek-ai/FlashMLA@9241ae3, sm90 sparse_fp8 MODEL1 h64 + combine", "rows": rows}
+    if args.json:
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=1)
+        os.replace(tmp, args.json)
+    return 0 if all(r["check"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
