@@ -1,0 +1,86 @@
+"""scripts/bench_flashmla_anchor.py: the ctypes side matches shim.cu's struct, and its float64
+reference agrees with the baseline's torch path (the reference the anchor's check relies on)."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("bench_flashmla_anchor", ROOT / "scripts/bench_flashmla_anchor.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _c_struct_fields(src: str, name: str) -> list[tuple[str, type]]:
+    """(field, ctypes type) in declaration order from a plain C struct of ints, floats and pointers."""
+    body = re.search(r"struct " + name + r" \{(.*?)\};", src, re.S).group(1)
+    body = re.sub(r"//[^\n]*", "", body)
+    fields = []
+    for decl in filter(None, (d.strip() for d in body.split(";"))):
+        ctype, names = re.match(r"(int|float|void)\s*(.*)", decl, re.S).groups()
+        for n in names.split(","):
+            n = n.strip()
+            pointer = n.startswith("*")
+            fields.append((n.lstrip("* "), ctypes.c_void_p if pointer else {"int": ctypes.c_int, "float": ctypes.c_float}[ctype]))
+    return fields
+
+
+def test_anchor_args_match_the_shims_struct_field_for_field():
+    """A field out of order would hand FlashMLA a wrong pointer: names, order and types must agree."""
+    src = (ROOT / "scripts/anchor_flashmla/shim.cu").read_text()
+    want = _c_struct_fields(src, "AnchorArgs")
+    got = [(n, t) for n, t in _script().AnchorArgs._fields_]
+    assert len(want) == 31 and got == want
+
+
+def test_the_struct_reader_sees_a_reordered_field():
+    """The comparison above can fail: swapping two declarations changes what the reader returns."""
+    src = (ROOT / "scripts/anchor_flashmla/shim.cu").read_text()
+    swapped = src.replace("    float *lse;       // [b, h_q]\n    void *out;", "    void *out;\n    float *lse;       // [b, h_q]")
+    assert swapped != src
+    assert _c_struct_fields(swapped, "AnchorArgs") != [(n, t) for n, t in _script().AnchorArgs._fields_]
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_reference_agrees_with_the_baselines_torch_path(short):
+    """o with the sink, lse without it (FlashMLA's convention), against the baseline's torch path
+    over SGLang's FP8 layout: window and compressed cache, some slots unused, one -1 index."""
+    from dsv4opt.workload.attention.sm120 import merge_partials, sparse_decode_sm120
+    from dsv4opt.workload.attention.torch_path import sparse_decode_torch
+    from dsv4opt.workload.kvcache import KVCache, KVLayout
+
+    mod = _script()
+    gen = torch.Generator().manual_seed(3)
+    B, H, D = 3, 4, 512
+    swa = KVCache.allocate(KVLayout(True, 448, 64, 64, 16), 4, torch.bfloat16, "cpu")
+    extra = KVCache.allocate(KVLayout(True, 448, 64, 64, 8), 8, torch.bfloat16, "cpu")
+    swa.fill_random(gen)
+    extra.fill_random(gen)
+    q = torch.randn(B, H, D, generator=gen).to(torch.bfloat16)
+    swa_idx = torch.randint(0, swa.tokens, (B, 8), generator=gen, dtype=torch.int32)
+    idx = torch.randint(0, extra.tokens, (B, 16), generator=gen, dtype=torch.int32)
+    idx[1, 2] = -1
+    swa_len = torch.tensor([8, 5, 8], dtype=torch.int32)
+    lengths = torch.tensor([16, 16, 3] if short else [16, 16, 16], dtype=torch.int32)
+    sink = torch.randn(H, generator=gen)
+    scale = D**-0.5
+
+    o_ref, lse_ref = mod.reference(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale)
+    o_base, _ = sparse_decode_sm120(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale)
+    _, lse_base = merge_partials(*sparse_decode_torch(q, swa, swa_idx, swa_len, scale),
+                                 *sparse_decode_torch(q, extra, idx, lengths, scale))
+    assert mod.rel_err(o_base, o_ref) < 1e-2
+    assert mod.rel_err(lse_base, lse_ref) < 1e-5
+    # and the check would see a sink left out of o
+    o_nosink = mod.reference(q, swa, swa_idx, swa_len, extra, idx, lengths, torch.full((H,), -1e4), scale)[0]
+    assert mod.rel_err(o_nosink, o_ref) > 1e-2
