@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build .anchor/libflashmla_anchor.so: FlashMLA's Hopper sparse FP8 decode (MODEL1, 64 heads), its
+# Build .anchor/libflashmla_anchor.so: FlashMLA's Hopper sparse FP8 decode (MODEL1, 64 and 128 heads), its
 # scheduler and its combine, behind shim.cu's C ABI. FlashMLA's sources are not in this tree:
 #   FLASHMLA=<checkout of deepseek-ai/FlashMLA at 9241ae3> CUTLASS=<NVIDIA/cutlass at 147f567, its
 #   submodule pin> bash scripts/anchor_flashmla/build.sh
@@ -15,6 +15,7 @@ flags=(-O3 -std=c++20 -DNDEBUG -D_USE_MATH_DEFINES -Wno-deprecated-declarations
        -I"$FLASHMLA/csrc" -I"$FLASHMLA/csrc/kerutils/include" -I"$FLASHMLA/csrc/sm90"
        -I"$CUTLASS/include" -I"$CUTLASS/tools/util/include")
 srcs=("$FLASHMLA/csrc/sm90/decode/sparse_fp8/instantiations/model1_persistent_h64.cu"
+      "$FLASHMLA/csrc/sm90/decode/sparse_fp8/instantiations/model1_persistent_h128.cu"
       "$FLASHMLA/csrc/smxx/decode/combine/combine.cu"
       "$FLASHMLA/csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu"
       scripts/anchor_flashmla/shim.cu)

@@ -1,4 +1,4 @@
-// A C ABI over FlashMLA's Hopper sparse FP8 decode (the MODEL1 layout, 64 heads), so that
+// A C ABI over FlashMLA's Hopper sparse FP8 decode (the MODEL1 layout, 64 or 128 heads), so that
 // scripts/bench_flashmla_anchor.py can time it on the inputs `dsv4opt bench mma-attn --kv fp8`
 // uses, in the same run. Built by build.sh against FlashMLA's own sources (not part of this tree):
 // the decode kernel, its scheduler-metadata kernel and its split combine, called in the order
@@ -42,8 +42,8 @@ struct AnchorArgs {
 
 int anchor_sched_meta_size() { return DecodingSchedMetaSize; }
 
-// FlashMLA's Decode_Sm90_Impl::get_meta: one part per SM for 64 heads, 5 blocks of fixed
-// overhead, 64-token blocks.
+// FlashMLA's Decode_Sm90_Impl::get_meta: SMs / (heads / 64) parts (the caller's num_sm_parts),
+// 5 blocks of fixed overhead, 64-token blocks.
 int anchor_sched(const AnchorArgs *a) {
     try {
         GetDecodeSchedMetaParams p = {
@@ -86,7 +86,14 @@ int anchor_decode(const AnchorArgs *a) {
         p.stride_o_accum_split = a->h_q * d; p.stride_o_accum_s_q = a->h_q * d; p.stride_o_accum_h_q = d;
         p.tile_scheduler_metadata_ptr = (DecodingSchedMeta *)a->sched; p.num_splits_ptr = a->num_splits;
         p.num_sm_parts = a->num_sm_parts;
-        sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::MODEL1, 64>(p);
+        if (a->h_q == 64) {
+            sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::MODEL1, 64>(p);
+        } else if (a->h_q == 128) {  // two CTAs a request as a cluster, sharing the dequantised tile
+            sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::MODEL1, 128>(p);
+        } else {
+            fprintf(stderr, "anchor_decode: %d heads; FlashMLA's Hopper kernel has 64 or 128\n", a->h_q);
+            return 1;
+        }
 
         CombineParams c = {
             p.b, p.s_q, p.h_q, p.d_v, p.lse, p.out, p.stride_lse_b, p.stride_lse_s_q,
