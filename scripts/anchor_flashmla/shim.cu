@@ -58,8 +58,15 @@ int anchor_sched(const AnchorArgs *a) {
     return 0;
 }
 
-// The decode kernel then the combine; the scheduler metadata must have been computed.
+// The decode kernel then the combine; the scheduler metadata must have been computed. FlashMLA's
+// decode path throws on a bad argument (caught below), but its combine checks with FLASH_ASSERT and
+// CHECK_CUDA, which exit the process: refuse here what the combine would (it has instances for up to
+// 160 parts) so that the caller gets a return code.
 int anchor_decode(const AnchorArgs *a) {
+    if (a->num_sm_parts < 1 || a->num_sm_parts > 160) {
+        fprintf(stderr, "anchor_decode: %d scheduler parts; FlashMLA's combine takes 1 to 160\n", a->num_sm_parts);
+        return 1;
+    }
     using bf16 = cutlass::bfloat16_t;
     const int d = 512, bytes_per_token = 448 + 2 * 64 + 8;
     try {

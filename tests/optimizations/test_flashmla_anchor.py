@@ -43,12 +43,32 @@ def test_anchor_args_match_the_shims_struct_field_for_field():
     assert len(want) == 31 and got == want
 
 
-def test_the_struct_reader_sees_a_reordered_field():
-    """The comparison above can fail: swapping two declarations changes what the reader returns."""
-    src = (ROOT / "scripts/anchor_flashmla/shim.cu").read_text()
-    swapped = src.replace("    float *lse;       // [b, h_q]\n    void *out;", "    void *out;\n    float *lse;       // [b, h_q]")
-    assert swapped != src
-    assert _c_struct_fields(swapped, "AnchorArgs") != [(n, t) for n, t in _script().AnchorArgs._fields_]
+def test_anchor_args_point_each_field_at_its_tensor():
+    """anchor_args maps one input set onto the struct: the window cache as FlashMLA's main cache,
+    the compressed one as its extra cache, each pointer at its own tensor with its strides."""
+    from dsv4opt.workload.kvcache import KVCache, KVLayout
+
+    mod = _script()
+    B, H = 3, 64
+    swa = KVCache.allocate(KVLayout(True, 448, 64, 64, 16), 2, torch.bfloat16, "cpu")
+    extra = KVCache.allocate(KVLayout(True, 448, 64, 64, 8), 5, torch.bfloat16, "cpu")
+    q = torch.zeros(B, H, 512, dtype=torch.bfloat16)
+    swa_idx, swa_len = torch.zeros(B, 8, dtype=torch.int32), torch.full((B,), 8, dtype=torch.int32)
+    idx, lengths = torch.zeros(B, 24, dtype=torch.int32), torch.full((B,), 24, dtype=torch.int32)
+    names = ("out", "lse", "lse_accum", "o_accum", "sched", "splits", "sink")
+    out = {n: torch.zeros(i + 1) for i, n in enumerate(names)}  # distinct buffers
+    a = mod.anchor_args(B, 132, 0.04, swa, extra, (q, swa_idx, swa_len, idx, lengths, None), out)
+    want = {
+        "b": B, "h_q": H, "num_sm_parts": 132, "q": q.data_ptr(), "stride_q_b": H * 512, "stride_q_h": 512,
+        "kv": swa.data.data_ptr(), "num_blocks": 2, "page_block_size": 16, "stride_kv_block": swa.layout.page_bytes,
+        "topk": 8, "indices": swa_idx.data_ptr(), "stride_indices_b": 8, "topk_length": swa_len.data_ptr(),
+        "extra_kv": extra.data.data_ptr(), "extra_num_blocks": 5, "extra_page_block_size": 8,
+        "stride_extra_kv_block": extra.layout.page_bytes, "extra_topk": 24, "extra_indices": idx.data_ptr(),
+        "stride_extra_indices_b": 24, "extra_topk_length": lengths.data_ptr(),
+        "num_splits": out["splits"].data_ptr(), "stream": None,
+    } | {n: out[n].data_ptr() for n in names if n != "splits"}
+    assert {n: getattr(a, n) for n in want} == want
+    assert abs(a.sm_scale - 0.04) < 1e-8
 
 
 @pytest.mark.parametrize("short", [False, True])
