@@ -158,20 +158,16 @@ def main(argv=None) -> int:
     lib.anchor_sched.argtypes = lib.anchor_decode.argtypes = [ctypes.POINTER(AnchorArgs)]
     from dsv4opt.numerics import nan_poisoned_allocations
     from dsv4opt.optimizations.mma_attn.kernel import mma_attention, plan
-    from dsv4opt.workload.kvcache import KVCache
 
     copy_gbps, tflops = bench.copy_bandwidth_gbps(), bench.matmul_tflops()
     print(f"{torch.cuda.get_device_name()}: copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    layout = bench._layout("fp8", bench.EXTRA_PAGE)
-    pages = int(args.pool_gb * 2**30) // (layout.token_bytes * bench.EXTRA_PAGE)
-    extra = KVCache.allocate(layout, pages, torch.bfloat16, "cuda")
-    extra.fill_random(gen)
+    extra = bench.pool_cache("fp8", gen, args.pool_gb)
+    layout = extra.layout
     scale = bench.DIM**-0.5
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
-        swa = KVCache.allocate(bench._layout("fp8", bench.WINDOW_PAGE), batch, torch.bfloat16, "cuda")
-        swa.fill_random(gen)
+        swa = bench.window_cache("fp8", batch, gen)
         sets = bench.input_sets(batch, swa, extra, gen)
         if args.heads != bench.HEADS:  # the same rows and indices, more query heads
             sets = [(torch.randn(batch, args.heads, bench.DIM, device="cuda", dtype=torch.bfloat16, generator=gen),

@@ -20,7 +20,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dsv4opt.optimizations.mma_attn import bench as B  # noqa: E402
 from dsv4opt.optimizations.mma_attn import kernel  # noqa: E402
-from dsv4opt.workload.kvcache import KVCache  # noqa: E402
 from probe_mma_attn import variant_tiles  # noqa: E402
 
 
@@ -34,12 +33,8 @@ def main() -> None:
     args = ap.parse_args()
     kernel.GLUON_FP8_WS = args.fp8_ws or kernel.GLUON_FP8_WS
     gen = torch.Generator(device="cuda").manual_seed(0)
-    layout = B._layout(args.kv, B.EXTRA_PAGE)
-    pages = int(B.POOL_GB * 2**30) // (layout.token_bytes * B.EXTRA_PAGE)
-    extra = KVCache.allocate(layout, pages, torch.bfloat16, "cuda")
-    extra.fill_random(gen)
-    swa = KVCache.allocate(B._layout(args.kv, B.WINDOW_PAGE), args.batch, torch.bfloat16, "cuda")
-    swa.fill_random(gen)
+    extra = B.pool_cache(args.kv, gen)
+    swa = B.window_cache(args.kv, args.batch, gen)
     sets = B.input_sets(args.batch, swa, extra, gen)
     tiles = variant_tiles(args.variant, args.batch, args.kv)
     call = B.rotating(lambda *a: kernel.mma_attention(*a, tiles=tiles), swa, extra, sets, B.DIM**-0.5)

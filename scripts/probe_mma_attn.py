@@ -25,7 +25,6 @@ from dsv4opt.numerics import error_report  # noqa: E402
 from dsv4opt.optimizations.mma_attn import bench as B  # noqa: E402
 from dsv4opt.optimizations.mma_attn import kernel  # noqa: E402
 from dsv4opt.workload.attention import sparse_attention_ref  # noqa: E402
-from dsv4opt.workload.kvcache import KVCache  # noqa: E402
 
 # name -> fields replaced in the dispatch's tiles (nsplit then re-derived for the new block_k)
 VARIANTS = {
@@ -68,15 +67,12 @@ def main() -> None:
     copy_gbps, tflops = B.copy_bandwidth_gbps(), B.matmul_tflops()
     print(f"{torch.cuda.get_device_name()}: copy {copy_gbps:.0f} GB/s, bf16 matmul {tflops:.0f} TFLOP/s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    layout = B._layout(args.kv, B.EXTRA_PAGE)
-    pages = int(B.POOL_GB * 2**30) // (layout.token_bytes * B.EXTRA_PAGE)
-    extra = KVCache.allocate(layout, pages, torch.bfloat16, "cuda")
-    extra.fill_random(gen)
+    extra = B.pool_cache(args.kv, gen)
+    layout = extra.layout
     scale = B.DIM**-0.5
     rows = []
     for batch in (int(b) for b in args.batch.split(",")):
-        swa = KVCache.allocate(B._layout(args.kv, B.WINDOW_PAGE), batch, torch.bfloat16, "cuda")
-        swa.fill_random(gen)
+        swa = B.window_cache(args.kv, batch, gen)
         sets = B.input_sets(batch, swa, extra, gen)
         q, swa_idx, swa_len, idx, lengths, sink = sets[0]
         x = (q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale)

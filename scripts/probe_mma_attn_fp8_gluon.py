@@ -246,16 +246,13 @@ def time_batches(batches: list[int], variants: list[str], copy_gbps: float, tflo
     """Production against each variant (all already through the table) per B; a variant whose
     eager result here misses the bound is not timed, and each is checked again after its replays."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    layout = B._layout(KV, B.EXTRA_PAGE)
-    pages = int(B.POOL_GB * 2**30) // (layout.token_bytes * B.EXTRA_PAGE)
-    extra = KVCache.allocate(layout, pages, torch.bfloat16, "cuda")
-    extra.fill_random(gen)
+    extra = B.pool_cache(KV, gen)
+    layout = extra.layout
     scale = B.DIM**-0.5
     slots = B.TOPK + B.WINDOW
     rows = []
     for batch in batches:
-        swa = KVCache.allocate(B._layout(KV, B.WINDOW_PAGE), batch, torch.bfloat16, "cuda")
-        swa.fill_random(gen)
+        swa = B.window_cache(KV, batch, gen)
         sets = B.input_sets(batch, swa, extra, gen)  # synchronises after creating the inputs
         q, swa_idx, swa_len, idx, lengths, sink = sets[0]
         x = (q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale)

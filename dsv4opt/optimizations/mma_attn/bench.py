@@ -91,6 +91,25 @@ def _layout(kv: str, page: int):
     return KVLayout(kv == "fp8", DIM - ROPE, ROPE, TILE, page)
 
 
+def pool_cache(kv: str, gen: torch.Generator, pool_gb: float = POOL_GB, device="cuda"):
+    """The compressed cache the timed calls gather from: pool_gb of random rows, far above L2."""
+    from dsv4opt.workload.kvcache import KVCache
+
+    layout = _layout(kv, EXTRA_PAGE)
+    cache = KVCache.allocate(layout, int(pool_gb * 2**30) // (layout.token_bytes * EXTRA_PAGE), torch.bfloat16, device)
+    cache.fill_random(gen)
+    return cache
+
+
+def window_cache(kv: str, batch: int, gen: torch.Generator, device="cuda"):
+    """A window cache of one page per request, random rows."""
+    from dsv4opt.workload.kvcache import KVCache
+
+    cache = KVCache.allocate(_layout(kv, WINDOW_PAGE), batch, torch.bfloat16, device)
+    cache.fill_random(gen)
+    return cache
+
+
 def bench_inputs(batch: int, swa, extra, gen: torch.Generator):
     """Inputs for one batch size: distinct random tokens of each cache per request, every slot used."""
     def pick(cache, width):
@@ -150,7 +169,6 @@ def run_bench(
     from dsv4opt.optimizations.mma_attn.check import check
     from dsv4opt.optimizations.mma_attn.kernel import mma_attention, plan
     from dsv4opt.workload.attention import sparse_decode_sm120
-    from dsv4opt.workload.kvcache import KVCache
 
     on_step("correctness check")
     result = BenchResult(check=check("cuda"), device=torch.cuda.get_device_name(), kv=kv)
@@ -160,15 +178,11 @@ def run_bench(
     result.copy_gbps = copy_bandwidth_gbps()
     result.matmul_tflops = matmul_tflops()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    extra_layout = _layout(kv, EXTRA_PAGE)
-    pages = int(pool_gb * 2**30) // (extra_layout.token_bytes * EXTRA_PAGE)
-    extra = KVCache.allocate(extra_layout, pages, torch.bfloat16, "cuda")
-    extra.fill_random(gen)
+    extra = pool_cache(kv, gen, pool_gb)
     scale = DIM**-0.5
     for batch in batches:
         on_step(f"B = {batch}")
-        swa = KVCache.allocate(_layout(kv, WINDOW_PAGE), batch, torch.bfloat16, "cuda")
-        swa.fill_random(gen)
+        swa = window_cache(kv, batch, gen)
         sets = input_sets(batch, swa, extra, gen)
         mma_ms = _median_graph_ms(rotating(mma_attention, swa, extra, sets, scale))
         base_ms = _median_graph_ms(rotating(sparse_decode_sm120, swa, extra, sets, scale))
@@ -176,7 +190,7 @@ def run_bench(
         q, swa_idx, _, idx = sets[0][:4]
         p = plan(q, swa, swa_idx, extra, idx)
         unique = int(torch.unique(swa_idx).numel()) + int(torch.unique(idx).numel())
-        moved = unique * extra_layout.token_bytes + 2 * q.numel() * q.element_size()
+        moved = unique * extra.layout.token_bytes + 2 * q.numel() * q.element_size()
         flops = 2 * 2 * batch * HEADS * (TOPK + WINDOW) * DIM
         gbps = moved / (mma_ms * 1e-3) / 1e9
         result.rows.append(
