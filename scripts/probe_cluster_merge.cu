@@ -10,12 +10,13 @@
 //   cluster  the two splits of a request as a cluster of two CTAs: each sends the half of the
 //            columns the other merges (64 KiB fp32) and its lse into the other's shared memory,
 //            one cluster barrier, then each merges its half and writes it;
+//   cluster-bf16  the same, sending that half in bf16 (32 KiB), as today's partials are;
 //   store    each CTA writes its half of o, no exchange, no merge: the floor under `cluster`.
 //
 // Build and run on the GPU machine (nvcc 13.0 there):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a scripts/probe_cluster_merge.cu -o /tmp/pcm && /tmp/pcm
 // Prints, per B, each variant's CUDA-graph time per call (median of 30 replays of 20 calls) and
-// the float64 check of `combine` and `cluster` (max |o - ref| over max |ref|, lse the same; an
+// the float64 check of the three merges (max |o - ref| over max |ref|, lse the same; an
 // unwritten NaN counts as infinite), before and after the replays; exits 1 if a check fails.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -113,13 +114,26 @@ __global__ void __launch_bounds__(128) combine(const __nv_bfloat16* o_part, cons
   if (t == 0) lse[b * H + h] = (top + log2f(den)) * LN2;
 }
 
-// shared memory: the half received [H, HALF] fp32, the peer's lse [H], own lse [H], weights 2 x [H]
+// shared memory: the half received [H, HALF] (fp32, or bf16 in the first half of that), the
+// peer's lse [H], own lse [H], weights 2 x [H]
 constexpr int RECV = H * HALF, SMEM_FLOATS = RECV + 4 * H;
 
+__device__ inline void send4(float* peer, int at, float4 v) { *reinterpret_cast<float4*>(peer + at) = v; }
+__device__ inline void send4(__nv_bfloat16* peer, int at, float4 v) { store4(peer + at, v); }  // 8 bytes
+__device__ inline float4 recv4(const float* smem, int at) { return *reinterpret_cast<const float4*>(smem + at); }
+__device__ inline float4 recv4(const __nv_bfloat16* smem, int at) {
+  const uint2 packed = *reinterpret_cast<const uint2*>(smem + at);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.x));
+  const float2 c = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed.y));
+  return make_float4(a.x, a.y, c.x, c.y);
+}
+
+template <typename Wire>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
     cluster_merge(const float* sink, __nv_bfloat16* o, float* lse) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
+  Wire* recv = reinterpret_cast<Wire*>(smem);
   cg::cluster_group cluster = cg::this_cluster();
   const int s = int(cluster.block_rank()), b = blockIdx.x / 2, t = threadIdx.x;
   // the peer must have started before its shared memory is written: arrive now, wait at the
@@ -128,10 +142,11 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
   float acc[PER_THREAD];
   load_acc(acc, b, s);
   float* peer = cluster.map_shared_rank(smem, s ^ 1);
+  Wire* peer_recv = reinterpret_cast<Wire*>(peer);
   asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 #pragma unroll
-  for (int rr = 0; rr < ROWS_PER_THREAD; ++rr)  // the half the peer merges, 16 bytes a store
-    *reinterpret_cast<float4*>(peer + row_of(rr) * HALF + 4 * (t % 64)) = half_of(acc, rr, s ^ 1);
+  for (int rr = 0; rr < ROWS_PER_THREAD; ++rr)  // the half the peer merges, 16 (fp32) or 8 (bf16) bytes a store
+    send4(peer_recv, row_of(rr) * HALF + 4 * (t % 64), half_of(acc, rr, s ^ 1));
   if (t < H) {
     const float l = lse_val(b, s, t);
     peer[RECV + t] = l;
@@ -152,7 +167,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(THREADS, 1)
   for (int rr = 0; rr < ROWS_PER_THREAD; ++rr) {
     const int r = row_of(rr);
     const float wo = smem[RECV + 2 * H + r], wp = smem[RECV + 3 * H + r];
-    const float4 a = half_of(acc, rr, s), c = *reinterpret_cast<const float4*>(smem + r * HALF + 4 * (t % 64));
+    const float4 a = half_of(acc, rr, s), c = recv4(recv, r * HALF + 4 * (t % 64));
     store4(out + r * D + col_of(s),
            make_float4(a.x * wo + c.x * wp, a.y * wo + c.y * wp, a.z * wo + c.z * wp, a.w * wo + c.w * wp));
   }
@@ -177,7 +192,9 @@ static void launch(int variant, int batch, const Buffers& x, cudaStream_t st) {
     write_partials<<<batch * 2, THREADS, 0, st>>>(x.o_part, x.lse_part);
     combine<<<dim3(batch, H), 128, 0, st>>>(x.o_part, x.lse_part, x.sink, x.o, x.lse);
   } else if (variant == 1) {
-    cluster_merge<<<batch * 2, THREADS, SMEM_FLOATS * sizeof(float), st>>>(x.sink, x.o, x.lse);
+    cluster_merge<float><<<batch * 2, THREADS, SMEM_FLOATS * sizeof(float), st>>>(x.sink, x.o, x.lse);
+  } else if (variant == 2) {
+    cluster_merge<__nv_bfloat16><<<batch * 2, THREADS, SMEM_FLOATS * sizeof(float), st>>>(x.sink, x.o, x.lse);
   } else {
     store_half<<<batch * 2, THREADS, 0, st>>>(x.o);
   }
@@ -211,12 +228,15 @@ static void check(int batch, const Buffers& x, double* err_o, double* err_lse) {
 }
 
 int main() {
-  CHECK(cudaFuncSetAttribute(cluster_merge, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_FLOATS * sizeof(float)));
+  CHECK(cudaFuncSetAttribute(cluster_merge<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             SMEM_FLOATS * sizeof(float)));
+  CHECK(cudaFuncSetAttribute(cluster_merge<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             SMEM_FLOATS * sizeof(float)));
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs; two splits a request, %d heads x %d; per call, median of 30 graph replays of 20 calls\n",
               prop.name, prop.multiProcessorCount, H, D);
-  const char* names[] = {"combine", "cluster", "store"};
+  const char* names[] = {"combine", "cluster", "cluster-bf16", "store"};
   const int calls = 20, replays = 30;
   bool ok = true;
   for (int batch : {64, 88}) {
@@ -231,13 +251,13 @@ int main() {
     CHECK(cudaMemcpy(x.sink, sink.data(), H * sizeof(float), cudaMemcpyHostToDevice));
     cudaStream_t st;
     CHECK(cudaStreamCreate(&st));
-    for (int v = 0; v < 3; ++v) {
+    for (int v = 0; v < 4; ++v) {
       CHECK(cudaMemset(x.o, 0xff, size_t(batch) * H * D * sizeof(__nv_bfloat16)));  // NaN-poisoned
       CHECK(cudaMemset(x.lse, 0xff, size_t(batch) * H * sizeof(float)));
       launch(v, batch, x, st);
       CHECK(cudaStreamSynchronize(st));
       double err_o = 0, err_lse = 0;
-      if (v < 2) check(batch, x, &err_o, &err_lse);
+      if (v < 3) check(batch, x, &err_o, &err_lse);
       cudaGraph_t graph;
       cudaGraphExec_t exec;
       CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -259,8 +279,8 @@ int main() {
         us.push_back(ms * 1e3f / calls);
       }
       std::sort(us.begin(), us.end());
-      std::printf("B %3d  %-8s %7.2f us", batch, names[v], us[us.size() / 2]);
-      if (v < 2) {  // checked again on what the last replay wrote
+      std::printf("B %3d  %-12s %7.2f us", batch, names[v], us[us.size() / 2]);
+      if (v < 3) {  // checked again on what the last replay wrote
         double after_o = 0, after_lse = 0;
         check(batch, x, &after_o, &after_lse);
         const bool good = std::max(err_o, after_o) <= 1e-2 && std::max(err_lse, after_lse) <= 1e-5;
@@ -281,6 +301,6 @@ int main() {
     CHECK(cudaFree(x.sink));
     CHECK(cudaStreamDestroy(st));
   }
-  std::printf(ok ? "check: both merges match the float64 reference\n" : "check: FAILED\n");
+  std::printf(ok ? "check: the three merges match the float64 reference\n" : "check: FAILED\n");
   return ok ? 0 : 1;
 }
