@@ -79,7 +79,7 @@ class FlashMLA:
     """One batch size's calls into the library: buffers shared by the input sets, metadata per set."""
 
     def __init__(self, lib, batch: int, swa, extra, sets: list[tuple], scale: float):
-        self.lib, self.sets = lib, sets
+        self.lib = lib
         heads = sets[0][0].shape[1]
         # FlashMLA's get_meta: SMs / s_q / (h_q / 64) parts (a request's two CTAs are a cluster at 128)
         parts = torch.cuda.get_device_properties(0).multi_processor_count // (heads // 64)
@@ -115,26 +115,19 @@ class FlashMLA:
 
 
 def reference(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale):
-    """float64 attention over both caches with the sink: o, and lse without the sink (FlashMLA's)."""
-    def rows(cache, ind, n):
-        used = torch.arange(ind.shape[1], device=ind.device)[None, :] < n[:, None]
-        used &= ind >= 0
-        r = cache.read(ind.clamp(min=0).reshape(-1), torch.float64).view(*ind.shape, -1)
-        return r, used
+    """The project's float64 reference (`sparse_attention_ref`) in FlashMLA's convention: o with the
+    sink, lse without it (the same attention with no sink)."""
+    from dsv4opt.workload.attention.naive import sparse_attention_ref
 
-    r1, u1 = rows(swa, swa_idx, swa_len)
-    r2, u2 = rows(extra, idx, lengths)
-    r, used = torch.cat([r1, r2], 1), torch.cat([u1, u2], 1)
-    s = torch.einsum("bhd,bkd->bhk", q.double(), r) * scale
-    s = s.masked_fill(~used[:, None, :], float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    total = torch.logaddexp(lse, sink.double()[None, :])
-    o = torch.einsum("bhk,bkd->bhd", torch.exp(s - total[..., None]), r[..., :HEAD_DIM_V])
+    o, _ = sparse_attention_ref(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale)
+    no_sink = torch.full_like(sink, float("-inf"))
+    _, lse = sparse_attention_ref(q, swa, swa_idx, swa_len, extra, idx, lengths, no_sink, scale)
     return o, lse
 
 
 def rel_err(got, want) -> float:
-    got, want = got.double(), want.double()
+    """Largest absolute error over the largest reference magnitude; a non-finite value is infinite."""
+    got, want = got.double().cpu(), want.double().cpu()
     if not torch.isfinite(got).all():
         return float("inf")
     return float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
@@ -187,7 +180,7 @@ def main(argv=None) -> int:
             with nan_poisoned_allocations():  # as the gate: an element it does not write stays NaN
                 o_mma, lse_mma = mma_attention(sets[0][0], swa, *sets[0][1:3], extra, *sets[0][3:], scale)
                 torch.cuda.synchronize()
-            lse_ref_sink = torch.logaddexp(lse_ref, sets[0][5].double()[None, :])
+            lse_ref_sink = torch.logaddexp(lse_ref, sets[0][5].double().cpu()[None, :])
             err_mma = (rel_err(o_mma, o_ref), rel_err(lse_mma, lse_ref_sink))
         ok = max(err_fm) <= TOL and (err_mma is None or max(err_mma) <= TOL)
         print(f"B = {batch}: {len(sets)} input sets; rel err FlashMLA o {err_fm[0]:.2e} lse {err_fm[1]:.2e}"
