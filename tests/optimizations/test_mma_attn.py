@@ -11,16 +11,19 @@ import importlib
 from dataclasses import replace
 import pytest
 import torch
+import triton
+import triton.language as tl
 from rich.console import Console
 from typer.testing import CliRunner
 
 from dsv4opt.cli import app
 from dsv4opt.numerics import error_report
-from dsv4opt.optimizations.mma_attn import kernel
+from dsv4opt.optimizations.mma_attn import cases, kernel
 from dsv4opt.optimizations.mma_attn.cases import AttnCase, interpreter_cases, make_inputs
 from dsv4opt.optimizations.registry import get
 from dsv4opt.report.decision import print_check
 from dsv4opt.workload.attention import sparse_attention_ref
+from dsv4opt.workload.attention.naive import used_slots
 from dsv4opt.workload.kvcache import KVCache
 from tests.helpers import needs_gpu
 
@@ -59,6 +62,98 @@ def test_tile_variants_match_reference(tiles, layout):
     ref_o, ref_lse = sparse_attention_ref(*x.args())
     assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
     assert error_report(lse, ref_lse).ok(1e-5), error_report(lse, ref_lse)
+
+
+# SGLang's graph-width rows (cases.GRAPH): 8192 compressed-cache slots a request, at most 128 used
+GRAPH_SMALL = dict(heads=8, dim=64, rope_dim=16, tile=16, window=16)
+
+
+@on_cpu
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        None,
+        kernel.Tiles(16, 16, 33, 4, 1),
+        kernel.Tiles(16, 32, 5, 4, 1, block_v=32, reload_v=True),
+        kernel.Tiles(16, 64, 1, 4, 1),
+    ],
+    ids=["planned", "split33-bk16", "split5-vsplit2", "single-pass"],
+)
+@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("layout", ["fp8", "bf16"])
+def test_graph_width_rows_match_reference(layout, batch, tiles):
+    """Rows 8192 slots wide with a few used ones (mixed lengths, holes of -1 inside the used prefix,
+    real tokens past it, the last request with no compressed slot used; outputs NaN-poisoned),
+    against the float64 reference, with the planned tiles and with splits mostly idle (33 splits
+    over at most 128 + 16 slots), a value split and a single pass."""
+    case = AttnCase(batch, 8192, cases.GRAPH, layout=layout, **GRAPH_SMALL)
+    x = make_inputs(case, "cpu", torch.float16, seed=11 + batch)
+    assert int(x.extra_lengths.max()) <= 2 * cases.GRAPH_VALID and (x.extra_indices >= 0).sum() > 8000 * batch
+    if batch > 1:
+        assert int(x.extra_lengths[-1]) == 0
+    used = used_slots(x.extra_indices, x.extra_lengths)
+    assert ((x.extra_indices < 0) & (torch.arange(8192) < x.extra_lengths[:, None])).any()  # holes inside
+    o, lse = kernel.mma_attention(*x.args(), tiles=tiles)
+    ref_o, ref_lse = sparse_attention_ref(*x.args())
+    assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
+    assert error_report(lse, ref_lse).ok(1e-5), error_report(lse, ref_lse)
+    assert used.sum() < 2 * cases.GRAPH_VALID * batch
+
+
+@on_cpu
+@pytest.mark.parametrize("layout", ["fp8", "bf16"])
+def test_graph_width_request_with_nothing_used_gets_the_sink_alone(layout):
+    """B = 1, no slot of either cache used (lengths 0, rows of real tokens): o = 0, lse = the sink."""
+    x = make_inputs(AttnCase(1, 8192, cases.GRAPH, layout=layout, **GRAPH_SMALL), "cpu", torch.float16, seed=2)
+    x.swa_lengths.zero_()
+    x.extra_lengths.zero_()
+    for tiles in (None, kernel.Tiles(16, 16, 7, 4, 1), kernel.Tiles(16, 16, 1, 4, 1)):
+        o, lse = kernel.mma_attention(*x.args(), tiles=tiles)
+        assert torch.equal(o, torch.zeros_like(o)), tiles
+        assert torch.allclose(lse, x.sink[None, :], rtol=0, atol=1e-6), tiles
+
+
+@triton.jit
+def _split_ranges_kernel(p_len, p_out, len_x_delta, KW: tl.constexpr, KX: tl.constexpr, NSPLIT: tl.constexpr,
+                         BK: tl.constexpr):
+    """(n_w, start, end) of every (request, split), as kernel.split_slots gives them to the kernels."""
+    i_b = tl.program_id(0)
+    i_s = tl.program_id(1)
+    n_w, start, end = kernel.split_slots(p_len, i_b, i_s, len_x_delta, KW, KX, NSPLIT, BK)
+    at = (i_b * NSPLIT + i_s) * 3
+    tl.store(p_out + at, n_w)
+    tl.store(p_out + at + 1, start)
+    tl.store(p_out + at + 2, end)
+
+
+def _split_ranges(lengths_w, lengths_x, kw, kx, nsplit, bk):
+    B = len(lengths_w)
+    lengths = torch.tensor(list(lengths_w) + list(lengths_x), dtype=torch.int32)
+    out = torch.full((B, nsplit, 3), -7, dtype=torch.int32)
+    _split_ranges_kernel[(B, nsplit)](lengths, out, B, KW=kw, KX=kx, NSPLIT=nsplit, BK=bk)
+    return out.tolist()
+
+
+@on_cpu
+def test_each_split_runs_whole_tiles_of_the_used_slots_only_whatever_the_rows_width():
+    """The splits of a request cover its used slots (window then compressed, lengths clamped to the
+    widths) exactly once, in whole tiles but the last, no split more than its share; the same
+    lengths give the same trip counts at width 512 and at SGLang's graph width."""
+    lengths_w = [128, 128, 0, 100, 128, 128]
+    lengths_x = [64, 0, 0, 37, 512, 900]  # the last is longer than a 512-wide row: clamped
+    for nsplit, bk in ((1, 64), (2, 64), (5, 32), (33, 16)):
+        narrow = _split_ranges(lengths_w, lengths_x, 128, 512, nsplit, bk)
+        wide = _split_ranges(lengths_w, [min(n, 512) for n in lengths_x], 128, 8192, nsplit, bk)
+        assert narrow == wide, (nsplit, bk)
+        for b, splits in enumerate(narrow):
+            n_w, n = min(lengths_w[b], 128), min(lengths_w[b], 128) + min(lengths_x[b], 512)
+            share = -(-(-(-n // nsplit)) // bk) * bk
+            covered = []
+            for got_w, start, end in splits:
+                assert got_w == n_w
+                covered += range(start, end)
+                assert end - start <= share and start % bk == 0
+            assert covered == list(range(n)), (nsplit, bk, b, splits)
 
 
 def _carve(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
