@@ -236,8 +236,7 @@ def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: flo
 
     def fn(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale):
         with ws_config(variant):
-            launch(q, swa, swa_idx, swa_len, extra, idx, lengths, o_part, lse_part, p.chunk, p.nsplit, scale,
-                   **extra_args)
+            launch(q, swa, swa_idx, swa_len, extra, idx, lengths, o_part, lse_part, p.nsplit, scale, **extra_args)
 
     return B.rotating(fn, swa, extra, sets, scale)
 

@@ -638,8 +638,8 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
 
         base = 0
         caches = [(swa, swa_indices, swa_lengths), (extra, extra_indices, extra_lengths)]
-        for (cache, indices, lengths), (_, chunk, nsplit) in zip(caches, p.per_cache):
-            gluon_sparse_decode_partials(q, cache.data, indices, lengths, o_part, lse_part, chunk, nsplit, scale,
+        for (cache, indices, lengths), (_, _, nsplit) in zip(caches, p.per_cache):
+            gluon_sparse_decode_partials(q, cache.data, indices, lengths, o_part, lse_part, nsplit, scale,
                                          split_base=base, ns_total=ns_total)
             base += nsplit
     elif p.engine in WS_ENGINES:
@@ -649,14 +649,14 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         fp8 = p.engine == "gluon-fp8-ws"
         launch = gluon_fp8_ws_sparse_decode_partials if fp8 else gluon_bf16_ws_sparse_decode_partials
         merge = (sink, o, lse, merge_counts(B, q.device, rows=2)) if p.merge_in_kernel else None
-        launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, o_part, lse_part, p.chunk,
-               p.nsplit, scale, staged=staged, merge=merge)
+        launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, o_part, lse_part, p.nsplit,
+               scale, staged=staged, merge=merge)
     elif p.engine == "gluon-fp8":
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
 
         merge = (sink, o, lse, merge_counts(B, q.device)) if p.merge_in_kernel else None
         gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                         o_part, lse_part, p.chunk, p.nsplit, scale, merge=merge)
+                                         o_part, lse_part, p.nsplit, scale, merge=merge)
     else:
         _launch_fused(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p,
                       o, lse, o_part, lse_part)
