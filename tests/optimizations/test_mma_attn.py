@@ -156,6 +156,20 @@ def test_each_split_runs_whole_tiles_of_the_used_slots_only_whatever_the_rows_wi
             assert covered == list(range(n)), (nsplit, bk, b, splits)
 
 
+@on_cpu
+def test_no_split_runs_more_than_the_plans_chunk_so_one_tile_chunks_need_no_loop():
+    """The kernel runs a split as one straight tile where the plan's chunk (the rows all used) is one
+    tile: that holds only if no lengths give a split more than the chunk, at any width."""
+    for kw, kx, bk, asked in ((16, 1, 32, 33), (128, 512, 32, 20), (128, 512, 64, 2), (128, 8192, 64, 4),
+                              (128, 8192, 32, 33), (16, 100, 16, 3)):
+        chunk, nsplit = kernel.split_chunks(kw + kx, bk, asked)
+        gen = torch.Generator().manual_seed(kx + asked)
+        lengths_w = [kw, 0, kw // 2] + torch.randint(0, kw + 1, (5,), generator=gen).tolist()
+        lengths_x = [kx, kx, 0] + torch.randint(0, kx + 1, (5,), generator=gen).tolist()
+        for _, start, end in (r for splits in _split_ranges(lengths_w, lengths_x, kw, kx, nsplit, bk) for r in splits):
+            assert end - start <= chunk, (kw, kx, bk, asked, chunk, start, end)
+
+
 def _carve(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Copies of `tensors` (one dtype) laid out one after the other in a single buffer, in order."""
     flat = torch.cat([t.reshape(-1) for t in tensors])

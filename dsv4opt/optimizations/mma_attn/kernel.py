@@ -103,6 +103,35 @@ def _tile_slots(p_idx, o_k, i_b, n_w, end, idx_x_delta, stride_iw, stride_ix):
 
 
 @triton.jit
+def _tile_step(p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end, idx_x_delta,
+               stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W: tl.constexpr, PB_W: tl.constexpr,
+               PS_X: tl.constexpr, PB_X: tl.constexpr, DN: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
+               FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, RELOAD_V: tl.constexpr):
+    """One tile of used slots k0 .. k0 + BK: gather the rows, S = q K^T, the online softmax step
+    (base 2, masked slots at -inf), acc = acc * alpha + P V. Returns (m, l, acc)."""
+    o_k = k0 + tl.arange(0, BK)
+    b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, end, idx_x_delta, stride_iw, stride_ix)  # [BK]
+    m_row = b_idx >= 0
+    tok = tl.where(m_row, b_idx, 0).to(tl.int64)  # caches can exceed 2^31 bytes
+    at, at_s = _row_offsets(tok, in_x, x_delta, stride_kv, PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
+    b_k = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, 0, D_P, DN, D, FP8, TILE)  # [BK, D_P]
+    if RELOAD_V or NV > 1:
+        # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
+        b_v = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, i_v * BV, BV, DN, D, FP8, TILE)  # [BK, BV]
+    else:
+        b_v = b_k
+    b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
+    b_s = tl.where(m_row[None, :], b_s, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
+    b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
+    b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+    b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+    b_acc = tl.dot(b_p.to(b_v.dtype), b_v, acc=b_acc * b_alpha[:, None])  # [BH, BV]
+    return b_m_new, b_l, b_acc
+
+
+@triton.jit
 def _mma_sparse_decode_kernel(
     p_q, p_kv, p_kv8, p_kv32, p_kv16, p_idx, p_len, p_sink, p_o, p_lse, p_o_part, p_lse_part,
     stride_qb, stride_qh, stride_kv, stride_iw, stride_ix, stride_ob, stride_oh,
@@ -111,7 +140,8 @@ def _mma_sparse_decode_kernel(
     PS_W: tl.constexpr, PB_W: tl.constexpr, PS_X: tl.constexpr, PB_X: tl.constexpr,
     DN: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
     FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
-    BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr,
+    BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr, WHILE_LOOP: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):
     """One program: request i_b, heads [i_h*BH, +BH), value columns [i_v*BV, +BV), split i_s of the
     request's used slots (`split_slots`: the window's then the compressed cache's, as one range).
@@ -145,26 +175,30 @@ def _mma_sparse_decode_kernel(
     b_l = tl.zeros([BH], tl.float32)  # [BH]
     b_acc = tl.zeros([BH, BV], tl.float32)  # [BH, BV]
     # Run-time bounds: tiles past the split's used slots are never issued; -1 slots inside are masked.
-    for k0 in range(start, end, BK):
-        o_k = k0 + tl.arange(0, BK)
-        b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, end, idx_x_delta, stride_iw, stride_ix)  # [BK]
-        m_row = b_idx >= 0
-        tok = tl.where(m_row, b_idx, 0).to(tl.int64)  # caches can exceed 2^31 bytes
-        at, at_s = _row_offsets(tok, in_x, x_delta, stride_kv, PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
-        b_k = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, 0, D_P, DN, D, FP8, TILE)  # [BK, D_P]
-        if RELOAD_V or NV > 1:
-            # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
-            b_v = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, i_v * BV, BV, DN, D, FP8, TILE)  # [BK, BV]
-        else:
-            b_v = b_k
-        b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
-        b_s = tl.where(m_row[None, :], b_s, float("-inf"))
-        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
-        b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
-        b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
-        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_acc = tl.dot(b_p.to(b_v.dtype), b_v, acc=b_acc * b_alpha[:, None])  # [BH, BV]
-        b_m = b_m_new
+    # A for loop is what Triton pipelines (num_stages); Triton 3.6's interpreter cannot run one to
+    # a run-time bound (3.9's can), a while loop runs in both. ONE_TILE (no split can hold more
+    # than one tile, whatever the lengths: the narrow rows at B <= 4): the tile straight, masked
+    # where the split is idle, as the compile-time loop compiled (a run-time loop there is
+    # software-pipelined for nothing: 1,380 B spilled against 212, ptxas for sm_90a, Triton 3.6).
+    if ONE_TILE:
+        b_m, b_l, b_acc = _tile_step(
+            p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, start, i_b, i_v, n_w, end, idx_x_delta,
+            stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN, D, D_P, FP8,
+            TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V)
+    elif WHILE_LOOP:
+        k0 = start
+        while k0 < end:
+            b_m, b_l, b_acc = _tile_step(
+                p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end, idx_x_delta,
+                stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN, D, D_P, FP8,
+                TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V)
+            k0 += BK
+    else:
+        for k0 in range(start, end, BK):
+            b_m, b_l, b_acc = _tile_step(
+                p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end, idx_x_delta,
+                stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN, D, D_P, FP8,
+                TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V)
 
     m_o = m_h[:, None] & m_v[None, :]
     # every value slice computes the same lse; one writes it (a tensor compare: a scalar one makes
@@ -590,7 +624,8 @@ def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         KW=swa_indices.shape[1], KX=kx, NSPLIT=p.nsplit,
         PS_W=L.page_size, PB_W=L.page_bytes if L.fp8 else 0, PS_X=LX.page_size, PB_X=LX.page_bytes if L.fp8 else 0,
         DN=L.nope, D=D, D_P=d_p, FP8=L.fp8, TILE=L.tile, DATA_BYTES=L.data_bytes, SCALE_BYTES=L.scale_bytes,
-        BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v,
+        BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v, WHILE_LOOP=_INTERPRETED,
+        ONE_TILE=p.chunk <= t.block_k,  # with every slot used a split runs p.chunk slots, the most it can
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
 

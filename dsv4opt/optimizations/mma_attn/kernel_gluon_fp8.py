@@ -208,16 +208,18 @@ def _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr
 
 @gluon.jit
 def _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr, BH: gl.constexpr,
-                    D: gl.constexpr, BK: gl.constexpr):
+                    D: gl.constexpr, BK: gl.constexpr, store_o):
     """Split i_s's o (normalised by its own denominator) into o_part [B, NSPLIT, H, D] (fp32 here;
     the warp-specialised loops' bf16 partials go through kernel_gluon_fp8_ws._store_partials_staged),
-    straight from the accumulator's layout, and its base-2 lse into lse_part [B, NSPLIT, H]."""
+    straight from the accumulator's layout, where `store_o` (an idle split's o is never read by
+    kernel.py's combine), and its base-2 lse into lse_part [B, NSPLIT, H] always."""
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     b_o = _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, BK)  # [BH, D]
-    o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
-    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
-    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
-    gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
+    if store_o:
+        o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
+        o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
+        row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
+        gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
 
 
 @gluon.jit
@@ -346,7 +348,10 @@ def gluon_fp8_sparse_decode_kernel(
         gl.thread_barrier()  # both warpgroups done with kv_smem (and its ring row) before the next tile
     cp.wait_group(0)
 
-    _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+    if MERGE:  # the merge reads every split's o
+        _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK, True)
+    else:
+        _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK, n_tiles > 0)
     if MERGE:
         _merge_if_last(p_o_part, p_lse_part, p_sink, p_o, p_lse, p_count, i_b, stride_ob, stride_oh, H,
                        NSPLIT, D, BH)

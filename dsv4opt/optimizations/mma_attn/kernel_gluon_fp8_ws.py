@@ -226,19 +226,21 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_
     elif MERGE:
         _store_or_merge(ring, q_smem, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done, b_acc, b_m, b_l,
                         i_b, i_s, stride_ob, stride_oh, H, NSPLIT, BH, D, BK)
-    elif STAGED:
-        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+    elif STAGED:  # an idle split's o is left unwritten: its lse is -inf and kernel.py's combine skips it
+        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK,
+                               n_tiles > 0)
     else:
-        _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+        _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK, n_tiles > 0)
 
 
 @gluon.jit
 def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr,
-                           BH: gl.constexpr, D: gl.constexpr, BK: gl.constexpr):
+                           BH: gl.constexpr, D: gl.constexpr, BK: gl.constexpr, store_o):
     """kernel_gluon_fp8._store_partials through shared memory: o (normalised, in o_part's dtype)
     into the ring, free once both warpgroups' last PV is done, then out 16 bytes a thread, a warp
     writing 512 contiguous bytes of one row. Stored straight from the accumulator's layout, a warp
-    instruction writes 32 bytes (fp32) or 16 (bf16) of each of eight rows."""
+    instruction writes 32 bytes (fp32) or 16 (bf16) of each of eight rows. The lse always; o only
+    where `store_o` (the same in every thread)."""
     dt: gl.constexpr = p_o_part.dtype.element_ty
     VEC: gl.constexpr = 128 // dt.primitive_bitwidth  # 16 bytes
     # 16-byte units XOR-swizzled by row: the accumulator's eight rows a warp instruction land on
@@ -247,14 +249,15 @@ def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s
     OUT: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
     gl.static_assert(BH * D * (dt.primitive_bitwidth // 8) <= 2 * BK * D * 2)  # fits the ring
     b_o = _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, BK)  # [BH, D] fp32
-    stage = ring._reinterpret(dt, [BH, D], STAGE)
-    gl.thread_barrier()  # both warpgroups' last PV has read the ring
-    stage.store(b_o.to(dt))
-    gl.thread_barrier()  # every row staged, before any warp reads rows another wrote
-    o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, OUT))
-    o_d = gl.arange(0, D, layout=gl.SliceLayout(0, OUT))
-    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_h
-    gl.store(p_o_part + row_part[:, None] * D + o_d[None, :], stage.load(OUT))
+    if store_o:
+        stage = ring._reinterpret(dt, [BH, D], STAGE)
+        gl.thread_barrier()  # both warpgroups' last PV has read the ring
+        stage.store(b_o.to(dt))
+        gl.thread_barrier()  # every row staged, before any warp reads rows another wrote
+        o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, OUT))
+        o_d = gl.arange(0, D, layout=gl.SliceLayout(0, OUT))
+        row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_h
+        gl.store(p_o_part + row_part[:, None] * D + o_d[None, :], stage.load(OUT))
 
 
 @gluon.jit
@@ -284,8 +287,8 @@ def _store_or_merge(ring, q_smem, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ti
     gl.static_assert(NSPLIT > 1)
     gl.static_assert(p_o_part.dtype.element_ty == gl.bfloat16)  # one split's partial fits q's buffer
     ticket = gl.atomic_add(p_ticket + i_b, 1, sem="relaxed", scope="gpu")
-    if ticket < NSPLIT - 1:
-        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+    if ticket < NSPLIT - 1:  # every split's o, idle or not: the last program reads them all
+        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK, True)
         gl.thread_barrier()  # every thread's stores, before the release
         gl.atomic_add(p_done + i_b, 1, sem="release", scope="gpu")
     else:
