@@ -48,7 +48,9 @@ def gpu_cases() -> list[AttnCase]:
     cases = [AttnCase(b, k, p) for b in (1, 3, 32, 64) for k in (1, 100, 512) for p in PATTERNS]
     cases += [AttnCase(b, 0, p) for b in (1, 64) for p in ("all", "short")]
     cases += [AttnCase(b, 512, p, layout="bf16") for b in (3, 64) for p in ("all", "short")]
-    cases += [AttnCase(b, 8192, GRAPH) for b in (1, 32, 64)] + [AttnCase(64, 8192, GRAPH, layout="bf16")]
+    # graph width: B = 1 on the block-level kernel, B = 32 on a warp-specialised loop with some of its
+    # four splits idle (the float64 reference decodes every slot of the rows: 2.2 GB of float64 at B = 64)
+    cases += [AttnCase(b, 8192, GRAPH) for b in (1, 32)] + [AttnCase(32, 8192, GRAPH, layout="bf16")]
     return cases
 
 
