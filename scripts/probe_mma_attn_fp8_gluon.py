@@ -22,9 +22,10 @@ Variants (--variants, comma-separated; each is the dispatch's switches for the c
    512, 640} (+ the 128-slot window) x {all slots used, half -1, one request with no used slot,
    contexts shorter than K}, window-only rows, the compressed cache lying below the window
    cache in memory, and rows at SGLang's graph width (8192 slots, at most 128 used, holes, the
-   last request with none; B 8, 32, 64: most of B = 8's 16 splits idle); bf16, outputs NaN-poisoned, relative error bound 1e-2 (the gate's). One line a
-   case; FAIL lines say which output, the error, the worst element and the non-finite count. With
-   merge and ws-merge, the per-request counts must be back at zero after the table.
+   last request with none; B 8 and 32: most of B = 8's 16 splits idle); bf16, outputs
+   NaN-poisoned, relative error bound 1e-2 (the gate's). One line a case; FAIL lines say which
+   output, the error, the worst element and the non-finite count. With merge and ws-merge, the
+   per-request counts must be back at zero after the table.
 2. Timing, only of the variants whose every case passed: B {1, 16, 32, 64}, K 512 + window 128,
    FP8 layout, CUDA-graph medians over rotating input sets (bench.py's helpers): the production
    path as dispatched today against each variant (loop: also the loop alone, without the combine);
@@ -172,7 +173,7 @@ def gate_cases() -> list[tuple[str, AttnCase, bool]]:
     cases = [(case(b, k, p).name, case(b, k, p), False) for b in GATE_B for k in GATE_TOPK for p in PATTERNS]
     cases += [(case(b, 0, p).name, case(b, 0, p), False) for b in (1, 64) for p in ("all", "short")]
     cases += [(case(b, 512, "half_unused").name + "-extra-below", case(b, 512, "half_unused"), True) for b in (3, 64)]
-    cases += [(case(b, 8192, GRAPH).name, case(b, 8192, GRAPH), False) for b in (8, 32, 64)]
+    cases += [(case(b, 8192, GRAPH).name, case(b, 8192, GRAPH), False) for b in (8, 32)]
     return cases
 
 

@@ -656,7 +656,7 @@ def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
     with pytest.raises(AttributeError):
         with probe.switches(GLUON_FP8_MERGE_IN_KERNELS=True):
             pass
-    assert len(probe.gate_cases()) == 73
+    assert len(probe.gate_cases()) == 72
 
 
 def test_merge_counts_are_zeroed_once_per_batch_outside_a_capture(monkeypatch):
