@@ -18,7 +18,7 @@ from dsv4opt.errors import DsvOptError
 from dsv4opt.optimizations.mma_attn import sglang_contract as A
 
 SM120, SM90 = "sm_120", "sm_90"
-FAMILIES = {SM120: "sm_120 (RTX PRO 6000, RTX 50xx)", SM90: "Hopper (sm_90: H100, H200)"}
+FAMILIES = {SM120: "sm_120", SM90: "Hopper (sm_90)"}  # sm_120: RTX PRO 6000, RTX 50xx; sm_90: H100, H200
 # SGLang's own test for each family, the same function in every version known
 # (sglang/srt/utils/common.py: is_sm120_supported and is_sm90_supported, cached, no arguments).
 GPU_CHECKS = {SM120: ("sglang.srt.utils.common", "is_sm120_supported"), SM90: ("sglang.srt.utils.common", "is_sm90_supported")}
@@ -173,8 +173,8 @@ V0_5_14 = SGLangVersion(
         ),
         ("bf16-gemm", SM90): Part(
             sglang_runs="DeepGEMM's fp8_paged_mqa_logits (dsv4/indexer.py:529) and TileLang / DeepGEMM for the mHC pre-mix",
-            upstream="on Hopper the indexer runs DeepGEMM's FP8 kernel and the mHC pre-mix TileLang's and DeepGEMM's "
-                     "(environ.py:781-787 defaults); the float32 fallbacks bf16-gemm replaces are sm_120's",
+            upstream="the indexer runs DeepGEMM's FP8 kernel and the mHC pre-mix TileLang's and DeepGEMM's "
+                     "(srt/environ.py:781-787 defaults); the float32 fallbacks bf16-gemm replaces are sm_120's",
         ),
         ("grouped-moe", SM120): Part(
             sglang_runs="Marlin's W4A16 MoE: moe_runner_backend marlin on sm_120 (server_args.py:3788-3792), "
@@ -241,7 +241,7 @@ V0_5_23 = SGLangVersion(
         ),
         ("bf16-gemm", SM90): Part(
             sglang_runs="DeepGEMM's fp8_paged_mqa_logits and the fused TileLang mHC boundary",
-            upstream="on Hopper the indexer runs DeepGEMM's FP8 kernel and " + _MHC_23.replace(
+            upstream="the indexer runs DeepGEMM's FP8 kernel and " + _MHC_23.replace(
                 "srt/arg_groups/model_hook.py:491-492", "srt/environ.py:1823"),
         ),
         ("grouped-moe", SM120): Part(
