@@ -306,3 +306,16 @@ def family_of_device(name: str | None) -> str | None:
         if name and re.search(pattern, name, re.IGNORECASE):
             return family
     return None
+
+
+def family_of_kernels(names) -> str | None:
+    """The family a trace's kernel names say (sm120 / sm90 in FlashInfer's, FlashMLA's, DeepGEMM's and
+    cuBLAS's names), None when they say both or neither."""
+    said = set()
+    for name in names:
+        low = name.lower()
+        if re.search(r"sm_?12[01]", low):
+            said.add(SM120)
+        elif re.search(r"sm_?90(?![0-9])", low):
+            said.add(SM90)
+    return said.pop() if len(said) == 1 else None
