@@ -61,6 +61,7 @@ class BenchResult:
     matmul_tflops: float = 0.0
     rows: list[BenchRow] = field(default_factory=list)
     kv: str = "fp8"
+    peers: object = None  # bench_peers.PeerResult: beside FlashMLA on the same inputs (FP8 cache)
 
     def as_json(self) -> dict:
         check = asdict(self.check)
@@ -73,6 +74,7 @@ class BenchResult:
             "matmul_tflops": self.matmul_tflops,
             "check": check,
             "rows": [asdict(r) for r in self.rows],
+            **({"peers": self.peers.as_json()} if self.peers is not None else {}),
         }
 
 
@@ -210,6 +212,10 @@ def run_bench(
                 input_sets=len(sets),
             )
         )
+    if kv == "fp8":
+        from dsv4opt.optimizations.mma_attn.bench_peers import run_peers
+
+        result.peers = run_peers(batches, extra, gen, scale, on_step)
     return result
 
 
@@ -239,4 +245,10 @@ def render(result: BenchResult):
             f"{roofline / r.mma_us:.1%}", f"{r.frac_copy_bw:.1%}", f"{r.baseline_us:.1f}",
             f"{r.speedup_vs_baseline:.1f}", f"{r.torch_us:.1f}", f"{r.speedup_vs_torch:.1f}",
         )
-    return table
+    if result.peers is None:
+        return table
+    from rich.console import Group
+
+    from dsv4opt.optimizations.mma_attn.bench_peers import render as render_peers
+
+    return Group(table, render_peers(result.peers))
