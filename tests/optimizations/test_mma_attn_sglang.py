@@ -458,3 +458,41 @@ def test_drop_in_on_gpu_in_bf16(case):
     t_out, t_lse = theirs(**on_device(call, "cuda", torch.bfloat16))
     assert_close(t_out, t_lse, *reference(call))
     assert error_report(out, t_out).ok(TOL["o"])
+
+
+# SGLang 0.5.23's two new slots on the GPU in bf16; the Hopper one also beside the FlashMLA SGLang
+# 0.5.23 ships (sgl-flash-mla 1.0.0), called with the same arguments, when flash_mla imports: its
+# result is the contract the drop-in keeps (lse without the sink, +inf where nothing is used).
+GPU_023 = [c for c in CASES if c.heads == 64 or c.pattern == "empty"] + [
+    Case("flash-b64-h64-k512", batch=64, heads=64, topk=512),
+    Case("hca-b32-h64-empty", batch=32, heads=64, ratio=128, topk=64, pattern="empty"),
+]
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", GPU_023, ids=lambda c: c.name)
+def test_0_5_23_slots_on_gpu_in_bf16(case):
+    call = build_call(case, seed=18)
+    kw = on_device(call, "cuda", torch.bfloat16)
+    ref_o = reference(call)[0]
+    out, none = E.flash_mla_flashinfer(*(kw.get(n) for n in ("q", "k_cache", "indices", "topk_length", "attn_sink",
+                                                            "head_dim_v", "softmax_scale", "extra_k_cache",
+                                                            "extra_indices", "extra_topk_length")))
+    assert none is None and error_report(out, ref_o).ok(TOL["o"]), error_report(out, ref_o)
+    hopper = backend_flashmla_kwargs(Call(kw, call.caches, call.q, call.sink))
+    out, lse = E.flash_mla_with_kvcache(**hopper)
+    assert error_report(out, ref_o).ok(TOL["o"]), error_report(out, ref_o)
+    assert_flashmla_lse(lse, reference_flashmla_lse(call))
+    try:
+        import flash_mla
+    except Exception:  # not installed (or no extension here): the reference above is the contract
+        return
+    if case.heads not in (64, 128) or case.sink is False:
+        return  # FlashMLA takes 64 or 128 heads; SGLang always passes a sink
+    shipped = dict(hopper, tile_scheduler_metadata=flash_mla.get_mla_metadata()[0])
+    for lengths, rows in (("topk_length", "indices"), ("extra_topk_length", "extra_indices_in_kvcache")):
+        if shipped[lengths] is not None:  # FlashMLA reads `length` index slots: SGLang's never exceed K
+            shipped[lengths] = shipped[lengths].clamp(max=shipped[rows].shape[-1])
+    s_out, s_lse = flash_mla.flash_mla_with_kvcache(**shipped, causal=False, kv_format=None)
+    assert error_report(s_out, ref_o).ok(TOL["o"]), error_report(s_out, ref_o)
+    assert_flashmla_lse(s_lse, reference_flashmla_lse(call))
