@@ -113,3 +113,52 @@ def test_the_peer_table_fits_80_columns_and_states_the_targets():
     assert "FlashMLA source: no library here" in said
     row32 = next(ln for ln in text.splitlines() if ln.split()[:1] == ["32"])
     assert row32.split()[1:5] == ["20.0", "24.0", "25.0", "-"] and "1.25" in row32 and "1.04" in row32
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
+def test_run_peers_wiring_on_a_cpu(monkeypatch):
+    """run_peers end to end with the GPU parts stood in for (caches on the CPU, timing by one call,
+    FlashMLA 1.0.0 by the float64 reference in FlashMLA's convention): every callable checked, then
+    timed; a wrong result is not timed. The speed itself is the H200's to measure."""
+    from dsv4opt.optimizations.mma_attn import bench
+
+    s, swa, extra = inputs(seed=3)
+    calls = []
+
+    class FakeFlashMLA:
+        __version__ = "1.0.0"
+
+        @staticmethod
+        def get_mla_metadata():
+            return object(), None
+
+        @staticmethod
+        def flash_mla_with_kvcache(**kw):
+            calls.append(kw)
+            o, _, bare = P.reference(s, swa, extra, SCALE)
+            return o.to(torch.bfloat16).unsqueeze(1), bare.float().unsqueeze(-1)
+
+    monkeypatch.setattr(bench, "window_cache", lambda kv, batch, gen: swa)
+    monkeypatch.setattr(bench, "input_sets", lambda batch, swa_, extra_, gen: [s, s])
+    monkeypatch.setattr(bench, "median_graph_ms", lambda fn: (fn(), fn(), 0.001)[-1])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(P, "shipped_flash_mla", lambda: (FakeFlashMLA, "yes"))
+    monkeypatch.setattr(P, "_poison_allocator", lambda *shapes: set())
+    monkeypatch.setattr(P, "ANCHOR_LIB", P.ROOT / "no-such-anchor.so")
+    result = P.run_peers([2], extra, None, SCALE)
+    [row] = result.rows
+    assert result.available[P.SOURCE].endswith("not found (scripts/anchor_flashmla/build.sh builds it)")
+    assert set(row.us) == {P.MMA, P.SLOT, P.SHIPPED} and all(v == pytest.approx(1.0) for v in row.us.values())
+    assert all(P._within(e) for e in row.err.values()), row.err
+    assert row.poisoned == {P.MMA: True, P.SLOT: True, P.SHIPPED: False}  # no bait on a CPU
+    assert len(calls) == 2 + 1 + 2 and all(kw["use_legacy"] is True for kw in calls)  # fill, check, time
+
+    right = FakeFlashMLA.flash_mla_with_kvcache
+
+    def wrong(**kw):
+        o, lse = right(**kw)
+        return o, lse + 1e-3  # an lse off by 1e-3 is off by more than 1e-5 relative
+
+    monkeypatch.setattr(FakeFlashMLA, "flash_mla_with_kvcache", staticmethod(wrong))
+    [row] = P.run_peers([2], extra, None, SCALE).rows
+    assert P.SHIPPED not in row.us and not P._within(row.err[P.SHIPPED])
