@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 CACHE = Path(os.environ.get("DSV4OPT_WHEELS", Path.home() / ".cache" / "dsv4opt" / "wheels"))
+_unavailable: dict[str, str] = {}  # a wheel that could not be had: asked once per session
 
 
 def wheel(dist: str, version: str, timeout: int = 600) -> Path:
@@ -34,18 +35,25 @@ def wheel(dist: str, version: str, timeout: int = 600) -> Path:
     found = sorted(folder.glob(f"{stem}-{version}-*.whl"))
     if found:
         return found[0]
+    key = f"{dist}=={version}"
+    if key not in _unavailable:
+        _unavailable[key] = _download(key, folder, timeout)
+    found = sorted(folder.glob(f"{stem}-{version}-*.whl"))
+    if not found:
+        pytest.skip(f"cannot download {key} ({_unavailable[key]}); put its wheel in {folder}")
+    return found[0]
+
+
+def _download(requirement: str, folder: Path, timeout: int) -> str:
+    """pip download into folder; what went wrong, in one line ("" when nothing did)."""
     folder.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(folder),
-           f"{dist}=={version}"]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "--retries", "0",
+           "--timeout", "20", "-d", str(folder), requirement]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"cannot download {dist}=={version} ({exc}); put its wheel in {folder}")
-    found = sorted(folder.glob(f"{stem}-{version}-*.whl"))
-    if run.returncode != 0 or not found:
-        last = (run.stderr.strip().splitlines() or ["no wheel"])[-1]
-        pytest.skip(f"cannot download {dist}=={version} ({last}); put its wheel in {folder}")
-    return found[0]
+        return str(exc)
+    return "" if run.returncode == 0 else (run.stderr.strip().splitlines() or ["pip failed"])[-1]
 
 
 def source(whl: Path, path: str) -> str:
