@@ -18,7 +18,6 @@ import pytest
 from typer.testing import CliRunner
 
 from dsv4opt.cli import app
-from dsv4opt.optimizations.mma_attn import sglang_contract as C
 from dsv4opt.optimizations.mma_attn import sglang_entry
 from dsv4opt.sglang import dropins, launch
 from tests.helpers import REPO
