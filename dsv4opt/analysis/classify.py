@@ -71,6 +71,38 @@ RULES: tuple[Rule, ...] = (
          "DeepGEMM's grouped GEMMs (GemmType 1 MGroupedContiguous, 2 MGroupedMasked) are the experts; written "
          "in DeepGEMM's naming (deep_gemm/include/deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh: the GEMM type is a "
          "template argument); the other template values are illustrative, not copied from a trace"),
+    # SGLang 0.5.23's decode (its PyPI wheel and the wheels it pins), rows where the rules below
+    # would misread a name. TileLang names a kernel after its function, `{name}_kernel`
+    # (tile-ai/tilelang#2949: two `def main` both emit `main_kernel`); those examples follow that rule.
+    Rule(MOE, r"cutlass_kernels::(?:expandinputrows|doactivation|dogatedactivation|computestridestmawarpspecialized"
+              r"|finalizemoerouting\w*|\w*expertprefixsum|fusedbuildexpertmapssortfirsttoken)kernel",
+         "void tensorrt_llm::kernels::cutlass_kernels::doGatedActivationKernel<__nv_bfloat16, __nv_bfloat16, "
+         "tensorrt_llm::kernels::cutlass_kernels::GLUAdaptor<cutlass::epilogue::thread::SiLu> >(__nv_bfloat16*, "
+         "__nv_bfloat16 const*, long const*, long, long, tensorrt_llm::kernels::cutlass_kernels::ActivationParams)",
+         "FlashInfer's cutlass_fused_moe runner around its grouped GEMMs (SGLang 0.5.23's flashinfer_mxfp4 MoE): "
+         "row expansion, activation, strides, finalize (flashinfer-python 0.7.2, csrc/fused_moe/cutlass_backend/"
+         "cutlass_fused_moe_kernels.cuh:1390, 1572, 1965, 2329, 2407; the example's template arguments are "
+         "illustrative); where no grouped-GEMM type shows in a name, `cutlass` in it reads as a dense GEMM"),
+    Rule(COPY, r"^_page_(?:split|mark)_kernel|deep_gemm::smxx_clean_logits",
+         "_page_split_kernel",
+         "SGLang 0.5.23's copy of the referenced window pages into FlashInfer's 64-token pages and the mask of "
+         "those pages (kernels/ops/attention/flash_mla_sm120.py:395, 455); DeepGEMM's -inf fill of the logits "
+         "outside each query's range (deep_gemm/include/deep_gemm/impls/smxx_clean_logits.cuh:13)"),
+    Rule(GEMM_TC, r"^fp8_paged_mqa_logits_kernel",
+         "fp8_paged_mqa_logits_kernel",
+         "TileLang's FP8 indexer logits, a T.gemm (SGLang 0.5.23 kernels/ops/attention/dsa/tilelang_kernel.py:1289; "
+         "DeepGEMM's deep_gemm::sm90_fp8_paged_mqa_logits is a GEMM by its namespace already)"),
+    Rule(GEMM_FP32_SIMT, r"^mhc_fused_post_pre_fma_tilelang_kernel",
+         "mhc_fused_post_pre_fma_tilelang_kernel",
+         "SGLang 0.5.23's fused mHC boundary for 32 tokens or fewer: the post step and the fp32 pre-mix "
+         "partials as CUDA-core FMAs (kernels/ops/layernorm/mhc.py:1368, fp32 operands at :1390-1394)"),
+    Rule(REDUCTION, r"^(?:hc_split_sinkhorn_kernel_|mhc_pre_big_fuse\w*_tilelang|mhc_pre_gemm_sqrsum_splitk_stage_1)_kernel",
+         "hc_split_sinkhorn_kernel__kernel",
+         "TileLang's Sinkhorn normalisation, its fusion with the combine and RMSNorm, and the sum of the "
+         "pre-mix GEMM's split-K partials (SGLang 0.5.23 kernels/ops/layernorm/mhc.py:250, 472, 777, 897)"),
+    Rule(ELEMENTWISE, r"^mhc_post_tilelang_kernel",
+         "mhc_post_tilelang_kernel",
+         "TileLang's mHC post step, out = post * f(y) + comb @ residual (SGLang 0.5.23 kernels/ops/layernorm/mhc.py:1272)"),
     Rule(ATTENTION, r"flash(?!infer)|fmha|sdpa|mla|attn|attention|batchdecode|batchprefill|paged_?attention|decode_?kernel|_fwd(?:_grouped)?_kernel_stage|merge_?state|single_?(?:decode|prefill)|cascade",
          "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t, ...>, false, true, false, false, true, true, false>(pytorch_flash::Flash_fwd_params)",
          "attention kernels; FlashInfer's namespace alone says nothing (its norm, rope and sampling kernels live there too)"),

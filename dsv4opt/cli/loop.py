@@ -54,6 +54,7 @@ def apply(
     out: Annotated[Path, typer.Option(help="sglang: folder for the env file and launch flags.")] = Path("sglang-switches"),
     keep: Annotated[bool, typer.Option("--keep", help="Keep it on even if the re-profile is slower beyond the measured noise.")] = False,
     force: Annotated[bool, typer.Option("--force", help="sglang: replace files of those names that hold something else.")] = False,
+    sglang_version: Annotated[Optional[str], typer.Option(help="sglang: the server's version (default: the one installed here).")] = None,
 ) -> None:
     """Check NAME on this device, switch it on, re-profile, and show whether the bottleneck moved.
 
@@ -68,8 +69,8 @@ def apply(
     if target is Target.sglang:
         from dsv4opt.capture.sglang.switches import apply_to_sglang, describe
 
-        paths = apply_to_sglang(name, out, force=force)
-        console.print(describe(name), highlight=False)
+        paths = apply_to_sglang(name, out, force=force, sglang_version=sglang_version)
+        console.print(describe(name, sglang_version), highlight=False)
         for p in paths:
             console.print(f"wrote {p}")
         return

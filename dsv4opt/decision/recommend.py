@@ -189,8 +189,42 @@ def speculative(c: Candidate) -> bool:
     return c.target == GLUE_TARGET and c.kernel_speedup is None and c.fragmentation.tiny
 
 
+def sglang_version_notes(profile: Profile, cands: list[Candidate]) -> list[str]:
+    """On a profile of an SGLang server, what that version already does (optimizations/sglang_versions.py):
+    a candidate SGLang runs upstream on the profile's GPU family (every family when the profile does
+    not say) is not recommended and says so, and a speed-up on record timed against a kernel that
+    version does not run is not used."""
+    if profile.meta.get("target") != "sglang":
+        return []
+    from dsv4opt.optimizations import sglang_versions as V
+
+    version = profile.meta.get("sglang_version")
+    entry = V.VERSIONS.get(str(version)) if version else None
+    if entry is None:
+        return [f"SGLang {version or '(version not recorded)'} is not a version dsv4opt knows ({V.known()}): "
+                "what it already does upstream is not checked"]
+    family = V.family_of_device(profile.meta.get("device")) or V.family_of_kernels(k.name for k in profile.kernels)
+    lines = []
+    for c in cands:
+        parts = {f: p for f in ([family] if family else V.FAMILIES) if (p := entry.part(c.name, f)) is not None}
+        if c.kind != "optimisation" or not parts:
+            continue
+        if all(p.upstream for p in parts.values()):
+            said = "; ".join(f"{V.FAMILIES[f]}: {p.upstream}" for f, p in parts.items())
+            c.fits = False
+            c.notes.insert(0, f"already upstream in SGLang {entry.version} ({said})")
+            lines.append(f"{c.name}: already upstream in SGLang {entry.version} ({said}): not recommended")
+        elif c.kernel_speedup is not None and not any(p.record_applies for p in parts.values()):
+            runs = "; ".join(f"{V.FAMILIES[f]}: {p.sglang_runs}" for f, p in parts.items())
+            c.kernel_speedup, c.amdahl_bound = None, amdahl(c.share, None)
+            c.speedup_source = (f"the speed-up on record was timed against a kernel SGLang {entry.version} does not run "
+                                f"here ({runs}): bound assumes the target takes no time")
+    return lines
+
+
 def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendation:
     cands = candidates(profile, enabled)
+    version_lines = sglang_version_notes(profile, cands)
     open_ = [c for c in cands if not c.enabled and c.share >= MIN_SHARE]
     applicable = [c for c in open_ if c.kind == "optimisation" and c.fits]
     unsure = [c for c in open_ if c.kind == "optimisation" and c.fits is None]
@@ -202,7 +236,7 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
         best_opt, best_guess = best_guess, None
     best_lever = max(levers, key=lambda c: c.amdahl_bound, default=None)
 
-    lines: list[str] = []
+    lines: list[str] = list(version_lines)
     if profile.time_basis != "gpu":
         lines.append("this profile ranks CPU operators by self time (no GPU): shares are CPU shares")
     if best_opt is not None and best_opt.amdahl_bound >= MIN_GAIN:

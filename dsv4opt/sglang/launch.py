@@ -1,9 +1,10 @@
 """`python -m dsv4opt.sglang.launch --with mma-attn -- <sglang launch_server args>`: SGLang's own
 server, with dsv4opt's drop-ins in place of the SGLang functions they replace.
 
-Checks the installed SGLang first (dropins.preflight) and refuses in one line when it is not the one
-a drop-in was written for; then sets DSV4OPT_SGLANG_WITH for SGLang's worker processes (dsv4opt's
-plugin installs the drop-ins there), installs them here, and runs `sglang.launch_server` as its own
+Checks the installed SGLang first (dropins.preflight: its version, the GPU family, the functions the
+drop-in replaces there) and refuses in one line when it is not one a drop-in was written for; then
+sets DSV4OPT_SGLANG_WITH and DSV4OPT_SGLANG_FAMILY for SGLang's worker processes (dsv4opt's plugin
+installs the drop-ins there), installs them here, and runs `sglang.launch_server` as its own
 `python -m` would, in this process.
 """
 
@@ -19,11 +20,11 @@ from rich.markup import escape
 
 from dsv4opt.errors import DsvOptError
 from dsv4opt.sglang import sm120_path
-from dsv4opt.sglang.dropins import DROPINS, ENV_FORCE_SM120, ENV_WITH, get, install, preflight
+from dsv4opt.sglang.dropins import DROPINS, ENV_FAMILY, ENV_FORCE_SM120, ENV_WITH, get, install, preflight
 
 USAGE = ("python -m dsv4opt.sglang.launch [--with NAME ...] [--force-sm120-path] -- "
          "<sglang.launch_server arguments>")
-SM120_PATH = DROPINS["mma-attn"]  # the entry point whose path --force-sm120-path opens
+SM120_PATH = "mma-attn"  # the drop-in whose path --force-sm120-path opens
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,22 +62,24 @@ def main(argv: list[str] | None = None) -> int:
         dropins = [get(name) for name in dict.fromkeys(opts.names)]
         if not dropins and not opts.force_sm120_path:
             raise DsvOptError(f"nothing to do: name a drop-in with --with ({', '.join(DROPINS)}) or pass --force-sm120-path")
-        versions = {d.optimization: preflight(d, opts.force_sm120_path) for d in dropins}
-        if opts.force_sm120_path and not dropins:
-            preflight(SM120_PATH, force_sm120=True, entry=False)
+        plans = [preflight(name, opts.force_sm120_path) for name in dropins]
+        # --force-sm120-path alone: SGLang's own sm_120 kernel, checked as the drop-in's path would be
+        family = (plans[0] if plans else preflight(SM120_PATH, force_sm120=True, entry=False)).family
     except DsvOptError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}")
         return 1
-    os.environ[ENV_WITH] = ",".join(d.optimization for d in dropins)
+    os.environ[ENV_WITH] = ",".join(dropins)
+    os.environ[ENV_FAMILY] = family
     os.environ.pop(ENV_FORCE_SM120, None)  # only what this command line asks for reaches the workers
     if opts.force_sm120_path:
         os.environ[ENV_FORCE_SM120] = "1"
         sm120_path.force()
         err.print("dsv4opt: DeepSeek-V4 decode attention takes SGLang's sm_120 path on this GPU")
-    for d in dropins:
-        install(d)
-        err.print(f"dsv4opt: {d.optimization} replaces {d.module}.{d.attribute} in SGLang "
-                  f"{versions[d.optimization]} (written for {d.written_for})")
+    for plan in plans:
+        for slot in plan.slots:
+            install(plan.optimization, slot, plan.version)
+            err.print(f"dsv4opt: {plan.optimization} replaces {slot.module}.{slot.attribute} in SGLang "
+                      f"{plan.version} ({plan.family}: {slot.reached})")
     err.print("dsv4opt: starting SGLang's server")
     run_sglang_server(server_args)
     return 0

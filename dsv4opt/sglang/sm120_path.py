@@ -1,5 +1,6 @@
-"""SGLang's sm_120 decode attention on any GPU: its DeepSeek-V4 backend sends decode through the sm_120
-dispatcher (and so through the Triton entry point the mma-attn drop-in replaces) only where
+"""SGLang 0.5.14's sm_120 decode attention on any GPU (`--force-sm120-path`; refused on 0.5.23, which
+decides the sm_120 path process-wide and has a Hopper slot instead): its DeepSeek-V4 backend sends
+decode through the sm_120 dispatcher (and so through the Triton entry point the mma-attn drop-in replaces) only where
 `deepseek_v4_backend._is_sm120` is true (`deepseek_v4_backend.py:74`, `:126`, `:1419` at 37ef295c7);
 elsewhere it runs FlashMLA. Setting that flag lets a Hopper GPU run the sm_120 attention path, SGLang's
 kernel or dsv4opt's, inside a real server; the rest of the server keeps its own GPU's kernels.

@@ -73,8 +73,8 @@ def test_force_replaces_the_file(name, inputs, tmp_path):
 @pytest.mark.parametrize("args, option", [
     (["sweep", "--device", "cpu", "--out-dir"], "--out-dir"),
     (["profile", "--device", "cpu", "--trace-dir"], "--trace-dir"),
-    (["sglang-switches", "mma-attn", "--out"], "--out"),
-    (["apply", "mma-attn", "--target", "sglang", "--out"], "--out"),
+    (["sglang-switches", "mma-attn", "--sglang-version", "0.5.23", "--out"], "--out"),
+    (["apply", "mma-attn", "--target", "sglang", "--sglang-version", "0.5.23", "--out"], "--out"),
 ])
 def test_a_folder_under_a_missing_folder_is_refused(args, option, tmp_path):
     folder = tmp_path / "typo" / "here"
@@ -84,9 +84,10 @@ def test_a_folder_under_a_missing_folder_is_refused(args, option, tmp_path):
     assert not folder.parent.exists()
 
 
-@pytest.mark.parametrize("command", [["sglang-switches", "bf16-gemm"], ["apply", "bf16-gemm", "--target", "sglang"]])
+@pytest.mark.parametrize("command", [["sglang-switches", "mma-attn", "--sglang-version", "0.5.23"],
+                                     ["apply", "mma-attn", "--target", "sglang", "--sglang-version", "0.5.23"]])
 def test_switch_files_follow_the_same_policy(command, tmp_path):
-    mine = tmp_path / "sglang-bf16-gemm.env"
+    mine = tmp_path / "sglang-mma-attn.env"
     mine.write_text("MY_SETTING=1\n")
     r = runner.invoke(app, command + ["--out", str(tmp_path)])
     assert r.exit_code == 1 and f"{mine} already exists; pass --force to replace it, or choose another --out" in r.output

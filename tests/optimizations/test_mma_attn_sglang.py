@@ -1,20 +1,19 @@
-"""The SGLang drop-in (mma_attn/sglang_entry.py) against the float64 reference and, where the PyPI
-release it pins is installed, against SGLang's own Triton function, on tensors built as SGLang's
-DeepSeek-V4 backend builds them (sglang_contract.py: pools, page sizes 256 / 64 / 2, views, -1 padded
-index rows). fp16 queries under the interpreter (it cannot multiply bf16 in tl.dot); outputs bf16 as
-SGLang's; torch.empty NaN-poisoned (tests/conftest.py).
+"""The SGLang drop-ins (mma_attn/sglang_entry.py) against the float64 reference and against SGLang's
+own Triton function, on tensors built as SGLang's DeepSeek-V4 backend builds them (sglang_contract.py:
+pools, page sizes 256 / 64 / 2, views, -1 padded index rows). fp16 queries under the interpreter (it
+cannot multiply bf16 in tl.dot); outputs bf16 as SGLang's; torch.empty NaN-poisoned
+(tests/conftest.py).
 
-SGLang's function runs here from its file in `pip install --no-deps sglang==0.5.14`: the package's
-__init__ needs server dependencies a CPU test does not have, the kernel module only torch and Triton.
+SGLang's function runs here from its file in the PyPI wheel of each version (tests/sglang/wheels.py:
+`pip download --no-deps sglang==X`, skipped when that cannot be had): the package's __init__ needs
+server dependencies a CPU test does not have, the kernel module only torch and Triton. How SGLang's
+own dispatchers and the backend's calls reach the drop-ins: tests/sglang/test_sglang_wheels.py.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import inspect
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +21,7 @@ import torch
 from dsv4opt.numerics import error_report
 from dsv4opt.optimizations.mma_attn import kernel
 from dsv4opt.optimizations.mma_attn import sglang_contract as C
+from dsv4opt.optimizations.mma_attn import sglang_entry as E
 from dsv4opt.optimizations.mma_attn.sglang_entry import DropInInputError, flash_mla_sparse_decode_triton
 from dsv4opt.workload.attention import sparse_attention_ref
 from dsv4opt.workload.kvcache import KVCache
@@ -203,12 +203,21 @@ def test_comparison_fails_when_scales_are_read_from_the_wrong_place():
     assert not error_report(out, ref[0]).ok(TOL["o"])
 
 
-def test_signature_is_the_entry_points():
-    params = list(inspect.signature(flash_mla_sparse_decode_triton).parameters.values())
-    assert [p.name for p in params] == [name for name, _ in C.ENTRY_PARAMETERS]
-    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
-    for p, (_, default) in zip(params, C.ENTRY_PARAMETERS):
-        assert p.default is (inspect.Parameter.empty if default is C.REQUIRED else default)
+def _params(fn) -> list[tuple]:
+    return [(p.name, C.REQUIRED if p.default is inspect.Parameter.empty else p.default,
+             p.kind is inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("fn, contract", [
+    (flash_mla_sparse_decode_triton, C.ENTRY_PARAMETERS),
+    (E.flash_mla_flashinfer, C.FLASHINFER_PARAMETERS),
+    (E.flash_mla_with_kvcache, C.FLASHMLA_PARAMETERS),
+], ids=["triton-entry", "flashinfer", "flashmla"])
+def test_signatures_are_the_contracts(fn, contract):
+    # the contracts themselves are held against each wheel's functions in tests/sglang/test_sglang_wheels.py
+    kinds = {p.kind for p in inspect.signature(fn).parameters.values()}
+    assert kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY}
+    assert _params(fn) == [tuple(p) for p in contract]
 
 
 @pytest.mark.parametrize(
@@ -227,6 +236,128 @@ def test_inputs_sglang_could_not_take_are_refused(change, message):
     call = build_call(Case("w", ratio=0, batch=2), seed=7)
     with pytest.raises(DropInInputError, match=message):
         flash_mla_sparse_decode_triton(**dict(call.kwargs, **change))
+
+
+# --- SGLang 0.5.23's other two slots: FlashInfer's on sm_120, FlashMLA's on Hopper ----------------
+
+def flashinfer_args(call: Call) -> tuple:
+    """`_flash_mla_flashinfer`'s ten arguments, positional, as flash_mla_sm120.py:330-341 passes them."""
+    kw = call.kwargs
+    return tuple(kw.get(name) for name in ("q", "k_cache", "indices", "topk_length", "attn_sink", "head_dim_v",
+                                           "softmax_scale", "extra_k_cache", "extra_indices", "extra_topk_length"))
+
+
+def backend_flashmla_kwargs(call: Call, meta=None) -> dict:
+    """The keywords deepseek_v4_backend.py:4384-4399 passes (C.FLASHMLA_CALL_KEYWORDS), plus the
+    partial's use_legacy=True (:1268-1271)."""
+    kw = call.kwargs
+    return dict(q=kw["q"], k_cache=kw["k_cache"], head_dim_v=C.DIM, block_table=None, cache_seqlens=None,
+                tile_scheduler_metadata=meta if meta is not None else object(), softmax_scale=kw["softmax_scale"],
+                is_fp8_kvcache=True, indices=kw["indices"], topk_length=kw["topk_length"], attn_sink=kw["attn_sink"],
+                extra_k_cache=kw.get("extra_k_cache"), extra_indices_in_kvcache=kw.get("extra_indices"),
+                extra_topk_length=kw.get("extra_topk_length"), use_legacy=True)
+
+
+def reference_flashmla_lse(call: Call) -> torch.Tensor:
+    """float64 [B, H, 1]: FlashMLA's lse, the scores' log-sum-exp without the sink, +inf where nothing
+    is used (its tests/ref.py, ref_sparse_attn_decode)."""
+    (w, w_idx, w_len), *extra = call.caches
+    e, e_idx, e_len = extra[0] if extra else (None, None, None)
+    H = call.q.shape[1]
+    _, lse = sparse_attention_ref(call.q, w, w_idx, w_len, e, e_idx, e_len, torch.full((H,), float("-inf")), SCALE)
+    return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse).unsqueeze(2)
+
+
+def assert_flashmla_lse(lse, ref):
+    assert lse.dtype == torch.float32 and lse.shape == ref.shape
+    assert torch.equal(torch.isposinf(lse).cpu(), torch.isposinf(ref).cpu())  # error_report skips them
+    assert error_report(lse, ref).ok(TOL["lse"]), error_report(lse, ref)
+
+
+@on_cpu
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=lambda c: c.name)
+def test_flashinfer_slot_matches_reference(case):
+    call = build_call(case, seed=12)
+    out, lse = E.flash_mla_flashinfer(*flashinfer_args(call))
+    B, H = call.q.shape[:2]
+    assert lse is None and out.dtype == torch.bfloat16 and out.shape == (B, 1, H, C.DIM)
+    ref_o, _ = reference(call)
+    assert error_report(out, ref_o).ok(TOL["o"]), error_report(out, ref_o)
+
+
+@on_cpu
+def test_flashinfer_slot_takes_three_dimensional_q_and_index_rows():
+    # _flash_mla_flashinfer squeezes q and indices only when they have the extra axis (:613, :659)
+    call = build_call(Case("w", batch=2, heads=4, ratio=4, topk=64), seed=13)
+    args = list(flashinfer_args(call))
+    args[0], args[2], args[8] = args[0].squeeze(1), args[2].squeeze(1), args[8].squeeze(1)
+    out, _ = E.flash_mla_flashinfer(*args)
+    assert error_report(out, reference(call)[0]).ok(TOL["o"])
+
+
+def test_flashinfer_slot_refuses_another_value_width():
+    call = build_call(Case("w", ratio=0, batch=2), seed=14)
+    args = list(flashinfer_args(call))
+    args[5] = 448
+    with pytest.raises(DropInInputError, match="head_dim_v must be 512"):
+        E.flash_mla_flashinfer(*args)
+
+
+@on_cpu
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[2], CASES[3], CASES[4]], ids=lambda c: c.name)
+def test_flashmla_slot_returns_flashmlas_result(case):
+    call = build_call(case, seed=15)
+    meta = type("FlashMLASchedMeta", (), {"have_initialized": False})()
+    out, lse = E.flash_mla_with_kvcache(**backend_flashmla_kwargs(call, meta))
+    B, H = call.q.shape[:2]
+    assert out.dtype == torch.bfloat16 and out.shape == (B, 1, H, C.DIM)
+    assert error_report(out, reference(call)[0]).ok(TOL["o"]), error_report(out, reference(call)[0])
+    assert_flashmla_lse(lse, reference_flashmla_lse(call))
+    assert meta.have_initialized is False  # FlashMLA's schedule is left as it came
+
+
+@on_cpu
+def test_flashmla_slot_comparison_fails_when_the_sink_stays_in_the_lse():
+    # The lse check can fail: mma-attn's own lse (the sink in it) is not FlashMLA's.
+    call = build_call(Case("csa", batch=3, heads=8), seed=16)
+    _, with_sink = flash_mla_sparse_decode_triton(**call.kwargs)
+    with pytest.raises(AssertionError):
+        assert_flashmla_lse(with_sink, reference_flashmla_lse(call))
+
+
+@pytest.mark.parametrize("change", [
+    dict(indices=None), dict(causal=True), dict(is_fp8_kvcache=False), dict(kv_format="V32_NO_ROPE"),
+    dict(use_legacy=False), dict(head_dim_v=448), dict(q_rows=2), dict(k_bytes=528),
+], ids=["dense", "causal", "not-fp8", "kv-format", "current-kernels", "value-width", "two-queries", "v41-cache"])
+def test_flashmla_slot_hands_other_calls_to_sglangs_own(change, monkeypatch):
+    call = build_call(Case("w", ratio=0, batch=2, heads=4), seed=17)
+    kw = backend_flashmla_kwargs(call)
+    if "q_rows" in change:
+        kw["q"] = kw["q"].expand(-1, change.pop("q_rows"), -1, -1)
+    if "k_bytes" in change:
+        kw["k_cache"] = torch.zeros(2, 64, 1, change.pop("k_bytes"), dtype=torch.uint8)
+    kw.update(change)
+    seen = []
+    monkeypatch.setattr(E, "_fallback", {})
+    E.set_fallback(C.FLASHMLA_NAME, lambda **k: seen.append(k) or "sglang's")
+    assert E.flash_mla_with_kvcache(**kw) == "sglang's"
+    assert seen and seen[0].keys() == {p.name for p in C.FLASHMLA_PARAMETERS}
+    monkeypatch.setattr(E, "_fallback", {})
+    with pytest.raises(DropInInputError, match="not a DeepSeek-V4 sparse FP8 decode call"):
+        E.flash_mla_with_kvcache(**kw)
+
+
+def test_set_fallback_keeps_sglangs_function_not_ours(monkeypatch):
+    monkeypatch.setattr(E, "_fallback", {})
+    E.set_fallback(C.FLASHMLA_NAME, E.flash_mla_with_kvcache)  # a second install finds ours there
+    assert E._fallback == {}
+
+    def sglangs(**_):
+        return None
+
+    E.set_fallback(C.FLASHMLA_NAME, sglangs)
+    E.set_fallback(C.FLASHMLA_NAME, lambda **_: None)
+    assert E._fallback[C.FLASHMLA_NAME] is sglangs
 
 
 def _independent_rows(buffer: torch.Tensor, page_size: int, tokens: torch.Tensor) -> torch.Tensor:
@@ -252,21 +383,23 @@ def test_our_fp8_layout_is_sglangs_page(page_size):
     assert torch.equal(cache.read(tokens), _independent_rows(cache.data, page_size, tokens))
 
 
-# --- against SGLang's own function (pip install --no-deps sglang==0.5.14) --------------------------
+# --- against SGLang's own function, from each version's wheel ------------------------------------
 
-PINNED = C.SGLANG_VERSION
+# Where each version keeps the Triton entry (0.5.23 moved it; the file is otherwise the same).
+TRITON_FILES = {C.SGLANG_VERSION: C.ENTRY_MODULE, C.SGLANG_023: C.TRITON_MODULE_023}
 
 
-def _sglang_kernel_module():
-    try:
-        installed = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip(f"SGLang not installed: pip install --no-deps sglang=={PINNED}")
-    if installed != PINNED:
-        pytest.skip(f"SGLang {installed} installed; this comparison is pinned to {PINNED}")
-    root = Path(list(importlib.util.find_spec("sglang").submodule_search_locations)[0])
-    path = root / "srt" / "layers" / "attention" / "flash_mla_sm120_triton.py"
-    spec = importlib.util.spec_from_file_location("sglang_flash_mla_sm120_triton", path)
+def _sglang_kernel_module(version: str = C.SGLANG_VERSION):
+    """SGLang's flash_mla_sm120_triton module of `version`, loaded from its file in the wheel under a
+    private name (it imports only torch and Triton); skips when the wheel cannot be had."""
+    import importlib.util
+
+    from tests.sglang.wheels import WheelModules, wheel
+
+    whl = wheel("sglang", version)
+    w = WheelModules(whl, "sglang")
+    path = w.extract(TRITON_FILES[version].replace(".", "/") + ".py")
+    spec = importlib.util.spec_from_file_location(f"sglang_{version.replace('.', '_')}_flash_mla_sm120_triton", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # Its autotuner benchmarks on a GPU; with one config left it runs that config, no benchmark.
@@ -274,8 +407,9 @@ def _sglang_kernel_module():
     return module
 
 
-def test_signature_matches_sglangs():
-    module = _sglang_kernel_module()
+@pytest.mark.parametrize("version", list(TRITON_FILES))
+def test_signature_matches_sglangs(version):
+    module = _sglang_kernel_module(version)
     theirs = inspect.signature(getattr(module, C.ENTRY_NAME)).parameters.values()
     ours = inspect.signature(flash_mla_sparse_decode_triton).parameters.values()
     assert [(p.name, p.kind, p.default) for p in theirs] == [(p.name, p.kind, p.default) for p in ours]
@@ -291,7 +425,7 @@ SGLANG_CASES = [
 @on_cpu
 @pytest.mark.parametrize("case", SGLANG_CASES, ids=lambda c: c.name)
 def test_drop_in_matches_sglangs_own_function(case):
-    module = _sglang_kernel_module()
+    module = _sglang_kernel_module(C.SGLANG_VERSION)
     call = build_call(case, seed=9)
     theirs = getattr(module, C.ENTRY_NAME)(**dict(call.kwargs, q=call.kwargs["q"].to(torch.bfloat16)))
     ours = flash_mla_sparse_decode_triton(**call.kwargs)
@@ -324,3 +458,41 @@ def test_drop_in_on_gpu_in_bf16(case):
     t_out, t_lse = theirs(**on_device(call, "cuda", torch.bfloat16))
     assert_close(t_out, t_lse, *reference(call))
     assert error_report(out, t_out).ok(TOL["o"])
+
+
+# SGLang 0.5.23's two new slots on the GPU in bf16; the Hopper one also beside the FlashMLA SGLang
+# 0.5.23 ships (sgl-flash-mla 1.0.0), called with the same arguments, when flash_mla imports: its
+# result is the contract the drop-in keeps (lse without the sink, +inf where nothing is used).
+GPU_023 = [c for c in CASES if c.heads == 64 or c.pattern == "empty"] + [
+    Case("flash-b64-h64-k512", batch=64, heads=64, topk=512),
+    Case("hca-b32-h64-empty", batch=32, heads=64, ratio=128, topk=64, pattern="empty"),
+]
+
+
+@needs_gpu
+@pytest.mark.parametrize("case", GPU_023, ids=lambda c: c.name)
+def test_0_5_23_slots_on_gpu_in_bf16(case):
+    call = build_call(case, seed=18)
+    kw = on_device(call, "cuda", torch.bfloat16)
+    ref_o = reference(call)[0]
+    out, none = E.flash_mla_flashinfer(*(kw.get(n) for n in ("q", "k_cache", "indices", "topk_length", "attn_sink",
+                                                            "head_dim_v", "softmax_scale", "extra_k_cache",
+                                                            "extra_indices", "extra_topk_length")))
+    assert none is None and error_report(out, ref_o).ok(TOL["o"]), error_report(out, ref_o)
+    hopper = backend_flashmla_kwargs(Call(kw, call.caches, call.q, call.sink))
+    out, lse = E.flash_mla_with_kvcache(**hopper)
+    assert error_report(out, ref_o).ok(TOL["o"]), error_report(out, ref_o)
+    assert_flashmla_lse(lse, reference_flashmla_lse(call))
+    try:
+        import flash_mla
+    except Exception:  # not installed (or no extension here): the reference above is the contract
+        return
+    if case.heads not in (64, 128) or case.sink is False:
+        return  # FlashMLA takes 64 or 128 heads; SGLang always passes a sink
+    shipped = dict(hopper, tile_scheduler_metadata=flash_mla.get_mla_metadata()[0])
+    for lengths, rows in (("topk_length", "indices"), ("extra_topk_length", "extra_indices_in_kvcache")):
+        if shipped[lengths] is not None:  # FlashMLA reads `length` index slots: SGLang's never exceed K
+            shipped[lengths] = shipped[lengths].clamp(max=shipped[rows].shape[-1])
+    s_out, s_lse = flash_mla.flash_mla_with_kvcache(**shipped, causal=False, kv_format=None)
+    assert error_report(s_out, ref_o).ok(TOL["o"]), error_report(s_out, ref_o)
+    assert_flashmla_lse(s_lse, reference_flashmla_lse(call))

@@ -1,7 +1,9 @@
-"""The drop-in launcher against stand-in `sglang` packages written into a tmp dir: it refuses in one
-line, naming the SGLang it was written for, whatever is wrong with the installed one; and when all
-is right, the attribute SGLang's dispatcher looks up on every call is ours, in the launcher's process
-and in a worker process spawned the way SGLang starts its schedulers (through dsv4opt's plugin)."""
+"""The drop-in launcher against stand-in `sglang` packages written into a tmp dir, laid out as 0.5.14
+or as 0.5.23: it refuses in one line, naming the SGLang versions it was written for, whatever is
+wrong with the installed one; and when all is right, the attribute SGLang's dispatcher or backend
+looks up is ours, for the version and GPU family, in the launcher's process and in a worker process
+spawned the way SGLang starts its schedulers (through dsv4opt's plugin). The real modules of each
+version: tests/sglang/test_sglang_wheels.py."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dsv4opt.cli import app
-from dsv4opt.optimizations.mma_attn import sglang_contract as C
+from dsv4opt.optimizations.mma_attn import sglang_entry
 from dsv4opt.sglang import dropins, launch
 from tests.helpers import REPO
 
@@ -79,18 +81,75 @@ if __name__ == "__main__":
 """
 
 
+# 0.5.23: the sm_120 modules under sglang/kernels/ops/attention; the dispatcher calls FlashInfer's
+# slot by its module-global name (flash_mla_sm120.py:298-374); off sm_120 the backend binds
+# flash_mla_interface.flash_mla_with_kvcache in its __init__ (deepseek_v4_backend.py:1262-1272).
+DISPATCHER_23 = """
+_sm120_default_backend = {backend!r}
+
+def _flash_mla_flashinfer(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+                          extra_k_cache, extra_indices, extra_topk_length):
+    return 'sglang'
+
+def flash_mla_with_kvcache_sm120(**kwargs):
+    if _sm120_default_backend == "flashinfer":
+        return _flash_mla_flashinfer.__module__ + "." + _flash_mla_flashinfer.__qualname__
+    from sglang.kernels.ops.attention.flash_mla_sm120_triton import flash_mla_sparse_decode_triton
+    return flash_mla_sparse_decode_triton.__module__ + "." + flash_mla_sparse_decode_triton.__qualname__
+"""
+FLASHMLA_23 = """
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                           num_splits=None, softmax_scale=None, causal=False, descale_q=None, descale_k=None,
+                           is_fp8_kvcache=False, indices=None, attn_sink=None, extra_k_cache=None,
+                           extra_indices_in_kvcache=None, topk_length=None, extra_topk_length=None,
+                           kv_format=None, *, use_legacy=True):
+    return 'sglang'
+"""
+BACKEND_23 = """
+import functools
+from sglang.srt.utils.common import is_sm120_supported
+
+class DeepseekV4AttnBackend:
+    def __init__(self):
+        from sglang.kernels.ops.attention import flash_mla_interface
+        self._flash_mla_with_kvcache = functools.partial(flash_mla_interface.flash_mla_with_kvcache, use_legacy=True)
+
+def decode_attention():
+    if is_sm120_supported():
+        from sglang.kernels.ops.attention.flash_mla_sm120 import flash_mla_with_kvcache_sm120
+        return flash_mla_with_kvcache_sm120()
+    fn = DeepseekV4AttnBackend()._flash_mla_with_kvcache.func
+    return fn.__module__ + "." + fn.__qualname__
+"""
+ATTN_23 = "sglang/kernels/ops/attention"
+
+
 def fake_sglang(root: Path, entry: str | None = ENTRY, backend: str = "triton", sm120: bool = True,
-                entry_module: bool = True) -> Path:
+                entry_module: bool = True, version: str = "0.5.14", sm90: bool = False) -> Path:
     files = {
         "sglang/__init__.py": "",
         "sglang/launch_server.py": LAUNCH_SERVER,
         "sglang/srt/plugins/__init__.py": PLUGINS,
         "sglang/srt/managers/scheduler.py": SCHEDULER,
-        "sglang/srt/layers/attention/flash_mla_sm120.py": DISPATCHER.format(backend=backend),
-        "sglang/srt/layers/attention/deepseek_v4_backend.py": BACKEND,
-        "sglang/srt/utils/common.py": f"def is_sm120_supported():\n    return {sm120}\n",
+        "sglang/srt/utils/common.py": (f"def is_sm120_supported():\n    return {sm120}\n\n"
+                                       f"def is_sm90_supported():\n    return {sm90}\n"),
+        f"sglang-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n",
     }
-    if entry_module:
+    if version == "0.5.23":
+        files |= {
+            f"{ATTN_23}/flash_mla_sm120.py": DISPATCHER_23.format(backend=backend),
+            f"{ATTN_23}/flash_mla_interface.py": FLASHMLA_23,
+            "sglang/srt/layers/attention/deepseek_v4_backend.py": BACKEND_23,
+        }
+        if entry_module:
+            files[f"{ATTN_23}/flash_mla_sm120_triton.py"] = (entry or "X = 1\n").replace(
+                "sglang.srt.layers.attention", "sglang.kernels.ops.attention")
+    else:
+        files |= {
+            "sglang/srt/layers/attention/flash_mla_sm120.py": DISPATCHER.format(backend=backend),
+            "sglang/srt/layers/attention/deepseek_v4_backend.py": BACKEND,
+        }
+    if entry_module and version != "0.5.23":
         files["sglang/srt/layers/attention/flash_mla_sm120_triton.py"] = entry or "X = 1\n"
     if not _plugin_registered():
         # A checkout run from its tree (PYTHONPATH=., as on the GPU machine) has no installed
@@ -118,7 +177,7 @@ def use_fake(tmp_path, monkeypatch):
         monkeypatch.syspath_prepend(str(root))
         for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
             monkeypatch.delitem(sys.modules, name)
-        monkeypatch.setattr(dropins, "_version", lambda: "9.9-fake")
+        monkeypatch.setattr(dropins, "_version", lambda: kwargs.get("version", "0.5.14"))
         return root
 
     yield _use
@@ -135,7 +194,9 @@ def refusal(capsys, argv) -> str:
 
 
 ARGV = ["--with", "mma-attn", "--", "--model-path", "m"]
-WRITTEN_FOR = "written for SGLang 0.5.14 (sgl-project/sglang@37ef295c7): pip install sglang==0.5.14"
+WRITTEN_FOR = "the mma-attn drop-in is written for SGLang 0.5.14 (sm_120) and 0.5.23 (sm_120/sm_90): pip install sglang==0.5.23"
+OURS_23 = {"flashinfer": "dsv4opt.optimizations.mma_attn.sglang_entry.flash_mla_flashinfer", "triton": OURS,
+           "flashmla": "dsv4opt.optimizations.mma_attn.sglang_entry.flash_mla_with_kvcache"}
 
 
 def test_refuses_without_sglang(monkeypatch, capsys):
@@ -147,7 +208,7 @@ def test_refuses_without_sglang(monkeypatch, capsys):
 @pytest.mark.parametrize(
     "fake, says",
     [
-        (dict(entry_module=False), "SGLang 9.9-fake has no module sglang.srt.layers.attention.flash_mla_sm120_triton"),
+        (dict(entry_module=False), "SGLang 0.5.14 has no module sglang.srt.layers.attention.flash_mla_sm120_triton"),
         (dict(entry=None), "has no sglang.srt.layers.attention.flash_mla_sm120_triton.flash_mla_sparse_decode_triton"),
         (dict(entry=ENTRY.replace("head_dim_v, softmax_scale", "softmax_scale, head_dim_v")),
          "flash_mla_sparse_decode_triton(q, k_cache, indices, topk_length, attn_sink, softmax_scale, head_dim_v"),
@@ -166,6 +227,53 @@ def test_refuses_when_sglangs_dispatcher_would_not_call_it(use_fake, capsys):
     use_fake(backend="flashinfer")
     err = refusal(capsys, ARGV)
     assert "_sm120_default_backend is 'flashinfer', not 'triton'" in err and "SGLANG_SM120_TRITON_FLASHMLA" in err
+
+
+def test_refuses_a_version_it_does_not_know(use_fake, capsys, monkeypatch):
+    use_fake()
+    monkeypatch.setattr(dropins, "_version", lambda: "0.5.20")
+    err = refusal(capsys, ARGV)
+    assert "SGLang 0.5.20 is not a version dsv4opt knows (0.5.14, 0.5.23)" in err and WRITTEN_FOR in err
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "triton"])
+def test_0_5_23_sm120_patch_lands_where_its_dispatcher_looks(use_fake, monkeypatch, backend):
+    use_fake(version="0.5.23", backend=backend)
+    monkeypatch.delenv(dropins.ENV_WITH, raising=False)
+    monkeypatch.setattr(launch, "run_sglang_server", lambda args: None)
+    assert launch.main(ARGV) == 0
+    from sglang.srt.layers.attention.deepseek_v4_backend import decode_attention
+
+    assert decode_attention() == OURS_23[backend]
+    assert os.environ[dropins.ENV_FAMILY] == "sm_120"
+
+
+def test_0_5_23_refuses_the_torch_backend(use_fake, capsys):
+    use_fake(version="0.5.23", backend="torch")
+    err = refusal(capsys, ARGV)
+    assert "_sm120_default_backend is 'torch', not 'flashinfer' or 'triton'" in err
+    assert "SGLANG_SM120_FLASHMLA_BACKEND" in err
+
+
+def test_0_5_23_hopper_patch_lands_in_what_the_backend_binds(use_fake, monkeypatch):
+    use_fake(version="0.5.23", sm120=False, sm90=True)
+    monkeypatch.delenv(dropins.ENV_WITH, raising=False)
+    monkeypatch.setattr(launch, "run_sglang_server", lambda args: None)
+    monkeypatch.setattr(sglang_entry, "_fallback", {})
+    assert launch.main(ARGV) == 0
+    from sglang.srt.layers.attention.deepseek_v4_backend import decode_attention
+
+    assert decode_attention() == OURS_23["flashmla"]
+    assert os.environ[dropins.ENV_FAMILY] == "sm_90"
+    assert sglang_entry._fallback["flash_mla_with_kvcache"].__module__ == "sglang.kernels.ops.attention.flash_mla_interface"
+
+
+def test_0_5_23_refuses_another_gpu_and_the_sm120_path(use_fake, capsys):
+    use_fake(version="0.5.23", sm120=False, sm90=False)
+    err = refusal(capsys, ARGV)
+    assert "neither is_sm120_supported() nor is_sm90_supported() is true here" in err
+    err = refusal(capsys, ["--with", "mma-attn", "--force-sm120-path", "--", "x"])
+    assert "--force-sm120-path is for SGLang 0.5.14" in err and "FlashMLA's slot without it" in err
 
 
 def test_refuses_off_sm120(use_fake, capsys):
@@ -256,14 +364,17 @@ def test_plugin_does_nothing_unless_asked(use_fake, monkeypatch):
 def test_pyproject_registers_the_plugin():
     text = (REPO / "pyproject.toml").read_text()
     assert f'[project.entry-points."{dropins.PLUGIN_GROUP}"]\n{dropins.PLUGIN_NAME} = "{dropins.PLUGIN_TARGET}"' in text
-    assert f'sglang = ["sglang=={C.SGLANG_VERSION}"]' in text
+    from dsv4opt.optimizations.sglang_versions import NEWEST
+
+    assert f'sglang = ["sglang=={NEWEST}"]' in text
 
 
 @pytest.mark.slow
 def test_written_launcher_runs_sglangs_server_with_the_drop_in_in_its_workers(tmp_path):
     # `dsv4opt sglang-switches mma-attn` writes the script; the script runs the launcher, the
     # stand-in's launch_server __main__ and a worker spawned as SGLang spawns its schedulers.
-    result = CliRunner().invoke(app, ["sglang-switches", "mma-attn", "--out", str(tmp_path / "deploy")])
+    result = CliRunner().invoke(app, ["sglang-switches", "mma-attn", "--sglang-version", "0.5.14",
+                                      "--out", str(tmp_path / "deploy")])
     assert result.exit_code == 0, result.output
     script = tmp_path / "deploy" / "sglang-mma-attn-launch.sh"
     site = fake_sglang(tmp_path / "site")
@@ -277,6 +388,20 @@ def test_written_launcher_runs_sglangs_server_with_the_drop_in_in_its_workers(tm
     assert f"main process calls: {OURS}" in run.stdout
     assert f"worker process calls: {OURS}" in run.stdout
     assert "dsv4opt: mma-attn replaces sglang.srt.layers.attention.flash_mla_sm120_triton" in run.stderr
+
+
+@pytest.mark.slow
+def test_0_5_23_hopper_workers_run_the_drop_in(tmp_path):
+    site = fake_sglang(tmp_path / "site", version="0.5.23", sm120=False, sm90=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    for var in (dropins.ENV_WITH, dropins.ENV_FAMILY, dropins.ENV_FORCE_SM120, "SGLANG_PLUGINS"):
+        env.pop(var, None)
+    run = subprocess.run([sys.executable, "-m", "dsv4opt.sglang.launch", *ARGV], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    ours = OURS_23["flashmla"]
+    assert f"main process calls: {ours}" in run.stdout and f"worker process calls: {ours}" in run.stdout
+    assert "SGLang 0.5.23 (sm_90" in run.stderr
 
 
 @pytest.mark.slow

@@ -1,11 +1,11 @@
-"""dsv4opt's optimisations mapped onto SGLang's own switches for DeepSeek-V4, as data.
+"""dsv4opt's optimisations on SGLang, per SGLang version: the settings files `sglang-switches` and
+`apply --target sglang` write, read from the version table (dsv4opt/optimizations/sglang_versions.py).
 
-SGLang does not contain dsv4opt's kernels. What it has are switches that choose between its own
-implementations of the same slots; each mapping below picks the SGLang choice that applies the same
-fix (tensor cores instead of a CUDA-core/float32 fallback). Everything here was read from SGLang's
-source (see SOURCES); none of it has been run against a live server, and each switch says how far it
-was confirmed. The switches only matter on sm_120 (RTX PRO 6000 / RTX 50xx): on Hopper and B200,
-SGLang already uses FlashMLA and DeepGEMM for these slots.
+SGLang does not contain dsv4opt's kernels. For each version and GPU family the table says what SGLang
+runs where an optimisation works, whether SGLang already does the same itself (then nothing is
+proposed: "already upstream"), which of its env switches would apply the same fix, and which of its
+functions dsv4opt's drop-in replaces (then a launcher script is written). None of it has been run
+against a live server.
 """
 
 from __future__ import annotations
@@ -15,165 +15,58 @@ from pathlib import Path
 
 from dsv4opt.errors import DsvOptError
 from dsv4opt.fileio import check_new_file, make_output_folder, write_text_atomic
-from dsv4opt.optimizations.mma_attn.sglang_contract import SGLANG_VERSION, WRITTEN_FOR
+from dsv4opt.optimizations import sglang_versions as V
 from dsv4opt.optimizations.registry import get as get_optimization
-
-
-@dataclass(frozen=True)
-class Source:
-    repo: str
-    path: str
-    commit: str | None  # None: read through code search, which did not name the commit
-    what: str
-
-
-@dataclass(frozen=True)
-class EnvSwitch:
-    name: str
-    value: str
-    sglang_default: str  # the default in the source read
-    selects: str  # what the value makes SGLang run
-    confirmed: str  # how far this was confirmed (read in source; never run live)
-    caveat: str = ""
 
 
 @dataclass(frozen=True)
 class SGLangMapping:
     optimization: str
     summary: str
-    env: tuple[EnvSwitch, ...]
-    launch_flags: tuple[str, ...]  # extra `python -m sglang.launch_server` flags (none needed so far)
     restart: str
-    older_versions: str
-    dropin: bool = False  # dsv4opt's own kernel can replace SGLang's (python -m dsv4opt.sglang.launch)
 
-
-SOURCES: tuple[Source, ...] = (
-    Source(
-        "sgl-project/sglang",
-        "python/sglang/srt/environ.py",
-        "0003215cf1464f44b389cd0b18d0b4c56f2a3da6",
-        "names and defaults: SGLANG_SM120_FLASHMLA_BACKEND (flashinfer|triton|torch, default flashinfer), "
-        "SGLANG_OPT_DEEPGEMM_HC_PRENORM (True), SGLANG_OPT_USE_TILELANG_MHC_PRE (True), "
-        "SGLANG_OPT_USE_TILELANG_INDEXER (False), SGLANG_FP8_PAGED_MQA_LOGITS_TORCH (False)",
-    ),
-    Source(
-        "sgl-project/sglang",
-        "python/sglang/srt/layers/attention/flash_mla_sm120.py",
-        None,
-        "older versions: SGLANG_SM120_TRITON_FLASHMLA=1 (default) Triton kernel, =0 pure-torch fallback",
-    ),
-    Source(
-        "sgl-project/sglang",
-        "python/sglang/srt/server_args.py",
-        None,
-        "older versions: on sm_120, DeepseekV4ForCausalLM sets SGLANG_OPT_USE_TILELANG_MHC_PRE and "
-        "SGLANG_OPT_DEEPGEMM_HC_PRENORM to False and SGLANG_FP8_PAGED_MQA_LOGITS_TORCH to True "
-        "unconditionally, so environment values for them are overwritten",
-    ),
-    Source(
-        "sgl-project/sglang",
-        "python/sglang/srt/arg_groups/overrides.py",
-        None,
-        "newer versions: the same sm_120 overrides apply only when the variable is not set "
-        "(envs.X.is_set()), so the environment wins; the indexer defaults to the TileLang kernel "
-        "and 'a DeepGEMM build with SM120 attention support can opt into fp8_paged_mqa_logits'",
-    ),
-)
-
-READ_FROM = "sgl-project/sglang main as of mid-2026 (environ.py at commit 0003215c); release number not pinned"
-
-_NOT_LIVE = "name, values and default read in SGLang's source; not run against a live server"
 
 MAPPINGS: dict[str, SGLangMapping] = {
     m.optimization: m
     for m in (
         SGLangMapping(
-            optimization="mma-attn",
-            summary=(
-                "sparse-MLA decode attention on tensor cores: select FlashInfer's SM120 sparse-MLA "
-                "kernel instead of SGLang's CUDA-core Triton kernel or its pure-torch path"
-            ),
-            env=(
-                EnvSwitch(
-                    name="SGLANG_SM120_FLASHMLA_BACKEND",
-                    value="flashinfer",
-                    sglang_default="flashinfer",
-                    selects="FlashInfer's CUTLASS sparse-MLA decode for sm_120 (tensor cores)",
-                    confirmed=_NOT_LIVE,
-                    caveat=(
-                        "already the default where this variable exists: check that nothing in your "
-                        "launch script sets it to triton or torch. Needs a FlashInfer that ships the "
-                        "sm_120 sparse-MLA kernel; SGLang imports it without a fallback, so an older "
-                        "FlashInfer fails at start-up rather than silently"
-                    ),
-                ),
-            ),
-            launch_flags=(),
-            restart="restart the SGLang server (the backend is read when it starts)",
-            older_versions=(
-                "versions before SGLANG_SM120_FLASHMLA_BACKEND offer only SGLANG_SM120_TRITON_FLASHMLA "
-                "(1 = Triton CUDA-core kernel, 0 = torch): neither uses tensor cores; on SGLang "
-                f"{SGLANG_VERSION} start the server with sglang-mma-attn-launch.sh instead, which puts "
-                "dsv4opt's kernel in place of the Triton one"
-            ),
-            dropin=True,
+            "mma-attn",
+            "sparse-MLA decode attention on tensor cores, one split-K launch over both KV caches",
+            "restart the SGLang server (the attention backend is chosen when it starts)",
         ),
         SGLangMapping(
-            optimization="bf16-gemm",
-            summary=(
-                "take the indexer score and the hyper-connection pre-mix off the float32 CUDA-core "
-                "fallbacks and onto SGLang's TileLang/DeepGEMM kernels"
-            ),
-            env=(
-                EnvSwitch(
-                    name="SGLANG_FP8_PAGED_MQA_LOGITS_TORCH",
-                    value="0",
-                    sglang_default="False (forced True on sm_120 unless set)",
-                    selects="the indexer's DeepGEMM/TileLang kernel instead of the float32 torch.bmm path",
-                    confirmed=_NOT_LIVE,
-                    caveat=(
-                        "with 0 and SGLANG_OPT_USE_TILELANG_INDEXER=1 the TileLang indexer runs; "
-                        "without TileLang it needs a DeepGEMM build with sm_120 attention support"
-                    ),
-                ),
-                EnvSwitch(
-                    name="SGLANG_OPT_USE_TILELANG_INDEXER",
-                    value="1",
-                    sglang_default="False (set True on sm_120 unless set)",
-                    selects="TileLang fp8 paged MQA-logits kernel for the lightning indexer",
-                    confirmed=_NOT_LIVE,
-                ),
-                EnvSwitch(
-                    name="SGLANG_OPT_USE_TILELANG_MHC_PRE",
-                    value="1",
-                    sglang_default="True (forced False on sm_120 unless set)",
-                    selects="TileLang kernel for the hyper-connection pre-mix instead of float32 F.linear",
-                    confirmed=_NOT_LIVE,
-                    caveat=(
-                        "UNCONFIRMED on sm_120: SGLang's own comment says the standalone TileLang "
-                        "mhc_pre split-K kernel is unsupported there; if start-up or the first decode "
-                        "fails, set it back to 0 and keep the indexer switches"
-                    ),
-                ),
-                EnvSwitch(
-                    name="SGLANG_OPT_DEEPGEMM_HC_PRENORM",
-                    value="1",
-                    sglang_default="True (forced False on sm_120 unless set)",
-                    selects="DeepGEMM GEMM for the hyper-connection pre-norm linear",
-                    confirmed=_NOT_LIVE,
-                    caveat="UNCONFIRMED on sm_120: DeepGEMM targets sm_90/sm_100",
-                ),
-            ),
-            launch_flags=(),
-            restart="restart the SGLang server (these variables are read at start-up)",
-            older_versions=(
-                "in versions whose server_args.py forces these on sm_120 unconditionally, the "
-                "environment is overwritten and nothing changes: upgrade SGLang or patch that block"
-            ),
+            "bf16-gemm",
+            "the indexer score and the hyper-connection pre-mix off the float32 CUDA-core fallbacks",
+            "restart the SGLang server (these variables are read at start-up)",
+        ),
+        SGLangMapping(
+            "grouped-moe",
+            "the routed experts as grouped MXFP4 GEMMs on tensor cores instead of per-slot GEMVs",
+            "restart the SGLang server (the MoE runner is chosen when it starts)",
         ),
     )
 }
+
+
+@dataclass(frozen=True)
+class OnVersion:
+    """One optimisation on one SGLang version, every family the table has."""
+
+    mapping: SGLangMapping
+    version: V.SGLangVersion
+    parts: dict[str, V.Part]  # family -> part
+
+    @property
+    def env(self) -> list[V.EnvSetting]:
+        return list(dict.fromkeys(s for p in self.parts.values() for s in p.env))
+
+    @property
+    def dropin(self) -> bool:
+        return any(p.slots for p in self.parts.values())
+
+    @property
+    def upstream_everywhere(self) -> bool:
+        return all(p.upstream for p in self.parts.values())
 
 
 def mapping_for(name: str) -> SGLangMapping:
@@ -181,92 +74,121 @@ def mapping_for(name: str) -> SGLangMapping:
     try:
         return MAPPINGS[opt.name]
     except KeyError:
-        raise DsvOptError(
-            f"{opt.name} has no SGLang mapping yet; mapped: {', '.join(MAPPINGS)}"
-        ) from None
+        raise DsvOptError(f"{opt.name} has no SGLang mapping yet; mapped: {', '.join(MAPPINGS)}") from None
 
 
-def describe(name: str) -> str:
-    """What the user must do after writing the files, in a few lines (`apply --target sglang` prints it)."""
+def on_version(name: str, sglang_version: str | None = None) -> OnVersion:
+    """`name` on the SGLang named (else the one installed here); a one-line refusal for a version the
+    table does not know."""
     m = mapping_for(name)
-    sets = ", ".join(f"{s.name}={s.value}" for s in m.env)
-    unconfirmed = [s.name for s in m.env if s.caveat.startswith("UNCONFIRMED")]
-    doubts = f"\nUnconfirmed on sm_120: {', '.join(unconfirmed)} (see the notes in the env file)." if unconfirmed else ""
-    dropin = (
-        f"\nOr, on {WRITTEN_FOR}: start the server with {launcher_name(m)} ARGS (dsv4opt's kernel in place "
-        "of SGLang's; not yet run on a live server)."
-        if m.dropin else ""
-    )
-    return (
-        f"{m.optimization} on SGLang: {m.summary}.\n"
-        f"Sets {sets}; {m.restart}.\n"
-        f"Mapping read from {READ_FROM}; not verified on a live server.{doubts}{dropin}"
-    )
+    version = V.resolve(sglang_version)
+    parts = {f: p for f in V.FAMILIES if (p := version.part(m.optimization, f)) is not None}
+    if not parts:
+        raise DsvOptError(f"the SGLang {version.version} table has nothing for {m.optimization}")
+    return OnVersion(m, version, parts)
+
+
+def _families(o: OnVersion, what) -> str:
+    return "; ".join(f"{V.FAMILIES[f]}: {what(p)}" for f, p in o.parts.items() if what(p))
+
+
+def describe(name: str, sglang_version: str | None = None) -> str:
+    """What applies `name` on that SGLang, in a few lines (`apply --target sglang` prints it)."""
+    o = on_version(name, sglang_version)
+    v, m = o.version.version, o.mapping
+    if o.upstream_everywhere:
+        return f"{m.optimization}: already upstream in SGLang {v} ({_families(o, lambda p: p.upstream)}): nothing to switch."
+    lines = [f"{m.optimization} on SGLang {v}: {m.summary}."]
+    upstream = _families(o, lambda p: p.upstream)
+    if upstream:
+        lines.append(f"Already upstream on {upstream}.")
+    if o.env:
+        lines.append(f"Sets {', '.join(f'{s.name}={s.value}' for s in o.env)}; {m.restart}.")
+    if o.dropin:
+        slots = _families(o, lambda p: ", ".join(f"{s.module}.{s.attribute}" for s in p.slots))
+        lines.append(f"Start the server with {launcher_name(m)} ARGS: dsv4opt's kernel in place of SGLang's "
+                     f"({slots}); not yet run on a live server.")
+    lines.append(f"Read from {o.version.source}; not verified on a live server.")
+    return "\n".join(lines)
 
 
 sglang_summary = describe
 
 
-def render_env_file(m: SGLangMapping) -> str:
+def render_env_file(o: OnVersion) -> str:
     """KEY=value lines with # comments: works with `set -a; . FILE`, docker --env-file and systemd."""
+    m, v = o.mapping, o.version
     lines = [
-        f"# dsv4opt {m.optimization} -> SGLang switches (DeepSeek-V4)",
-        f"# {m.summary}",
-        f"# Then: {m.restart}.",
-        f"# Read from {READ_FROM}; not verified on a live server.",
-        f"# Older SGLang: {m.older_versions}.",
+        f"# dsv4opt {m.optimization} -> SGLang {v.version} (DeepSeek-V4): {m.summary}",
+        f"# Read from {v.source}; not verified on a live server. Then: {m.restart}.",
     ]
-    for s in m.env:
-        lines += ["", f"# {s.selects}. SGLang default: {s.sglang_default}. {s.confirmed}."]
-        if s.caveat:
-            lines.append(f"# Note: {s.caveat}.")
-        lines.append(f"{s.name}={s.value}")
+    for family, part in o.parts.items():
+        lines += ["", f"# {V.FAMILIES[family]}: SGLang runs {part.sglang_runs}."]
+        if part.upstream:
+            lines.append(f"# Already upstream: {part.upstream}.")
+        if part.note:
+            lines.append(f"# Note: {part.note}.")
+        if part.slots:
+            lines.append(f"# dsv4opt's drop-in replaces {', '.join(s.module + '.' + s.attribute for s in part.slots)}: "
+                         f"{launcher_name(m)}.")
+        for s in v.switches.get(family, ()):
+            lines.append(f"#   {s.name}: {s.default} by default ({s.selects}; {s.source})")
+    for s in o.env:
+        lines += ["", f"# {s.selects}." + (f" Note: {s.caveat}." if s.caveat else ""), f"{s.name}={s.value}"]
+    if not o.env:
+        lines += ["", f"# No switch of SGLang {v.version} applies {m.optimization}: nothing to set here."]
     return "\n".join(lines) + "\n"
 
 
-def render_flags_file(m: SGLangMapping) -> str:
+def render_flags_file(o: OnVersion) -> str:
     """One launch flag per line after the comments, for `$(grep -v '^#' FILE)`."""
-    lines = [
-        f"# dsv4opt {m.optimization}: extra flags for `python -m sglang.launch_server`",
-        f"# Then: {m.restart}.",
-    ]
-    if not m.launch_flags:
-        lines.append(f"# {m.optimization} needs no launch-flag change: keep your flags, load the env file.")
-    lines += list(m.launch_flags)
-    return "\n".join(lines) + "\n"
+    return "\n".join([
+        f"# dsv4opt {o.mapping.optimization}: extra flags for `python -m sglang.launch_server` (SGLang {o.version.version})",
+        f"# {o.mapping.optimization} needs no launch-flag change: keep your flags.",
+    ]) + "\n"
 
 
 def launcher_name(m: SGLangMapping) -> str:
     return f"sglang-{m.optimization}-launch.sh"
 
 
-def render_launcher_script(m: SGLangMapping) -> str:
+def render_launcher_script(o: OnVersion) -> str:
     """A shell script that starts SGLang's own server with dsv4opt's drop-in (dsv4opt/sglang/launch.py)."""
+    m = o.mapping
+    families = ", ".join(V.FAMILIES[f] for f, p in o.parts.items() if p.slots)
     return "\n".join([
         "#!/bin/sh",
         f"# dsv4opt {m.optimization}: SGLang's own server, with dsv4opt's kernel in place of SGLang's.",
-        f"# Written for {WRITTEN_FOR}; the launcher checks the installed SGLang and refuses another.",
+        f"# Written for SGLang {o.version.version} on {families}; the launcher checks the installed SGLang "
+        "and refuses another.",
         f"# Usage: ./{launcher_name(m)} <python -m sglang.launch_server arguments>",
         "# PYTHON: the interpreter of the environment that has SGLang and dsv4opt (default: python).",
         f'exec "${{PYTHON:-python}}" -m dsv4opt.sglang.launch --with {m.optimization} -- "$@"',
     ]) + "\n"
 
 
-def apply_to_sglang(name: str, out_dir: Path, force: bool = False) -> list[Path]:
+def apply_to_sglang(name: str, out_dir: Path, force: bool = False, sglang_version: str | None = None) -> list[Path]:
     """Write `sglang-NAME.env`, `sglang-NAME.flags` and, where dsv4opt has a drop-in,
-    `sglang-NAME-launch.sh` into out_dir; returns their paths.
+    `sglang-NAME-launch.sh` into out_dir for that SGLang version; returns their paths. Nothing is
+    written where the optimisation is upstream on every family ([]), and a one-line refusal comes
+    where neither a switch nor a drop-in applies it.
 
     An existing file with other content is replaced only with force; otherwise the user gets an
     error and no file is written. out_dir is created only where its parent exists.
     """
-    m = mapping_for(name)
+    o = on_version(name, sglang_version)
+    if o.upstream_everywhere:
+        return []
+    if not o.env and not o.dropin:
+        why = _families(o, lambda p: f"already upstream: {p.upstream}" if p.upstream else (p.note or "no switch applies it"))
+        raise DsvOptError(f"{o.mapping.optimization} cannot be applied to SGLang {o.version.version}: {why}")
     out_dir = Path(out_dir)
     files = {
-        out_dir / f"sglang-{m.optimization}.env": render_env_file(m),
-        out_dir / f"sglang-{m.optimization}.flags": render_flags_file(m),
+        out_dir / f"sglang-{o.mapping.optimization}.env": render_env_file(o),
+        out_dir / f"sglang-{o.mapping.optimization}.flags": render_flags_file(o),
     }
-    if m.dropin:
-        files[out_dir / launcher_name(m)] = render_launcher_script(m)
+    if o.dropin:
+        files[out_dir / launcher_name(o.mapping)] = render_launcher_script(o)
     make_output_folder(out_dir, "--out")
     for path, text in files.items():
         if _read_or_none(path) != text:  # the same text again is no overwrite

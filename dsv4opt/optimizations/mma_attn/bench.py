@@ -1,4 +1,5 @@
-"""`dsv4opt bench mma-attn`: mma-attn against the floor, SGLang's sm_120 path and a torch path.
+"""`dsv4opt bench mma-attn`: mma-attn against the floor, SGLang's sm_120 path and a torch path, and
+(bench_peers.py) beside the FlashMLA SGLang 0.5.23 ships and FlashMLA built from source.
 
 Runs the correctness gate first; when it fails, nothing is timed and no speed-up is printed.
 Then the graph-width case (`graph_width_rows`): SGLang's baseline kernel and mma-attn on HCA-like
@@ -87,6 +88,7 @@ class BenchResult:
     rows: list[BenchRow] = field(default_factory=list)
     kv: str = "fp8"
     graph_rows: list[GraphWidthRow] = field(default_factory=list)
+    peers: object = None  # bench_peers.PeerResult: beside FlashMLA on the same inputs (FP8 cache)
 
     def as_json(self) -> dict:
         check = asdict(self.check)
@@ -100,6 +102,7 @@ class BenchResult:
             "check": check,
             "rows": [asdict(r) for r in self.rows],
             "graph_width": [asdict(r) for r in self.graph_rows],
+            **({"peers": self.peers.as_json()} if self.peers is not None else {}),
         }
 
 
@@ -229,7 +232,8 @@ def run_bench(
     graph_batches: Sequence[int] = GRAPH_BATCHES,
 ) -> BenchResult:
     """Check, then time mma-attn, the baseline and the torch path for each batch size; then the
-    graph-width case at `graph_batches` (none: skipped)."""
+    graph-width case at `graph_batches` (none: skipped); then, on the FP8 cache, mma-attn beside
+    FlashMLA on the same inputs (bench_peers.run_peers)."""
     if not torch.cuda.is_available():
         raise DsvOptError("dsv4opt bench mma-attn needs a CUDA GPU (on a CPU only the correctness check runs, under Triton's interpreter)")
     if kv not in ("fp8", "bf16"):
@@ -280,19 +284,30 @@ def run_bench(
         )
         del sets
     result.graph_rows = graph_width_rows(graph_batches, lambda b: window_cache(kv, b, gen), extra, gen, on_step=on_step)
+    if kv == "fp8":
+        from dsv4opt.optimizations.mma_attn.bench_peers import run_peers
+
+        result.peers = run_peers(batches, extra, gen, scale, on_step)
     return result
 
 
 def render(result: BenchResult):
     """A rich table of the rows (or of the failed check), each row's launch configuration under it;
-    the graph-width table under it where that case ran."""
+    the graph-width table under it where that case ran, and FlashMLA's beside mma-attn (bench_peers)."""
     from dsv4opt.display import narrow_table
 
+    parts = [_render_rows(result, narrow_table)]
     if result.check.passed and result.graph_rows:
-        from rich.console import Group
+        parts += ["", render_graph_width(result.graph_rows, result.kv)]
+    if result.check.passed and result.peers is not None:
+        from dsv4opt.optimizations.mma_attn.bench_peers import render as render_peers
 
-        return Group(_render_rows(result, narrow_table), "", render_graph_width(result.graph_rows, result.kv))
-    return _render_rows(result, narrow_table)
+        parts += ["", render_peers(result.peers)]
+    if len(parts) == 1:
+        return parts[0]
+    from rich.console import Group
+
+    return Group(*parts)
 
 
 def render_graph_width(rows: Sequence[GraphWidthRow], kv: str):

@@ -1,6 +1,6 @@
-"""SGLang's sm_120 sparse-decode entry point as its callers use it: the facts the drop-in is written for.
+"""SGLang's sparse-MLA decode functions as their callers use them: the facts the drop-ins are written for.
 
-Read from sgl-project/sglang@37ef295c7863f87b476dbb5a8098c743e4e9bab7 (2026-06-16); the three files
+SGLang 0.5.14, read from sgl-project/sglang@37ef295c7863f87b476dbb5a8098c743e4e9bab7 (2026-06-16); the three files
 named below are byte for byte the same in the PyPI release sglang 0.5.14, the release the drop-in
 pins. Facts carry over from SGLang's source, its code does not: everything here is written anew.
 
@@ -29,9 +29,41 @@ pins. Facts carry over from SGLang's source, its code does not: everything here 
   slots of both caches with exp(attn_sink[h]) added to the denominator (0 where nothing is used);
   lse [B, H, 1] fp32 (the permuted view of a [B, 1, H] tensor), natural log, sink included
   (attn_sink[h] where nothing is used; -inf then when attn_sink is None). head_dim_v is not read.
+
+SGLang 0.5.23 (read from the PyPI wheel `sglang-0.5.23`; paths inside it):
+
+- The sm_120 modules moved to `sglang/kernels/ops/attention/`. The dispatcher
+  `flash_mla_sm120.flash_mla_with_kvcache_sm120` (`flash_mla_sm120.py:298-374`) reads the module
+  global `_sm120_default_backend` (`:209`, env SGLANG_SM120_FLASHMLA_BACKEND, default "flashinfer",
+  read once at import; `srt/environ.py:1272`): "flashinfer" calls `_flash_mla_flashinfer` (`:583-675`)
+  by its module-global name for 64 tokens or fewer (`SM120_DECODE_MAX_TOKENS`, `:212`) and FlashInfer's
+  prefill kernel above; "triton" imports `flash_mla_sparse_decode_triton` from
+  `flash_mla_sm120_triton` at call time (`:343-360`; the file is 0.5.14's with new import paths);
+  anything else runs the torch path. `_flash_mla_flashinfer` takes the ten arguments of the Triton
+  entry, all positional and required, and returns (out [B, 1, H, head_dim_v] bf16, None).
+- Hopper: the DeepSeek-V4 backend binds `functools.partial(flash_mla_interface.flash_mla_with_kvcache,
+  use_legacy=not interleaved)` once, in its __init__ (`srt/layers/attention/deepseek_v4_backend.py:
+  1262-1272`; the V4 layout is not interleaved, `kernels/ops/attention/dsv4/kv_layout.py:31-33`), and
+  calls it by keyword for every decode layer off sm_120 (`:4362-4399`): q [B, 1, H, 512] bf16, the
+  same cache views as above, indices [B, 1, K] and extra_indices_in_kvcache [B, 1, K'] (K, K'
+  multiples of 64, asserted at `:4246-4252`), topk_length / extra_topk_length [B] int32, attn_sink [H]
+  fp32, head_dim_v 512, softmax_scale 512 ** -0.5, block_table and cache_seqlens None,
+  is_fp8_kvcache True, tile_scheduler_metadata a `FlashMLASchedMeta` per compress ratio (`:210-215`,
+  filled by the first call of a step and reused by later layers), and keeps only the output (`[0]`).
+  `flash_mla_interface.flash_mla_with_kvcache` (`kernels/ops/attention/flash_mla_interface.py:66-141`)
+  forwards to `flash_mla.flash_mla_with_kvcache` of the `sgl-flash-mla==1.0.0` wheel, which returns
+  out [B, 1, H, 512] bf16 and lse [B, H, 1] fp32 without the sink (+inf where nothing is used; its
+  `flash_mla_interface.py:142-159`). The same module attribute is also imported at module level by
+  `srt/layers/attention/flashmla_backend.py:14-15` (dense MLA of other models): the drop-in hands
+  every call that is not DeepSeek-V4's sparse FP8 decode to SGLang's own function.
+- Pools and views: as 0.5.14 by default (`SGLANG_DSV4_KV_LAYOUT="v4"`, `srt/environ.py:1754`;
+  `KVLayout.V4.page_bytes`, `kv_layout.py:103-105`; the backend's views at
+  `deepseek_v4_backend.py:4184-4205`).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -49,18 +81,52 @@ BACKEND_MODULE = "sglang.srt.layers.attention.deepseek_v4_backend"
 BACKEND_SM120_FLAG = "_is_sm120"
 
 REQUIRED = object()  # a parameter without a default
-# (name, default) in order, all positional-or-keyword (flash_mla_sm120_triton.py:325-336)
-ENTRY_PARAMETERS: tuple[tuple[str, object], ...] = (
-    ("q", REQUIRED),
-    ("k_cache", REQUIRED),
-    ("indices", REQUIRED),
-    ("topk_length", REQUIRED),
-    ("attn_sink", REQUIRED),
-    ("head_dim_v", REQUIRED),
-    ("softmax_scale", REQUIRED),
-    ("extra_k_cache", None),
-    ("extra_indices", None),
-    ("extra_topk_length", None),
+
+
+class Param(NamedTuple):
+    """One parameter of an SGLang function, as inspect.signature shows it."""
+
+    name: str
+    default: object = REQUIRED
+    keyword_only: bool = False
+
+
+_TEN = ("q", "k_cache", "indices", "topk_length", "attn_sink", "head_dim_v", "softmax_scale",
+        "extra_k_cache", "extra_indices", "extra_topk_length")
+# In order, all positional-or-keyword (flash_mla_sm120_triton.py:325-336 in both versions)
+ENTRY_PARAMETERS: tuple[Param, ...] = tuple(Param(n) for n in _TEN[:7]) + tuple(Param(n, None) for n in _TEN[7:])
+
+# --- SGLang 0.5.23 (the PyPI wheel) --------------------------------------------------------------
+SGLANG_023 = "0.5.23"
+WRITTEN_FOR_023 = f"SGLang {SGLANG_023} (the PyPI wheel)"
+SM120_MODULE_023 = "sglang.kernels.ops.attention.flash_mla_sm120"
+TRITON_MODULE_023 = "sglang.kernels.ops.attention.flash_mla_sm120_triton"
+FLASHINFER_NAME = "_flash_mla_flashinfer"
+# flash_mla_sm120.py:583-594: the same ten names, all required, called positionally (:330-341)
+FLASHINFER_PARAMETERS: tuple[Param, ...] = tuple(Param(n) for n in _TEN)
+DECODE_MAX_TOKENS_023 = 64  # SM120_DECODE_MAX_TOKENS: larger batches go to FlashInfer's prefill kernel
+FLASHMLA_MODULE_023 = "sglang.kernels.ops.attention.flash_mla_interface"
+FLASHMLA_NAME = "flash_mla_with_kvcache"
+# flash_mla_interface.py:66-88
+FLASHMLA_PARAMETERS: tuple[Param, ...] = (
+    Param("q"), Param("k_cache"), Param("block_table"), Param("cache_seqlens"), Param("head_dim_v"),
+    Param("tile_scheduler_metadata"), Param("num_splits", None), Param("softmax_scale", None),
+    Param("causal", False), Param("descale_q", None), Param("descale_k", None),
+    Param("is_fp8_kvcache", False), Param("indices", None), Param("attn_sink", None),
+    Param("extra_k_cache", None), Param("extra_indices_in_kvcache", None), Param("topk_length", None),
+    Param("extra_topk_length", None), Param("kv_format", None), Param("use_legacy", True, keyword_only=True),
+)
+# The keywords the DeepSeek-V4 backend passes (deepseek_v4_backend.py:4384-4399; use_legacy comes
+# from the partial bound at :1268-1271)
+FLASHMLA_CALL_KEYWORDS = (
+    "q", "k_cache", "head_dim_v", "block_table", "cache_seqlens", "tile_scheduler_metadata", "softmax_scale",
+    "is_fp8_kvcache", "indices", "topk_length", "attn_sink", "extra_k_cache", "extra_indices_in_kvcache",
+    "extra_topk_length",
+)
+# ... and to the sm_120 dispatcher (:4350-4361; 0.5.14's deepseek_v4_backend.py:1421-1432 passes the same)
+SM120_CALL_KEYWORDS = (
+    "q", "k_cache", "head_dim_v", "softmax_scale", "indices", "topk_length", "attn_sink", "extra_k_cache",
+    "extra_indices_in_kvcache", "extra_topk_length",
 )
 
 NOPE, ROPE, TILE = 448, 64, 64  # flash_mla_sm120.py:28-34
