@@ -113,13 +113,15 @@ def _unit_tile(p_w, p_s, unit0, rb_lim, kb0, K64, U_N: tl.constexpr, U_K: tl.con
 
 
 @triton.jit
-def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_act, p_part,
+def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_act, p_part, p_count,
                    stride_xm, stride_act, stride_part_s, stride_part_n, limit, num_progs,
                    I, K, N16, K64, TOPK: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
                    FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
-    """Persistent: work item (tile, BN gate rows + the same up rows, K split). SPLIT == 1: act[n, row]
-    = silu(min(g, limit)) * clamp(u, -limit, limit) in x's dtype; else part[split, {g, u}, n, row] fp32."""
+    """Persistent: work item (tile, BN gate rows + the same up rows, K split) -> act[n, row] =
+    silu(min(g, limit)) * clamp(u, -limit, limit) in x's dtype. With K split, each split stores fp32
+    partials part[split, {g, u}, n, row] and takes a ticket (count[item]); the last to arrive sums
+    them, writes act and sets the count back to 0 for the next call (so no launch clears it)."""
     dt = p_x.dtype.element_ty
     n_tiles = tl.load(p_meta)
     n_blk = tl.cdiv(I, BN)
@@ -154,25 +156,33 @@ def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_
             b_u = tl.dot(w_u, b_xt, b_u)
         m_o = ((n0 + o_n) < I)[:, None] & m_m[None, :]
         o_row = (tile * BM + o_m)[None, :]
-        if SPLIT == 1:
+        last = True
+        if SPLIT > 1:
+            p_o = p_part + (n0 + o_n)[:, None].to(tl.int64) * stride_part_n + o_row
+            tl.store(p_o + sp * stride_part_s, b_g, mask=m_o)
+            tl.store(p_o + sp * stride_part_s + I * stride_part_n, b_u, mask=m_o)
+            tl.debug_barrier()  # every thread's partials issued before the ticket (released at GPU scope)
+            last = tl.atomic_add(p_count + w // SPLIT, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+            if last:
+                b_g = tl.zeros([BN, BM], tl.float32)
+                b_u = tl.zeros([BN, BM], tl.float32)
+                for s in tl.static_range(SPLIT):  # L2 reads: another SM wrote them
+                    b_g += tl.load(p_o + s * stride_part_s, mask=m_o, other=0.0, cache_modifier=".cg")
+                    b_u += tl.load(p_o + s * stride_part_s + I * stride_part_n, mask=m_o, other=0.0, cache_modifier=".cg")
+                tl.atomic_xchg(p_count + w // SPLIT, 0, sem="relaxed", scope="gpu")
+        if last:
             b_g = tl.minimum(b_g, limit)
             b_u = tl.minimum(tl.maximum(b_u, -limit), limit)
             b_a = b_g * tl.sigmoid(b_g) * b_u
             tl.store(p_act + (n0 + o_n)[:, None].to(tl.int64) * stride_act + o_row, b_a.to(dt), mask=m_o)
-        else:
-            p_o = p_part + sp * stride_part_s + (n0 + o_n)[:, None].to(tl.int64) * stride_part_n + o_row
-            tl.store(p_o, b_g, mask=m_o)
-            tl.store(p_o + I * stride_part_n, b_u, mask=m_o)
 
 
 @triton.jit
-def _moe_down_kernel(p_act, p_part, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_down,
-                     stride_act, stride_part_s, stride_part_n, stride_ds, stride_dm, limit, num_progs,
-                     N, K, N16, K64, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     SPLIT: tl.constexpr, SPLIT_UP: tl.constexpr,
+def _moe_down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_down,
+                     stride_act, stride_ds, stride_dm, num_progs,
+                     N, K, N16, K64, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
                      FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
-    """Persistent: work item (tile, BN output rows, K split): down[split, slot] = act W2^T (fp32),
-    act read from the gate/up kernel's rows (SPLIT_UP == 1) or summed from its partials."""
+    """Persistent: work item (tile, BN output rows, K split): down[split, slot] = act W2^T (fp32)."""
     dt = p_act.dtype.element_ty
     n_tiles = tl.load(p_meta)
     n_blk = tl.cdiv(N, BN)
@@ -197,18 +207,7 @@ def _moe_down_kernel(p_act, p_part, p_w, p_s, p_rows, p_tile_expert, p_tile_rows
             kb0 = (sp * steps + i) * (BK // 64)
             o_ka = (kb0 * 64 + o_k)[:, None]  # [BK, 1]
             m_a = (o_ka < K) & m_m[None, :]
-            if SPLIT_UP == 1:
-                b_a = tl.load(p_act + o_ka.to(tl.int64) * stride_act + o_row, mask=m_a, other=0.0)  # [BK, BM]
-            else:
-                p_g = p_part + o_ka.to(tl.int64) * stride_part_n + o_row
-                b_g = tl.zeros([BK, BM], tl.float32)
-                b_u = tl.zeros([BK, BM], tl.float32)
-                for s in tl.static_range(SPLIT_UP):
-                    b_g += tl.load(p_g + s * stride_part_s, mask=m_a, other=0.0)
-                    b_u += tl.load(p_g + s * stride_part_s + K * stride_part_n, mask=m_a, other=0.0)
-                b_g = tl.minimum(b_g, limit)
-                b_u = tl.minimum(tl.maximum(b_u, -limit), limit)
-                b_a = (b_g * tl.sigmoid(b_g) * b_u).to(dt)
+            b_a = tl.load(p_act + o_ka.to(tl.int64) * stride_act + o_row, mask=m_a, other=0.0)  # [BK, BM]
             w_d = _unit_tile(p_w, p_s, unit0, (N - n0 + 15) // 16, kb0, K64, U_N, U_K, FOLD, EMULATE, not EVEN, dt)
             b_o = tl.dot(w_d, b_a, b_o)
         slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0).to(tl.int64)
@@ -344,6 +343,20 @@ def route_torch(local_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
     return Routing(rows[:-1], tile_expert, tile_rows, torch.tensor([used], dtype=torch.int32, device=dev), block_m)
 
 
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+
+
+def _tickets(device: torch.device, n: int) -> torch.Tensor:
+    """The split-K tickets of gate/up: zero between calls (the last split of a work item resets its
+    own), so they are allocated once per device, outside capture where possible (inside, the zero
+    fill is recorded with the graph and the tensor kept)."""
+    t = _TICKETS.get(device)
+    if t is None or t.numel() < n:
+        t = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _TICKETS[device] = t
+    return t
+
+
 @lru_cache(maxsize=None)
 def _sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -380,29 +393,31 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     if M == 0:
         return out
     up, dn = cfg.up, cfg.down
-    act = torch.empty(I if up.split == 1 else 1, P, device=x.device, dtype=x.dtype)
+    act = torch.empty(I, P, device=x.device, dtype=x.dtype)
     part = torch.empty(up.split if up.split > 1 else 1, 2 * I if up.split > 1 else 1, P, device=x.device,
                        dtype=torch.float32)
     down = torch.empty(dn.split, M * k, d, device=x.device, dtype=torch.float32)
     emulate = interpreted()
     fold = p13.fold and p2.fold
-    n_up = T * triton.cdiv(I, up.bn) * up.split
-    _moe_up_kernel[(_programs(x.device, up.ctas, n_up),)](
+    n_blk = triton.cdiv(I, up.bn)
+    n_up = T * n_blk * up.split
+    progs = _programs(x.device, up.ctas, n_up)
+    _moe_up_kernel[(progs,)](
         p_x=x, p_w=p13.values, p_s=p13.scales, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows,
-        p_meta=r.meta, p_act=act, p_part=part, stride_xm=x.stride(0), stride_act=act.stride(0),
-        stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
-        num_progs=_programs(x.device, up.ctas, n_up), I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
-        BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FOLD=fold, EMULATE=emulate,
+        p_meta=r.meta, p_act=act, p_part=part, p_count=_tickets(x.device, T * n_blk), stride_xm=x.stride(0),
+        stride_act=act.stride(0), stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
+        num_progs=progs, I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
+        BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FOLD=p13.fold, EMULATE=emulate,
         EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
         num_warps=up.warps, num_stages=up.stages,
     )
     n_dn = T * triton.cdiv(d, dn.bn) * dn.split
-    _moe_down_kernel[(_programs(x.device, dn.ctas, n_dn),)](
-        p_act=act, p_part=part, p_w=p2.values, p_s=p2.scales, p_rows=r.rows, p_tile_expert=r.tile_expert,
+    progs = _programs(x.device, dn.ctas, n_dn)
+    _moe_down_kernel[(progs,)](
+        p_act=act, p_w=p2.values, p_s=p2.scales, p_rows=r.rows, p_tile_expert=r.tile_expert,
         p_tile_rows=r.tile_rows, p_meta=r.meta, p_down=down, stride_act=act.stride(0),
-        stride_part_s=part.stride(0), stride_part_n=part.stride(1), stride_ds=down.stride(0), stride_dm=down.stride(1),
-        limit=limit, num_progs=_programs(x.device, dn.ctas, n_dn), N=d, K=I, N16=p2.n16, K64=p2.k64,
-        BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, SPLIT_UP=up.split, FOLD=fold, EMULATE=emulate,
+        stride_ds=down.stride(0), stride_dm=down.stride(1), num_progs=progs, N=d, K=I, N16=p2.n16, K64=p2.k64,
+        BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FOLD=p2.fold, EMULATE=emulate,
         EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
         num_warps=dn.warps, num_stages=dn.stages,
     )
