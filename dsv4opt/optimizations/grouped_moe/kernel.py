@@ -362,10 +362,28 @@ def _sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _programs(device: torch.device, ctas: int, work_max: int) -> int:
-    """The persistent grid: `ctas` programs an SM, never more than there can be work items."""
+# (kernel, device, launch constants) -> programs an SM can hold, from the first launch's registers and
+# shared memory: a persistent program that is not resident runs its items after the others finish.
+_RESIDENT: dict[tuple, int] = {}
+_SM_REGS, _SM_SHARED, _SM_THREADS = 65536, 233472, 2048
+
+
+def _resident(compiled, warps: int) -> int:
+    regs = -(-compiled.n_regs // 8) * 8 * 32 * warps  # registers go to warps in blocks of 256
+    shared = compiled.metadata.shared + 1024  # the driver keeps 1 KB a block
+    return max(1, min(_SM_REGS // regs, _SM_SHARED // shared, _SM_THREADS // (32 * warps)))
+
+
+def _persistent(kernel, device: torch.device, tiles, work_max: int, **args) -> None:
+    """Launch `kernel` on a persistent grid: tiles.ctas programs an SM (no more than fit), never more
+    than there can be work items."""
+    key = (id(kernel), str(device), tiles, tuple(sorted((k, v) for k, v in args.items() if k.isupper())))
+    ctas = min(tiles.ctas, _RESIDENT.get(key, tiles.ctas))
     sms = _sms(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else 4
-    return max(1, min(ctas * sms, work_max))
+    progs = max(1, min(ctas * sms, work_max))
+    compiled = kernel[(progs,)](num_progs=progs, num_warps=tiles.warps, num_stages=tiles.stages, **args)
+    if key not in _RESIDENT and hasattr(compiled, "n_regs"):
+        _RESIDENT[key] = _resident(compiled, tiles.warps)
 
 
 def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torch.Tensor, w13: Mxfp4Experts,
@@ -400,26 +418,22 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     emulate = interpreted()
     fold = p13.fold and p2.fold
     n_blk = triton.cdiv(I, up.bn)
-    n_up = T * n_blk * up.split
-    progs = _programs(x.device, up.ctas, n_up)
-    _moe_up_kernel[(progs,)](
+    _persistent(
+        _moe_up_kernel, x.device, up, T * n_blk * up.split,
         p_x=x, p_w=p13.values, p_s=p13.scales, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows,
         p_meta=r.meta, p_act=act, p_part=part, p_count=_tickets(x.device, T * n_blk), stride_xm=x.stride(0),
         stride_act=act.stride(0), stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
-        num_progs=progs, I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
+        I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
         BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FOLD=p13.fold, EMULATE=emulate,
         EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
-        num_warps=up.warps, num_stages=up.stages,
     )
-    n_dn = T * triton.cdiv(d, dn.bn) * dn.split
-    progs = _programs(x.device, dn.ctas, n_dn)
-    _moe_down_kernel[(progs,)](
+    _persistent(
+        _moe_down_kernel, x.device, dn, T * triton.cdiv(d, dn.bn) * dn.split,
         p_act=act, p_w=p2.values, p_s=p2.scales, p_rows=r.rows, p_tile_expert=r.tile_expert,
         p_tile_rows=r.tile_rows, p_meta=r.meta, p_down=down, stride_act=act.stride(0),
-        stride_ds=down.stride(0), stride_dm=down.stride(1), num_progs=progs, N=d, K=I, N16=p2.n16, K64=p2.k64,
+        stride_ds=down.stride(0), stride_dm=down.stride(1), N=d, K=I, N16=p2.n16, K64=p2.k64,
         BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FOLD=p2.fold, EMULATE=emulate,
         EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
-        num_warps=dn.warps, num_stages=dn.stages,
     )
     bc = min(1024, triton.next_power_of_2(d))
     _moe_combine_kernel[(M, triton.cdiv(d, bc))](
