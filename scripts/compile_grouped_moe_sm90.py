@@ -43,7 +43,7 @@ def up_source(cfg: configs.MoeConfig, I: int, d: int, fold: bool = True):
     types = dict(p_x="*bf16", p_w="*u8", p_s="*u8", p_rows="*i32", p_tile_expert="*i32", p_tile_rows="*i32",
                  p_meta="*i32", p_act="*bf16", p_part="*fp32", p_count="*i32", stride_xm="i32", stride_act="i32", stride_part_s="i32",
                  stride_part_n="i32", limit="fp32", num_progs="i32", I="i32", K="i32", N16="i32", K64="i32")
-    const = dict(TOPK=6, BM=cfg.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, FOLD=fold, EMULATE=False, EVEN=True)
+    const = dict(TOPK=6, BM=cfg.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, FLAT=t.flat, FOLD=fold, EMULATE=False, EVEN=True)
     div = {"stride_xm", "stride_act", "stride_part_s", "stride_part_n", "I", "K", "N16", "K64"}
     return _source(kernel._moe_up_kernel, types, const, div), t
 
@@ -53,9 +53,16 @@ def down_source(cfg: configs.MoeConfig, I: int, d: int, fold: bool = True):
     types = dict(p_act="*bf16", p_w="*u8", p_s="*u8", p_rows="*i32", p_tile_expert="*i32", p_tile_rows="*i32",
                  p_meta="*i32", p_down="*fp32", stride_act="i32", stride_ds="i32", stride_dm="i32", num_progs="i32",
                  N="i32", K="i32", N16="i32", K64="i32")
-    const = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, FOLD=fold, EMULATE=False, EVEN=True)
+    const = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, FLAT=t.flat, FOLD=fold, EMULATE=False, EVEN=True)
     div = {"stride_act", "stride_ds", "stride_dm", "N", "K", "N16", "K64"}
     return _source(kernel._moe_down_kernel, types, const, div), t
+
+
+def route_source(R: int):
+    types = dict(p_ids="*i32", p_counts="*i32", p_start="*i32", p_rank="*i32", p_rows="*i32", p_tile_expert="*i32",
+                 p_tile_rows="*i32", p_meta="*i32", S="i32", R="i32")
+    const = dict(BM=16, R_P=triton.next_power_of_2(R), CH=1024)
+    return _source(kernel._route_kernel, types, const, set()), configs.GemmTiles(bn=64, bk=64, warps=8, stages=1)
 
 
 def report(src, tiles: configs.GemmTiles, label: str, dump: Path | None) -> dict:
@@ -115,6 +122,8 @@ def main() -> None:
     args = ap.parse_args()
     for name in args.layout.split(","):
         R, I, d, ranks = LAYOUTS[name]
+        src, tiles = route_source(R)
+        report(src, tiles, f"{name} route", args.dump)
         for c in (int(v) for v in args.concurrency.split(",")):
             slots = ranks * c * 6
             cfgs = configs.candidates(R, I, d, slots) if args.candidates else [configs.choose(R, I, d, slots)]

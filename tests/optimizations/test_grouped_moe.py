@@ -165,6 +165,8 @@ PATHS = {
     "down-split-2": configs.MoeConfig(16, _T, replace(_T, split=2)),
     "bm32-bk128-wide": configs.MoeConfig(32, replace(_T, bk=128, bn=128, split=2), replace(_T, bn=128, bk=128)),
     "one-program": configs.MoeConfig(16, replace(_T, ctas=1, split=4), replace(_T, ctas=1, split=4)),
+    "flat-split": configs.MoeConfig(16, replace(_T, flat=True, split=3), replace(_T, flat=True, split=2)),
+    "flat-bm32": configs.MoeConfig(32, replace(_T, flat=True, bk=128), replace(_T, flat=True, ctas=1)),
 }
 
 

@@ -16,17 +16,19 @@ from dataclasses import dataclass, replace
 class GemmTiles:
     """One GEMM's launch: bn weight rows a work item (the MMA's wide side; for gate/up bn of gate
     and the same bn of up), bk columns a step (whole 64-column units), warps, pipeline stages, the
-    K split, and persistent programs an SM."""
+    K split, persistent programs an SM (capped at what fits), and whether one loop runs over
+    (item, K step) so the pipeline does not drain between items (flat)."""
 
     bn: int
     bk: int
     warps: int
     stages: int
     split: int = 1
-    ctas: int = 2
+    ctas: int = 4
+    flat: bool = False
 
     def short(self) -> str:
-        return f"{self.bn}x{self.bk}w{self.warps}s{self.stages}k{self.split}c{self.ctas}"
+        return f"{self.bn}x{self.bk}w{self.warps}s{self.stages}k{self.split}c{self.ctas}{'f' if self.flat else ''}"
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,8 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         replace(base, up=replace(up, split=up.split * 2), down=replace(dn, split=dn.split * 2)),
         replace(base, up=replace(up, bn=128, warps=8), down=replace(dn, bn=256, warps=8)),
         replace(base, up=replace(up, stages=up.stages + 2, bk=64), down=replace(dn, stages=dn.stages + 2, bk=64)),
-        replace(base, up=replace(up, ctas=up.ctas * 2), down=replace(dn, ctas=dn.ctas * 2)),
+        replace(base, up=replace(up, flat=not up.flat), down=replace(dn, flat=not dn.flat)),
+        replace(base, up=replace(up, ctas=2), down=replace(dn, ctas=2)),
         replace(base, bm=16 if base.bm == 32 else 32),
     ]
     seen: list[MoeConfig] = []

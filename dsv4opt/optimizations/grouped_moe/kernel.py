@@ -113,106 +113,168 @@ def _unit_tile(p_w, p_s, unit0, rb_lim, kb0, K64, U_N: tl.constexpr, U_K: tl.con
 
 
 @triton.jit
+def _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """Work item w: (its K split, first weight row, expert, which of the tile's BM rows hold slots, their slots)."""
+    tile = w // SPLIT // n_blk
+    o_m = tl.arange(0, BM)
+    m_m = o_m < tl.load(p_tile_rows + tile)
+    slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0)
+    return w % SPLIT, (w // SPLIT % n_blk) * BN, tl.load(p_tile_expert + tile).to(tl.int64), m_m, slot
+
+
+@triton.jit
+def _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_g, b_u, stride_xm, steps, I, K, N16,
+             K64, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
+    """K step i of a work item: b_g, b_u [BN, BM] += this step's gate, up rows times the tile's tokens."""
+    dt = p_x.dtype.element_ty
+    kb0 = (sp * steps + i) * (BK // 64)
+    o_kx = kb0 * 64 + tl.arange(0, BK)
+    b_x = tl.load(p_x + (slot // TOPK).to(tl.int64)[:, None] * stride_xm + o_kx[None, :],
+                  mask=m_m[:, None] & (o_kx < K)[None, :], other=0.0)  # [BM, BK] the tile's tokens
+    w_g = _unit_tile(p_w, p_s, (e * N16 + n0 // 16) * K64, (I - n0) // 16, kb0, K64, BN // 16, BK // 64,
+                     FOLD, EMULATE, not EVEN, dt)  # [BN, BK]
+    w_u = _unit_tile(p_w, p_s, (e * N16 + (I + n0) // 16) * K64, (I - n0) // 16, kb0, K64, BN // 16, BK // 64,
+                     FOLD, EMULATE, not EVEN, dt)
+    b_xt = tl.trans(b_x)  # [BK, BM]
+    return tl.dot(w_g, b_xt, b_g), tl.dot(w_u, b_xt, b_u)
+
+
+@triton.jit
+def _up_done(w, b_g, b_u, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n, limit,
+             n_blk, I, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """Work item w's epilogue: act = silu(min(g, limit)) * clamp(u, -limit, limit), or, with K split,
+    this split's partials and a ticket; the last split to arrive sums them and writes act."""
+    sp = w % SPLIT
+    tile = w // SPLIT // n_blk
+    n0 = (w // SPLIT % n_blk) * BN
+    o_m = tl.arange(0, BM)
+    o_n = tl.arange(0, BN)
+    m_o = ((n0 + o_n) < I)[:, None] & (o_m < tl.load(p_tile_rows + tile))[None, :]
+    o_row = (tile * BM + o_m)[None, :]
+    last = True
+    if SPLIT > 1:
+        p_o = p_part + (n0 + o_n)[:, None].to(tl.int64) * stride_part_n + o_row
+        tl.store(p_o + sp * stride_part_s, b_g, mask=m_o)
+        tl.store(p_o + sp * stride_part_s + I * stride_part_n, b_u, mask=m_o)
+        tl.debug_barrier()  # every thread's partials issued before the ticket (released at GPU scope)
+        last = tl.atomic_add(p_count + w // SPLIT, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+        if last:
+            b_g = tl.zeros([BN, BM], tl.float32)
+            b_u = tl.zeros([BN, BM], tl.float32)
+            for s in tl.static_range(SPLIT):  # L2 reads: other SMs wrote them
+                b_g += tl.load(p_o + s * stride_part_s, mask=m_o, other=0.0, cache_modifier=".cg")
+                b_u += tl.load(p_o + s * stride_part_s + I * stride_part_n, mask=m_o, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(p_count + w // SPLIT, 0, sem="relaxed", scope="gpu")
+    if last:
+        b_g = tl.minimum(b_g, limit)
+        b_u = tl.minimum(tl.maximum(b_u, -limit), limit)
+        b_a = b_g * tl.sigmoid(b_g) * b_u
+        tl.store(p_act + (n0 + o_n)[:, None].to(tl.int64) * stride_act + o_row, b_a.to(p_act.dtype.element_ty),
+                 mask=m_o)
+
+
+@triton.jit
 def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_act, p_part, p_count,
                    stride_xm, stride_act, stride_part_s, stride_part_n, limit, num_progs,
                    I, K, N16, K64, TOPK: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, FLAT: tl.constexpr,
                    FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
     """Persistent: work item (tile, BN gate rows + the same up rows, K split) -> act[n, row] =
     silu(min(g, limit)) * clamp(u, -limit, limit) in x's dtype. With K split, each split stores fp32
     partials part[split, {g, u}, n, row] and takes a ticket (count[item]); the last to arrive sums
-    them, writes act and sets the count back to 0 for the next call (so no launch clears it)."""
-    dt = p_x.dtype.element_ty
-    n_tiles = tl.load(p_meta)
+    them, writes act and sets the count back to 0 for the next call (so no launch clears it).
+    FLAT: one loop over (item, K step), so the pipeline runs on across items (short K loops)."""
+    pid = tl.program_id(0)
     n_blk = tl.cdiv(I, BN)
-    n_work = n_tiles * n_blk * SPLIT
+    n_work = tl.load(p_meta) * n_blk * SPLIT
     steps = tl.cdiv(K64 * 64, BK * SPLIT)  # K steps of one split
-    U_N: tl.constexpr = BN // 16
-    U_K: tl.constexpr = BK // 64
+    b_g = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
+    b_u = tl.zeros([BN, BM], tl.float32)
+    if FLAT:
+        for it in range(0, tl.cdiv(tl.maximum(n_work - pid, 0), num_progs) * steps):
+            w = pid + it // steps * num_progs
+            i = it % steps
+            b_g = tl.where(i == 0, 0.0, b_g)
+            b_u = tl.where(i == 0, 0.0, b_u)
+            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            b_g, b_u = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_g, b_u, stride_xm, steps, I, K, N16, K64,
+                                TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
+            if i == steps - 1:
+                _up_done(w, b_g, b_u, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
+                         limit, n_blk, I, BM, BN, SPLIT)
+    else:
+        for w in range(pid, n_work, num_progs):
+            b_g = tl.zeros([BN, BM], tl.float32)
+            b_u = tl.zeros([BN, BM], tl.float32)
+            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            for i in range(steps):
+                b_g, b_u = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_g, b_u, stride_xm, steps, I, K, N16,
+                                    K64, TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
+            _up_done(w, b_g, b_u, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
+                     limit, n_blk, I, BM, BN, SPLIT)
+
+
+@triton.jit
+def _down_step(p_act, p_w, p_s, sp, n0, e, m_m, tile, i, b_o, stride_act, steps, N, K, N16, K64,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
+    """K step i of a work item: b_o [BN, BM] += this step's w2 rows times the tile's act columns."""
     o_m = tl.arange(0, BM)
-    o_k = tl.arange(0, BK)
+    kb0 = (sp * steps + i) * (BK // 64)
+    o_ka = (kb0 * 64 + tl.arange(0, BK))[:, None]  # [BK, 1]
+    b_a = tl.load(p_act + o_ka.to(tl.int64) * stride_act + (tile * BM + o_m)[None, :],
+                  mask=(o_ka < K) & m_m[None, :], other=0.0)  # [BK, BM]
+    w_d = _unit_tile(p_w, p_s, (e * N16 + n0 // 16) * K64, (N - n0 + 15) // 16, kb0, K64, BN // 16, BK // 64,
+                     FOLD, EMULATE, not EVEN, p_act.dtype.element_ty)  # [BN, BK]
+    return tl.dot(w_d, b_a, b_o)
+
+
+@triton.jit
+def _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N,
+               BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """Work item w's rows: down[split, slot, n] = b_o[n, row] for the tile's slots."""
+    sp = w % SPLIT
+    tile = w // SPLIT // n_blk
+    n0 = (w // SPLIT % n_blk) * BN
+    o_m = tl.arange(0, BM)
     o_n = tl.arange(0, BN)
-    for w in range(tl.program_id(0), n_work, num_progs):
-        sp = w % SPLIT
-        tile = w // SPLIT // n_blk
-        n0 = (w // SPLIT % n_blk) * BN
-        e = tl.load(p_tile_expert + tile).to(tl.int64)
-        n_rows = tl.load(p_tile_rows + tile)
-        m_m = o_m < n_rows
-        slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0)
-        p_xr = p_x + (slot // TOPK).to(tl.int64)[:, None] * stride_xm  # [BM, 1] the tokens' rows
-        unit_g = (e * N16 + n0 // 16) * K64
-        unit_u = (e * N16 + (I + n0) // 16) * K64
-        b_g = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
-        b_u = tl.zeros([BN, BM], tl.float32)
-        for i in range(steps):
-            kb0 = (sp * steps + i) * (BK // 64)
-            o_kx = kb0 * 64 + o_k
-            b_x = tl.load(p_xr + o_kx[None, :], mask=m_m[:, None] & (o_kx < K)[None, :], other=0.0)  # [BM, BK]
-            w_g = _unit_tile(p_w, p_s, unit_g, (I - n0) // 16, kb0, K64, U_N, U_K, FOLD, EMULATE, not EVEN, dt)
-            w_u = _unit_tile(p_w, p_s, unit_u, (I - n0) // 16, kb0, K64, U_N, U_K, FOLD, EMULATE, not EVEN, dt)
-            b_xt = tl.trans(b_x)  # [BK, BM]
-            b_g = tl.dot(w_g, b_xt, b_g)
-            b_u = tl.dot(w_u, b_xt, b_u)
-        m_o = ((n0 + o_n) < I)[:, None] & m_m[None, :]
-        o_row = (tile * BM + o_m)[None, :]
-        last = True
-        if SPLIT > 1:
-            p_o = p_part + (n0 + o_n)[:, None].to(tl.int64) * stride_part_n + o_row
-            tl.store(p_o + sp * stride_part_s, b_g, mask=m_o)
-            tl.store(p_o + sp * stride_part_s + I * stride_part_n, b_u, mask=m_o)
-            tl.debug_barrier()  # every thread's partials issued before the ticket (released at GPU scope)
-            last = tl.atomic_add(p_count + w // SPLIT, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
-            if last:
-                b_g = tl.zeros([BN, BM], tl.float32)
-                b_u = tl.zeros([BN, BM], tl.float32)
-                for s in tl.static_range(SPLIT):  # L2 reads: another SM wrote them
-                    b_g += tl.load(p_o + s * stride_part_s, mask=m_o, other=0.0, cache_modifier=".cg")
-                    b_u += tl.load(p_o + s * stride_part_s + I * stride_part_n, mask=m_o, other=0.0, cache_modifier=".cg")
-                tl.atomic_xchg(p_count + w // SPLIT, 0, sem="relaxed", scope="gpu")
-        if last:
-            b_g = tl.minimum(b_g, limit)
-            b_u = tl.minimum(tl.maximum(b_u, -limit), limit)
-            b_a = b_g * tl.sigmoid(b_g) * b_u
-            tl.store(p_act + (n0 + o_n)[:, None].to(tl.int64) * stride_act + o_row, b_a.to(dt), mask=m_o)
+    m_m = o_m < tl.load(p_tile_rows + tile)
+    slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0).to(tl.int64)
+    p_o = p_down + sp * stride_ds + slot[None, :] * stride_dm + (n0 + o_n)[:, None]
+    tl.store(p_o, b_o, mask=((n0 + o_n) < N)[:, None] & m_m[None, :])
 
 
 @triton.jit
 def _moe_down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_down,
                      stride_act, stride_ds, stride_dm, num_progs,
                      N, K, N16, K64, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                     FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
-    """Persistent: work item (tile, BN output rows, K split): down[split, slot] = act W2^T (fp32)."""
-    dt = p_act.dtype.element_ty
-    n_tiles = tl.load(p_meta)
+                     FLAT: tl.constexpr, FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
+    """Persistent: work item (tile, BN output rows, K split): down[split, slot] = act W2^T (fp32).
+    FLAT: one loop over (item, K step), as in the gate/up kernel."""
+    pid = tl.program_id(0)
     n_blk = tl.cdiv(N, BN)
-    n_work = n_tiles * n_blk * SPLIT
+    n_work = tl.load(p_meta) * n_blk * SPLIT
     steps = tl.cdiv(K64 * 64, BK * SPLIT)
-    U_N: tl.constexpr = BN // 16
-    U_K: tl.constexpr = BK // 64
-    o_m = tl.arange(0, BM)
-    o_k = tl.arange(0, BK)
-    o_n = tl.arange(0, BN)
-    for w in range(tl.program_id(0), n_work, num_progs):
-        sp = w % SPLIT
-        tile = w // SPLIT // n_blk
-        n0 = (w // SPLIT % n_blk) * BN
-        e = tl.load(p_tile_expert + tile).to(tl.int64)
-        n_rows = tl.load(p_tile_rows + tile)
-        m_m = o_m < n_rows
-        o_row = (tile * BM + o_m)[None, :]  # [1, BM]
-        unit0 = (e * N16 + n0 // 16) * K64
-        b_o = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
-        for i in range(steps):
-            kb0 = (sp * steps + i) * (BK // 64)
-            o_ka = (kb0 * 64 + o_k)[:, None]  # [BK, 1]
-            m_a = (o_ka < K) & m_m[None, :]
-            b_a = tl.load(p_act + o_ka.to(tl.int64) * stride_act + o_row, mask=m_a, other=0.0)  # [BK, BM]
-            w_d = _unit_tile(p_w, p_s, unit0, (N - n0 + 15) // 16, kb0, K64, U_N, U_K, FOLD, EMULATE, not EVEN, dt)
-            b_o = tl.dot(w_d, b_a, b_o)
-        slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0).to(tl.int64)
-        p_o = p_down + sp * stride_ds + slot[None, :] * stride_dm + (n0 + o_n)[:, None]
-        tl.store(p_o, b_o, mask=((n0 + o_n) < N)[:, None] & m_m[None, :])
+    b_o = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
+    if FLAT:
+        for it in range(0, tl.cdiv(tl.maximum(n_work - pid, 0), num_progs) * steps):
+            w = pid + it // steps * num_progs
+            i = it % steps
+            b_o = tl.where(i == 0, 0.0, b_o)
+            sp, n0, e, m_m, _slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            b_o = _down_step(p_act, p_w, p_s, sp, n0, e, m_m, w // SPLIT // n_blk, i, b_o, stride_act, steps, N, K,
+                             N16, K64, BM, BN, BK, FOLD, EMULATE, EVEN)
+            if i == steps - 1:
+                _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
+    else:
+        for w in range(pid, n_work, num_progs):
+            b_o = tl.zeros([BN, BM], tl.float32)
+            sp, n0, e, m_m, _slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            for i in range(steps):
+                b_o = _down_step(p_act, p_w, p_s, sp, n0, e, m_m, w // SPLIT // n_blk, i, b_o, stride_act, steps, N,
+                                 K, N16, K64, BM, BN, BK, FOLD, EMULATE, EVEN)
+            _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
 
 
 @triton.jit
@@ -424,7 +486,7 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
         p_meta=r.meta, p_act=act, p_part=part, p_count=_tickets(x.device, T * n_blk), stride_xm=x.stride(0),
         stride_act=act.stride(0), stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
         I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
-        BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FOLD=p13.fold, EMULATE=emulate,
+        BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FLAT=up.flat, FOLD=p13.fold, EMULATE=emulate,
         EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
     )
     _persistent(
@@ -432,7 +494,7 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
         p_act=act, p_w=p2.values, p_s=p2.scales, p_rows=r.rows, p_tile_expert=r.tile_expert,
         p_tile_rows=r.tile_rows, p_meta=r.meta, p_down=down, stride_act=act.stride(0),
         stride_ds=down.stride(0), stride_dm=down.stride(1), N=d, K=I, N16=p2.n16, K64=p2.k64,
-        BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FOLD=p2.fold, EMULATE=emulate,
+        BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FLAT=dn.flat, FOLD=p2.fold, EMULATE=emulate,
         EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
     )
     bc = min(1024, triton.next_power_of_2(d))
