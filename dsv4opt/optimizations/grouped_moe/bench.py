@@ -55,9 +55,7 @@ class BenchLayout:
         """Distinct local experts random routing touches: each of the C tokens picks top-k of `total`
         distinct experts; tp4 holds all of them, dp-ep local expert e takes the picks = e mod R."""
         if not self.other_ranks:
-            miss = math.prod((total - topk - i) / (total - i) for i in range(1))  # noqa: C416
-            miss = 1 - topk / total
-            return self.experts * (1 - miss**concurrency)
+            return self.experts * (1 - (1 - topk / total) ** concurrency)
         per = total // self.experts  # globals mapping to one local expert
         miss = math.comb(total - per, topk) / math.comb(total, topk)
         return self.experts * (1 - miss**concurrency)
