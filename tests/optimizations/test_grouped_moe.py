@@ -82,6 +82,7 @@ def test_the_copy_is_built_once_and_rebuilt_when_the_weights_change():
     w = Mxfp4Experts(2, 16, 64, torch.Generator().manual_seed(0), "cpu")
     first = layout.packed_experts(w)
     assert layout.packed_experts(w) is first
+    assert layout.packed_experts(Mxfp4Experts.of(w.packed, w.scales)) is first  # a new holder, the same tensors
     w.scales.mul_(2.0)  # in place: the version counter moves
     again = layout.packed_experts(w)
     assert again is not first and torch.equal(layout.unpack(again)[1], w.scales)

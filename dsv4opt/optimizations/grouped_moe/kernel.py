@@ -405,18 +405,18 @@ def route_torch(local_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
     return Routing(rows[:-1], tile_expert, tile_rows, torch.tensor([used], dtype=torch.int32, device=dev), block_m)
 
 
-_TICKETS: dict[torch.device, torch.Tensor] = {}
+_TICKETS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def _tickets(device: torch.device, n: int) -> torch.Tensor:
     """The split-K tickets of gate/up: zero between calls (the last split of a work item resets its
     own), so they are allocated once per device, outside capture where possible (inside, the zero
-    fill is recorded with the graph and the tensor kept)."""
-    t = _TICKETS.get(device)
-    if t is None or t.numel() < n:
-        t = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _TICKETS[device] = t
-    return t
+    fill is recorded with the graph). A larger set replaces a smaller one for later calls; the old
+    one is kept, since a captured graph may still point at it."""
+    held = _TICKETS.setdefault(device, [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
+    return held[-1]
 
 
 @lru_cache(maxsize=None)

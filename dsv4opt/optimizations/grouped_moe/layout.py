@@ -114,30 +114,35 @@ def unpack(p: PackedExperts) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, torch.pow(2.0, ex.float() - E8M0_BIAS).contiguous()
 
 
-_CACHE: "weakref.WeakKeyDictionary[object, tuple[tuple, PackedExperts]]" = weakref.WeakKeyDictionary()
+# Keyed on the weight tensors, not on the Mxfp4Experts holding them: torch-compile's opaque op wraps
+# the same tensors in a new holder at every call.
+_CACHE: dict[tuple, tuple[weakref.ref, weakref.ref, tuple, PackedExperts]] = {}
 
 
 def _key(experts) -> tuple:
     p, s = experts.packed, experts.scales
-    return (p.data_ptr(), tuple(p.shape), p._version, s.data_ptr(), tuple(s.shape), s._version, p.device)
+    return (p.data_ptr(), tuple(p.shape), s.data_ptr(), tuple(s.shape), str(p.device))
 
 
 def packed_experts(experts) -> PackedExperts:
-    """The production-layout copy of an `Mxfp4Experts`, built on first use and kept while the
-    weights live (rebuilt if their tensors change). Building it inside CUDA-graph capture would
-    record the repack into the graph: refused, so an eager step (warm-up, the gate) must come first."""
+    """The production-layout copy of an `Mxfp4Experts`' tensors, built on first use and kept while
+    they live (rebuilt if they change in place). Building it inside CUDA-graph capture would record
+    the repack into the graph: refused, so an eager step (warm-up, the gate) must come first."""
     key = _key(experts)
-    hit = _CACHE.get(experts)
-    if hit is not None and hit[0] == key:
-        return hit[1]
+    versions = (experts.packed._version, experts.scales._version)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0]() is experts.packed and hit[1]() is experts.scales and hit[2] == versions:
+        return hit[3]
     if experts.packed.is_cuda and torch.cuda.is_current_stream_capturing():
         raise DsvOptError("grouped-moe repacks each expert weight once, before CUDA-graph capture: run one eager "
                           "step (a warm-up) before capturing")
+    for k in [k for k, v in _CACHE.items() if v[0]() is None or v[1]() is None]:
+        del _CACHE[k]  # weights freed since
     p = repack(experts.packed, experts.scales)
-    _CACHE[experts] = (key, p)
+    _CACHE[key] = (weakref.ref(experts.packed), weakref.ref(experts.scales), versions, p)
     return p
 
 
 def cached_bytes() -> int:
     """Device bytes the cached production-layout copies hold (what grouped-moe costs in memory)."""
-    return sum(p.nbytes for _, p in _CACHE.values())
+    return sum(v[3].nbytes for v in _CACHE.values() if v[0]() is not None)
