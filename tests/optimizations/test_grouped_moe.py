@@ -42,7 +42,15 @@ def _bf16_bits_value(bits: int) -> float:
     return struct.unpack("<f", struct.pack("<I", bits << 16))[0]
 
 
-def test_a_lanes_words_decode_to_its_mma_fragment_by_the_documented_shift_and_mask():
+def _pair_bits(word: int, j: int) -> int:
+    """The kernel's decode of pair j, as documented in layout.py."""
+    m = 0x81C081C0
+    if j < 3:
+        return (word << (3 * j)) & m & 0xFFFFFFFF
+    return ((word << 1) & 0x80008000) | ((word >> 3) & 0x01800180) | ((word >> 7) & 0x00400040)
+
+
+def test_a_lanes_words_decode_to_its_mma_fragment_by_the_documented_masks():
     """The layout's definition read from the docstring, decoded word by word in plain Python (the
     kernel's shifts and masks, the 2^126 bias and the e8m0 scale), against the dequantised weight."""
     gen = torch.Generator().manual_seed(3)
@@ -57,8 +65,7 @@ def test_a_lanes_words_decode_to_its_mma_fragment_by_the_documented_shift_and_ma
                 for s in range(4):
                     word = int.from_bytes(bytes(values[rb, kb, lane * 16 + s * 4: lane * 16 + s * 4 + 4].tolist()), "little")
                     for j in range(4):
-                        t = (word << (4 * j)) & 0xFFFFFFFF
-                        r = (t & 0x80008000) | ((t >> 6) & 0x01C001C0)
+                        r = _pair_bits(word, j)
                         row = rb * 16 + (j & 1) * 8 + g
                         col = kb * 64 + s * 16 + (j >> 1) * 8 + 2 * q
                         e = int(scales[rb, kb, g * 4 + (s // 2) * 2 + (j & 1)])
@@ -322,3 +329,29 @@ def test_dequantised_weights_are_what_the_definition_reads():
     """The float64 definition decodes with quant.dequantize_mxfp4: a sanity anchor for the layout test."""
     w = Mxfp4Experts(1, 16, 64, torch.Generator().manual_seed(9), "cpu")
     assert torch.equal(w.dense(0), quant.dequantize_mxfp4(w.packed[0], w.scales[0]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("case", [MoeCase(4, "no_other_ranks", width=512, experts=256), MoeCase(16, "mixed")],
+                         ids=lambda c: c.name)
+def test_cuda_graph_replays_match_the_definition_for_new_routings(case):
+    """Captured once (after an eager call builds the weights' copy), replayed on other tokens and
+    routings copied into the captured inputs: every replay against float64, NaN-poisoned."""
+    from dsv4opt.numerics import nan_poisoned_allocations
+
+    first = make_inputs(case, "cuda", torch.bfloat16, seed=0)
+    x, ids, gates = first.x.clone(), first.local_ids.clone(), first.gates.clone()
+    kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with nan_poisoned_allocations(), torch.cuda.graph(graph):
+        out = kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale)
+    for seed in (1, 2, 3):
+        other = make_inputs(case, "cpu", torch.bfloat16, seed=seed)
+        x.copy_(other.x)
+        ids.copy_(other.local_ids)
+        gates.copy_(other.gates)
+        graph.replay()
+        ref = naive.routed_experts(x.double(), ids, gates.double(), first.w13, first.w2, first.limit, first.scale)
+        err = error_report(out, ref)
+        assert err.ok(check_module.REL_TOL), (seed, err)

@@ -37,25 +37,29 @@ _E2M1_BIAS = 2.0**126  # bf16 bits of an e2m1 code placed by shift and mask, tim
 
 @triton.jit
 def _decode_pairs(b_w, b_m, FOLD: tl.constexpr):
-    """Four bytes (one word: 8 nibbles) of b_w -> 8 bf16 values as two outputs of b_w's shape.
-    Pair j (slots 3 - j and 7 - j) = ((q << 4j) & 0x80008000) | (((q << 4j) >> 6) & 0x01C001C0),
-    times its multiplier (b_m: bf16, elements 0-1 for pairs 0 and 2, elements 2-3 for 1 and 3)."""
+    """Four bytes (one word q, 8 values in layout.BITS places) of b_w -> 8 bf16 values as two outputs
+    of b_w's shape: pairs q & M, (q << 3) & M, (q << 6) & M (M = 0x81C081C0) and the fourth from
+    three shifts, each times its multiplier (b_m: bf16, elements 0-1 for pairs 0 and 2, elements
+    2-3 for pairs 1 and 3). 11 integer operations and 4 bf16x2 multiplies a word."""
     if FOLD:
-        mul0: tl.constexpr = "mul.rn.bf16x2 $0, $0, $5;\nmul.rn.bf16x2 $2, $2, $5;\n" \
-                             "mul.rn.bf16x2 $1, $1, $6;\nmul.rn.bf16x2 $3, $3, $6;"
+        mul: tl.constexpr = "mul.rn.bf16x2 $0, $0, $5;\nmul.rn.bf16x2 $2, $2, $5;\n" \
+                            "mul.rn.bf16x2 $1, $1, $6;\nmul.rn.bf16x2 $3, $3, $6;"
     else:
-        mul0: tl.constexpr = "mov.b32 b, 0x7E807E80;\n" \
-                             "mul.rn.bf16x2 $0, $0, b;\nmul.rn.bf16x2 $2, $2, b;\n" \
-                             "mul.rn.bf16x2 $1, $1, b;\nmul.rn.bf16x2 $3, $3, b;\n" \
-                             "mul.rn.bf16x2 $0, $0, $5;\nmul.rn.bf16x2 $2, $2, $5;\n" \
-                             "mul.rn.bf16x2 $1, $1, $6;\nmul.rn.bf16x2 $3, $3, $6;"
+        mul: tl.constexpr = "mov.b32 b, 0x7E807E80;\n" \
+                            "mul.rn.bf16x2 $0, $0, b;\nmul.rn.bf16x2 $2, $2, b;\n" \
+                            "mul.rn.bf16x2 $1, $1, b;\nmul.rn.bf16x2 $3, $3, b;\n" \
+                            "mul.rn.bf16x2 $0, $0, $5;\nmul.rn.bf16x2 $2, $2, $5;\n" \
+                            "mul.rn.bf16x2 $1, $1, $6;\nmul.rn.bf16x2 $3, $3, $6;"
     return tl.inline_asm_elementwise(
-        asm="{\n.reg .b32 t, u, b;\n"
-            "shr.b32 u, $4, 6;\nand.b32 t, $4, 0x80008000;\nand.b32 u, u, 0x01C001C0;\nor.b32 $0, t, u;\n"
-            "shl.b32 t, $4, 4;\nshr.b32 u, $4, 2;\nand.b32 t, t, 0x80008000;\nand.b32 u, u, 0x01C001C0;\nor.b32 $1, t, u;\n"
-            "shl.b32 t, $4, 8;\nshl.b32 u, $4, 2;\nand.b32 t, t, 0x80008000;\nand.b32 u, u, 0x01C001C0;\nor.b32 $2, t, u;\n"
-            "shl.b32 t, $4, 12;\nshl.b32 u, $4, 6;\nand.b32 t, t, 0x80008000;\nand.b32 u, u, 0x01C001C0;\nor.b32 $3, t, u;\n"
-            + mul0 + "\n}",
+        asm="{\n.reg .b32 t, u, v, b;\n"
+            "and.b32 $0, $4, 0x81C081C0;\n"
+            "shl.b32 t, $4, 3;\nand.b32 $1, t, 0x81C081C0;\n"
+            "shl.b32 t, $4, 6;\nand.b32 $2, t, 0x81C081C0;\n"
+            "shl.b32 t, $4, 1;\nand.b32 t, t, 0x80008000;\n"
+            "shr.b32 u, $4, 3;\nand.b32 u, u, 0x01800180;\n"
+            "shr.b32 v, $4, 7;\nand.b32 v, v, 0x00400040;\n"
+            "or.b32 t, t, u;\nor.b32 $3, t, v;\n"
+            + mul + "\n}",
         constraints="=r,=r,=r,=r,r,r,r",
         args=[b_w, b_m],
         dtype=(tl.bfloat16, tl.bfloat16),
@@ -87,8 +91,11 @@ def _unit_tile(p_w, p_s, unit0, rb_lim, kb0, K64, U_N: tl.constexpr, U_K: tl.con
         # The same shifts and masks in integer ops, the multiply in fp32 (no inline PTX here).
         b_q = tl.reshape(b_w.to(tl.uint32), [U_N, U_K, 32, 4, 4])
         b_q = tl.sum(b_q << (tl.arange(0, 4) * 8).to(tl.uint32)[None, None, None, None, :], axis=4)  # words
-        b_t = b_q[:, :, :, :, None] << (tl.arange(0, 4) * 4).to(tl.uint32)[None, None, None, None, :]  # [.., s, j]
-        b_r = (b_t & 0x80008000) | ((b_t >> 6) & 0x01C001C0)
+        b_q = b_q[:, :, :, :, None]
+        j = tl.arange(0, 4)[None, None, None, None, :]  # [.., s, j]
+        b_t = b_q << tl.where(j == 3, 0, 3 * j).to(tl.uint32)
+        b_r3 = ((b_q << 1) & 0x80008000) | ((b_q >> 3) & 0x01800180) | ((b_q >> 7) & 0x00400040)
+        b_r = tl.where(j == 3, b_r3, b_t & 0x81C081C0)
         b_lo = ((b_r & 0xFFFF) << 16).to(tl.float32, bitcast=True)
         b_hi = (b_r & 0xFFFF0000).to(tl.float32, bitcast=True)
         b_v = tl.join(b_lo, b_hi) * _E2M1_BIAS  # [U_N, U_K, 32, 4(s), 4(j), 2(h)]

@@ -6,10 +6,13 @@ kernels read a copy, built once per weight tensor outside CUDA-graph capture (`p
 - **Values** in units of 16 rows x 64 columns (512 bytes). A unit holds one 16-byte word group per
   lane of a warp, lane = 8 row groups (g) x 4 column pairs (q), so a lane's 16-byte load holds
   exactly the values it feeds the tensor core as the A operand of four k16 MMA steps: rows g and
-  g + 8, columns 2q, 2q + 1, 2q + 8, 2q + 9 of each step. Within each 32-bit word (one k16 step)
-  the eight nibbles sit where a shift and a mask put each bf16 pair straight into its register:
-  pair j (rows g + 8 * (j & 1), columns 8 * (j >> 1) + 2q, +1) has its first value in nibble slot
-  3 - j and its second in slot 7 - j.
+  g + 8, columns 2q, 2q + 1, 2q + 8, 2q + 9 of each step. Each 32-bit word (one k16 step) holds
+  four bf16 pairs, pair j = rows g + 8 * (j & 1), columns 8 * (j >> 1) + 2q and + 1, the first
+  value in the low half. Each value's four bits (sign, e1, e0, m) sit where a mask, or a shift and
+  a mask, puts them at bf16's sign and top exponent and mantissa bits (15, 8, 7, 6 of a half):
+  pair 0 there already, pair 1 three bits lower, pair 2 six lower, pair 3 at (14, 11, 10, 13)
+  (`BITS`). Decoded: q & M, (q << 3) & M, (q << 6) & M with M = 0x81C081C0, and
+  ((q << 1) & 0x80008000) | ((q >> 3) & 0x01800180) | ((q >> 7) & 0x00400040).
 - **Scales** as e8m0 bytes (power-of-two exponent + 127), 32 bytes a unit ordered (g, group,
   row half), so a lane's four scales are one 4-byte load.
 
@@ -35,6 +38,8 @@ E8M0_BIAS = 127
 # One multiply folds the e2m1 exponent bias (2^126) and the scale 2^(s - 127) into 2^(s - 1), a
 # bf16 normal for s <= 128 (scales up to 2); larger scales take two multiplies.
 FOLD_MAX_E8M0 = 128
+# Where each pair's (sign, e1, e0, m) bits sit in the low half of its word (the high half: + 16).
+BITS = ((15, 8, 7, 6), (12, 5, 4, 3), (9, 2, 1, 0), (14, 11, 10, 13))
 
 
 @dataclass(frozen=True)
@@ -76,21 +81,33 @@ def e8m0(scales: torch.Tensor) -> torch.Tensor:
     return (exp - 1 + E8M0_BIAS).to(torch.uint8)
 
 
-def repack(packed: torch.Tensor, scales: torch.Tensor) -> PackedExperts:
+def _values(packed: torch.Tensor, n16: int, k64: int) -> torch.Tensor:
+    """Expert sets [r, N, K/2] -> their units [r, n16, k64, 512] (int32 bit work: few sets at a time)."""
+    r, N, K2 = packed.shape
+    nib = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(r, N, 2 * K2)
+    nib = torch.nn.functional.pad(nib, (0, k64 * UNIT_COLS - 2 * K2, 0, n16 * UNIT_ROWS - N))
+    # row = rb*16 + rowhalf*8 + g; col = kb*64 + s*16 + khalf*8 + q*2 + h
+    nib = nib.view(r, n16, 2, 8, k64, 4, 2, 4, 2)  # r, rb, rowhalf, g, kb, s, khalf, q, h
+    nib = nib.permute(0, 1, 4, 3, 7, 5, 8, 6, 2)  # r, rb, kb, g, q, s, h, khalf, rowhalf
+    nib = nib.reshape(r, n16, k64, 32, 4, 2, 4).int()  # lane, word s, half h, pair j = 2 * khalf + rowhalf
+    word = torch.zeros(nib.shape[:5], dtype=torch.int32, device=nib.device)
+    for j, bits in enumerate(BITS):
+        for h in range(2):
+            for b, pos in enumerate(bits):  # nibble bit 3 - b (sign first)
+                word |= ((nib[..., h, j] >> (3 - b)) & 1) << (pos + 16 * h)
+    values = torch.stack([(word >> (8 * i)) & 0xFF for i in range(4)], dim=-1).to(torch.uint8)  # little-endian
+    return values.reshape(r, n16, k64, UNIT_BYTES)
+
+
+def repack(packed: torch.Tensor, scales: torch.Tensor, chunk: int = 8) -> PackedExperts:
     """packed [R, N, K/2] uint8 (even column in the low nibble), scales [R, N, K/32] fp32 powers of
-    two -> PackedExperts. Plain torch on the tensors' device."""
+    two -> PackedExperts. Plain torch on the tensors' device, `chunk` sets at a time."""
     R, N, K2 = packed.shape
     K = 2 * K2
     n16, k64 = -(-N // UNIT_ROWS), -(-K // UNIT_COLS)
-    nib = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(R, N, K)
-    nib = torch.nn.functional.pad(nib, (0, k64 * UNIT_COLS - K, 0, n16 * UNIT_ROWS - N))
-    # row = rb*16 + rowhalf*8 + g; col = kb*64 + s*16 + khalf*8 + q*2 + h
-    nib = nib.view(R, n16, 2, 8, k64, 4, 2, 4, 2)  # R, rb, rowhalf, g, kb, s, khalf, q, h
-    nib = nib.permute(0, 1, 4, 3, 7, 5, 8, 6, 2)  # R, rb, kb, g, q, s, h, khalf, rowhalf
-    nib = nib.reshape(R, n16, k64, 8, 4, 4, 2, 4)  # ..., h, j = 2 * khalf + rowhalf
-    slots = nib.flip(-1).reshape(R, n16, k64, 32, 4, 8)  # nibble slot h*4 + 3 - j of word s
-    values = (slots[..., 0::2] | (slots[..., 1::2] << 4)).to(torch.uint8)  # byte i = slots 2i, 2i+1
-    values = values.reshape(R, n16, k64, UNIT_BYTES).contiguous()
+    values = torch.empty(R, n16, k64, UNIT_BYTES, dtype=torch.uint8, device=packed.device)
+    for e in range(0, R, chunk):
+        values[e: e + chunk] = _values(packed[e: e + chunk], n16, k64)
     ex = e8m0(scales)
     ex = torch.nn.functional.pad(ex, (0, k64 * 2 - K // MXFP4_GROUP, 0, n16 * UNIT_ROWS - N), value=E8M0_BIAS)
     ex = ex.view(R, n16, 2, 8, k64, 2)  # R, rb, rowhalf, g, kb, gs
@@ -102,9 +119,14 @@ def repack(packed: torch.Tensor, scales: torch.Tensor) -> PackedExperts:
 def unpack(p: PackedExperts) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of `repack`: (packed [R, N, K/2] uint8, scales [R, N, K/32] fp32)."""
     R, n16, k64 = p.experts, p.n16, p.k64
-    b = p.values.view(R, n16, k64, 32, 4, 4)
-    slots = torch.stack([b & 0xF, b >> 4], dim=-1).reshape(R, n16, k64, 8, 4, 4, 2, 4)
-    nib = slots.flip(-1)  # R, rb, kb, g, q, s, h, j
+    b = p.values.view(R, n16, k64, 32, 4, 4).long()
+    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)  # [.., lane, s], little-endian
+    nib = torch.zeros(*word.shape, 2, 4, dtype=torch.long, device=word.device)
+    for j, bits in enumerate(BITS):
+        for h in range(2):
+            for b_, pos in enumerate(bits):
+                nib[..., h, j] |= ((word >> (pos + 16 * h)) & 1) << (3 - b_)
+    nib = nib.view(R, n16, k64, 8, 4, 4, 2, 4)  # R, rb, kb, g, q, s, h, j
     nib = nib.view(R, n16, k64, 8, 4, 4, 2, 2, 2)  # ..., h, khalf, rowhalf
     nib = nib.permute(0, 1, 8, 3, 2, 5, 7, 4, 6).reshape(R, n16 * UNIT_ROWS, k64 * UNIT_COLS)
     nib = nib[:, : p.rows, : p.cols]
