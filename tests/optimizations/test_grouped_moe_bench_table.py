@@ -72,3 +72,13 @@ def test_the_table_fits_80_columns_and_keeps_every_figure():
         line = next(ln for ln in table.splitlines() if ln.split()[:2] == [r.layout, str(r.concurrency)])
         assert f"{r.grouped_us:.1f}" in line and f"{r.floor_us:.1f}" in line, line
     assert "9999.9" in table and "144" in table
+
+
+def test_json_holds_no_nan():
+    import json
+
+    check = CheckResult(name="grouped-moe", passed=True, device="x", figures={}, bounds={}, summary="", details={})
+    result = bench.BenchResult(check, "x", 1.0, "triton_kernels", {"tp4 C=1": float("inf")},
+                               [bench.BenchRow("tp4", 1, 1, 2, 6.0, 4.7, float("nan"), float("nan"))])
+    text = json.dumps(result.as_json(), allow_nan=False)
+    assert '"grouped_us": null' in text and '"tp4 C=1": null' in text

@@ -99,10 +99,10 @@ class BenchResult:
     def as_json(self) -> dict:
         check = asdict(self.check)
         check["details"] = {"cases": check["details"].get("cases", [])}
-        return {"bench": "grouped-moe", "device": self.device, "copy_gbps": self.copy_gbps, "anchor": self.anchor,
-                "anchor_errors": self.anchor_errors, "hidden": _CFG.hidden, "topk": _CFG.experts_per_token,
-                "layouts": {k: asdict(v) for k, v in LAYOUTS.items()}, "check": check,
-                "rows": [asdict(r) for r in self.rows], "sweep": self.sweep}
+        return _finite({"bench": "grouped-moe", "device": self.device, "copy_gbps": self.copy_gbps,
+                        "anchor": self.anchor, "anchor_errors": self.anchor_errors, "hidden": _CFG.hidden,
+                        "topk": _CFG.experts_per_token, "layouts": {k: asdict(v) for k, v in LAYOUTS.items()},
+                        "check": check, "rows": [asdict(r) for r in self.rows], "sweep": self.sweep})
 
 
 def routing(layout: BenchLayout, concurrency: int, gen: torch.Generator, device="cuda") -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,23 +329,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     if unknown:
         raise SystemExit(f"unknown layout {sorted(unknown)}: choose from {', '.join(LAYOUTS)}")
     conc = tuple(int(v) for v in args.concurrency.split(","))
-    if args.json:
-        from pathlib import Path
-
-        check_new_file(Path(args.json), force=False)
     console = Console()
-    if args.sweep:
-        rows = run_sweep(conc, layouts, on_step=console.print)
-        payload = {"bench": "grouped-moe sweep", "device": torch.cuda.get_device_name(), "rows": rows}
-    else:
-        result = run_bench(conc, on_step=lambda m: console.print(f"[dim]{m}[/dim]"), layouts=layouts,
-                           baseline=not args.no_baseline)
-        console.print(render(result))
-        payload = result.as_json()
+    try:
+        check_new_file(args.json, False, "--json")
+        if not torch.cuda.is_available():
+            raise DsvOptError("the grouped-moe bench needs a CUDA GPU")
+        if args.sweep:
+            rows = run_sweep(conc, layouts, on_step=console.print)
+            payload = {"bench": "grouped-moe sweep", "device": torch.cuda.get_device_name(), "rows": rows}
+        else:
+            result = run_bench(conc, on_step=lambda m: console.print(f"[dim]{m}[/dim]"), layouts=layouts,
+                               baseline=not args.no_baseline)
+            console.print(render(result))
+            payload = result.as_json()
+    except DsvOptError as err:
+        console.print(f"[red]{err}[/red]")
+        raise SystemExit(1) from None
     if args.json:
-        from pathlib import Path
+        write_json_atomic(args.json, _finite(payload), make_dirs=False)
 
-        write_json_atomic(Path(args.json), payload, make_dirs=False)
+
+def _finite(obj):
+    """JSON holds no NaN or infinity: a figure that could not be measured is null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 if __name__ == "__main__":
