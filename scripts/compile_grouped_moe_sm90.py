@@ -58,10 +58,12 @@ def down_source(cfg: configs.MoeConfig, I: int, d: int, fold: bool = True):
     return _source(kernel._moe_down_kernel, types, const, div), t
 
 
-def route_source(R: int):
+def route_source(R: int, slots: int):
     types = dict(p_ids="*i32", p_counts="*i32", p_start="*i32", p_rank="*i32", p_rows="*i32", p_tile_expert="*i32",
                  p_tile_rows="*i32", p_meta="*i32", S="i32", R="i32")
-    const = dict(BM=16, R_P=triton.next_power_of_2(R), CH=1024)
+    r_p, s_p = triton.next_power_of_2(R), triton.next_power_of_2(slots)
+    one = s_p <= kernel.ONE_PASS_SLOTS and s_p * r_p <= kernel.ONE_PASS_ELEMENTS
+    const = dict(BM=16, R_P=r_p, CH=max(s_p, 16) if one else 1024, ONE_PASS=one)
     return _source(kernel._route_kernel, types, const, set()), configs.GemmTiles(bn=64, bk=64, warps=8, stages=1)
 
 
@@ -122,8 +124,9 @@ def main() -> None:
     args = ap.parse_args()
     for name in args.layout.split(","):
         R, I, d, ranks = LAYOUTS[name]
-        src, tiles = route_source(R)
-        report(src, tiles, f"{name} route", args.dump)
+        for slots in (6 * ranks, 6 * ranks * 64):
+            src, tiles = route_source(R, slots)
+            report(src, tiles, f"{name} route, {slots} slots", args.dump)
         for c in (int(v) for v in args.concurrency.split(",")):
             slots = ranks * c * 6
             cfgs = configs.candidates(R, I, d, slots) if args.candidates else [configs.choose(R, I, d, slots)]

@@ -323,12 +323,31 @@ class Routing:
 
 @triton.jit
 def _route_kernel(p_ids, p_counts, p_start, p_rank, p_rows, p_tile_expert, p_tile_rows, p_meta, S, R,
-                  BM: tl.constexpr, R_P: tl.constexpr, CH: tl.constexpr):
+                  BM: tl.constexpr, R_P: tl.constexpr, CH: tl.constexpr, ONE_PASS: tl.constexpr):
     """One program: each slot's place in its expert's run by an atomic count (the order within an
     expert is whatever the atomics give: every row is computed alone, so no result depends on it),
-    the experts' tile starts by a prefix sum, then every slot to its row and every tile's expert."""
+    the experts' tile starts by a prefix sum, then every slot to its row and every tile's expert.
+    ONE_PASS (few slots, CH >= S): the same in registers, one read and one write of memory, the
+    place by counting earlier slots of the same expert (slot order) instead of atomics."""
     o_e = tl.arange(0, R_P)
     m_e = o_e < R
+    if ONE_PASS:
+        o_s = tl.arange(0, CH)
+        ids = tl.load(p_ids + o_s, mask=o_s < S, other=-1)
+        ok = (ids >= 0) & (ids < R)
+        hot = (ids[:, None] == o_e[None, :]) & ok[:, None]  # [CH, R_P]
+        counts = tl.sum(hot.to(tl.int32), 0)
+        tiles = (counts + BM - 1) // BM
+        start = tl.cumsum(tiles, 0) - tiles
+        rank = tl.sum(((ids[:, None] == ids[None, :]) & (o_s[None, :] < o_s[:, None])).to(tl.int32), 1)  # [CH]
+        first = tl.sum(tl.where(hot, start[None, :], 0), 1)
+        count = tl.sum(tl.where(hot, counts[None, :], 0), 1)
+        tl.store(p_rows + first * BM + rank, o_s, mask=ok)
+        lead = ok & (rank % BM == 0)
+        tl.store(p_tile_expert + first + rank // BM, ids, mask=lead)
+        tl.store(p_tile_rows + first + rank // BM, tl.minimum(count - rank, BM), mask=lead)
+        tl.store(p_meta + o_e, tl.sum(tiles, 0) + o_e * 0, mask=o_e == 0)
+        return
     tl.store(p_counts + o_e, tl.zeros([R_P], tl.int32), mask=m_e)
     tl.debug_barrier()
     for c0 in range(0, S, CH):
@@ -358,6 +377,12 @@ def _route_kernel(p_ids, p_counts, p_start, p_rank, p_rows, p_tile_expert, p_til
         tl.store(p_tile_rows + t, tl.minimum(count - rank, BM), mask=lead)
 
 
+# The routing in registers when the [slots, experts] and [slots, slots] comparisons stay small (tp4 to
+# C = 21, dp-ep to C = 2): one memory round trip instead of the atomics' four.
+ONE_PASS_SLOTS = 128
+ONE_PASS_ELEMENTS = 1 << 15
+
+
 def max_tiles(slots: int, experts: int, block_m: int) -> int:
     """The most tiles any routing of `slots` slots over `experts` experts takes: every used tile holds
     a slot, and an expert's run wastes under one tile."""
@@ -376,9 +401,11 @@ def route(local_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
     i32 = dict(dtype=torch.int32, device=dev)
     rows, tile_expert, tile_rows = torch.empty(T * block_m, **i32), torch.empty(T, **i32), torch.empty(T, **i32)
     meta, counts, start, rank = torch.empty(1, **i32), torch.empty(experts, **i32), torch.empty(experts, **i32), torch.empty(max(S, 1), **i32)
+    r_p, s_p = triton.next_power_of_2(experts), triton.next_power_of_2(max(S, 1))
+    one_pass = s_p <= ONE_PASS_SLOTS and s_p * r_p <= ONE_PASS_ELEMENTS
     _route_kernel[(1,)](p_ids=flat.to(torch.int32).contiguous(), p_counts=counts, p_start=start, p_rank=rank,
                         p_rows=rows, p_tile_expert=tile_expert, p_tile_rows=tile_rows, p_meta=meta, S=S, R=experts,
-                        BM=block_m, R_P=triton.next_power_of_2(experts), CH=1024, num_warps=8)
+                        BM=block_m, R_P=r_p, CH=max(s_p, 16) if one_pass else 1024, ONE_PASS=one_pass, num_warps=8)
     return Routing(rows, tile_expert, tile_rows, meta, block_m)
 
 
