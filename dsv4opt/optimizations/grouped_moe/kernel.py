@@ -69,19 +69,19 @@ def _decode_pairs(b_w, b_m, FOLD: tl.constexpr):
 
 
 @triton.jit
-def _unit_tile(p_w, p_s, unit0, rb_lim, kb0, K64, U_N: tl.constexpr, U_K: tl.constexpr,
+def _unit_tile(p_w, p_s, rows, m_rows, kb0, K64, U_N: tl.constexpr, U_K: tl.constexpr,
                FOLD: tl.constexpr, EMULATE: tl.constexpr, MASKED: tl.constexpr, dt: tl.constexpr):
-    """U_N x U_K units of one expert (rows of unit0's row block on, columns from unit kb0),
-    decoded: [U_N * 16, U_K * 64] in dt, the A operand of tl.dot. unit0 = the first unit's index;
-    rows of units at or past rb_lim and columns past K64 units read as zero."""
-    o_rb = tl.arange(0, U_N)[:, None, None, None]
+    """Unit rows `rows` [U_N] (expert * N16 + row block) x U_K units of columns from unit kb0,
+    decoded: [U_N * 16, U_K * 64] in dt, the A operand of tl.dot. Rows where m_rows is false and
+    columns past K64 units read as zero."""
     o_kb = tl.arange(0, U_K)[None, :, None, None]
-    unit = (unit0 + o_rb * K64 + kb0 + o_kb).to(tl.int64)  # [U_N, U_K, 1, 1]
+    unit = rows.to(tl.int64)[:, None, None, None] * K64 + kb0 + o_kb  # [U_N, U_K, 1, 1]
     o_l = tl.arange(0, 32)[None, None, :, None]
     p_v = p_w + unit * 512 + o_l * 16 + tl.arange(0, 16)[None, None, None, :]  # [U_N, U_K, 32, 16]
+    # 32 scale bytes a unit: a tile of 16 units or more loads 4 bytes a thread, which Triton pipelines
     p_sc = p_s + unit * 32 + tl.arange(0, 8)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
     if MASKED:
-        m_u = (o_rb < rb_lim) & (kb0 + o_kb < K64)
+        m_u = m_rows[:, None, None, None] & (kb0 + o_kb < K64)
         b_w = tl.load(p_v, mask=m_u, other=0)  # [U_N, U_K, 32, 16] uint8
         b_s = tl.load(p_sc, mask=m_u, other=127)  # [U_N, U_K, 8, 4] e8m0: (g, group, row half)
     else:
@@ -130,28 +130,30 @@ def _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM: tl.constexpr, BN: tl
 
 
 @triton.jit
-def _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_g, b_u, stride_xm, steps, I, K, N16,
+def _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16,
              K64, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
              FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
-    """K step i of a work item: b_g, b_u [BN, BM] += this step's gate, up rows times the tile's tokens."""
+    """K step i of a work item: b_gu [2 BN, BM] += this step's BN gate rows, then the same BN up
+    rows, times the tile's tokens (one A tile, one MMA chain)."""
     dt = p_x.dtype.element_ty
     kb0 = (sp * steps + i) * (BK // 64)
     o_kx = kb0 * 64 + tl.arange(0, BK)
     b_x = tl.load(p_x + (slot // TOPK).to(tl.int64)[:, None] * stride_xm + o_kx[None, :],
                   mask=m_m[:, None] & (o_kx < K)[None, :], other=0.0)  # [BM, BK] the tile's tokens
-    w_g = _unit_tile(p_w, p_s, (e * N16 + n0 // 16) * K64, (I - n0) // 16, kb0, K64, BN // 16, BK // 64,
-                     FOLD, EMULATE, not EVEN, dt)  # [BN, BK]
-    w_u = _unit_tile(p_w, p_s, (e * N16 + (I + n0) // 16) * K64, (I - n0) // 16, kb0, K64, BN // 16, BK // 64,
-                     FOLD, EMULATE, not EVEN, dt)
-    b_xt = tl.trans(b_x)  # [BK, BM]
-    return tl.dot(w_g, b_xt, b_g), tl.dot(w_u, b_xt, b_u)
+    o_r = tl.arange(0, 2 * BN // 16)
+    half = o_r % (BN // 16)
+    rows = e * N16 + tl.where(o_r < BN // 16, n0 // 16, (I + n0) // 16) + half
+    w_gu = _unit_tile(p_w, p_s, rows, half < (I - n0) // 16, kb0, K64, 2 * BN // 16, BK // 64,
+                      FOLD, EMULATE, not EVEN, dt)  # [2 BN, BK]
+    return tl.dot(w_gu, tl.trans(b_x), b_gu)
 
 
 @triton.jit
-def _up_done(w, b_g, b_u, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n, limit,
+def _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n, limit,
              n_blk, I, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
     """Work item w's epilogue: act = silu(min(g, limit)) * clamp(u, -limit, limit), or, with K split,
     this split's partials and a ticket; the last split to arrive sums them and writes act."""
+    b_g, b_u = tl.split(tl.permute(tl.reshape(b_gu, [2, BN, BM]), (1, 2, 0)))  # [BN, BM] each
     sp = w % SPLIT
     tile = w // SPLIT // n_blk
     n0 = (w // SPLIT % n_blk) * BN
@@ -196,29 +198,26 @@ def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_
     n_blk = tl.cdiv(I, BN)
     n_work = tl.load(p_meta) * n_blk * SPLIT
     steps = tl.cdiv(K64 * 64, BK * SPLIT)  # K steps of one split
-    b_g = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
-    b_u = tl.zeros([BN, BM], tl.float32)
+    b_gu = tl.zeros([2 * BN, BM], tl.float32)  # [2 BN, BM] gate rows, then up rows
     if FLAT:
         for it in range(0, tl.cdiv(tl.maximum(n_work - pid, 0), num_progs) * steps):
             w = pid + it // steps * num_progs
             i = it % steps
-            b_g = tl.where(i == 0, 0.0, b_g)
-            b_u = tl.where(i == 0, 0.0, b_u)
+            b_gu = tl.where(i == 0, 0.0, b_gu)
             sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
-            b_g, b_u = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_g, b_u, stride_xm, steps, I, K, N16, K64,
-                                TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
+            b_gu = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16, K64,
+                            TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
             if i == steps - 1:
-                _up_done(w, b_g, b_u, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
+                _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
                          limit, n_blk, I, BM, BN, SPLIT)
     else:
         for w in range(pid, n_work, num_progs):
-            b_g = tl.zeros([BN, BM], tl.float32)
-            b_u = tl.zeros([BN, BM], tl.float32)
+            b_gu = tl.zeros([2 * BN, BM], tl.float32)
             sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
             for i in range(steps):
-                b_g, b_u = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_g, b_u, stride_xm, steps, I, K, N16,
-                                    K64, TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
-            _up_done(w, b_g, b_u, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
+                b_gu = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16,
+                                K64, TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
+            _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
                      limit, n_blk, I, BM, BN, SPLIT)
 
 
@@ -230,9 +229,13 @@ def _down_step(p_act, p_w, p_s, sp, n0, e, m_m, tile, i, b_o, stride_act, steps,
     o_m = tl.arange(0, BM)
     kb0 = (sp * steps + i) * (BK // 64)
     o_ka = (kb0 * 64 + tl.arange(0, BK))[:, None]  # [BK, 1]
+    # every column of the tile is read: a column past the tile's slots holds whatever was there, and
+    # stays in its own output column (never stored); a mask along the contiguous columns would make
+    # 2-byte loads, which Triton does not pipeline
     b_a = tl.load(p_act + o_ka.to(tl.int64) * stride_act + (tile * BM + o_m)[None, :],
-                  mask=(o_ka < K) & m_m[None, :], other=0.0)  # [BK, BM]
-    w_d = _unit_tile(p_w, p_s, (e * N16 + n0 // 16) * K64, (N - n0 + 15) // 16, kb0, K64, BN // 16, BK // 64,
+                  mask=(o_ka < K) & (o_m >= 0)[None, :], other=0.0)  # [BK, BM]
+    o_r = tl.arange(0, BN // 16)
+    w_d = _unit_tile(p_w, p_s, e * N16 + n0 // 16 + o_r, o_r < (N - n0 + 15) // 16, kb0, K64, BN // 16, BK // 64,
                      FOLD, EMULATE, not EVEN, p_act.dtype.element_ty)  # [BN, BK]
     return tl.dot(w_d, b_a, b_o)
 
