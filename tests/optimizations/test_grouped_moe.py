@@ -355,3 +355,23 @@ def test_cuda_graph_replays_match_the_definition_for_new_routings(case):
         ref = naive.routed_experts(x.double(), ids, gates.double(), first.w13, first.w2, first.limit, first.scale)
         err = error_report(out, ref)
         assert err.ok(check_module.REL_TOL), (seed, err)
+
+
+on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@on_gpu
+def test_gate_passes_on_the_gpu():
+    """The whole GPU table: both layouts' model shapes in bf16, the scale path past 2, the small table."""
+    result = check_module.check("cuda")
+    assert result.passed and result.figures["nonfinite"] == 0, result.summary
+
+
+@on_gpu
+@pytest.mark.parametrize("broken", [_with_routing(_drops_a_slot), _wrong_scale], ids=["drops-a-slot", "wrong-scale"])
+def test_gate_fails_a_broken_implementation_on_the_gpu(broken):
+    from dsv4opt.optimizations.grouped_moe.cases import TP4
+
+    cases = [MoeCase(8, "mixed"), MoeCase(4, "no_other_ranks", **TP4)]
+    result = check_module.check("cuda", cases=cases, impl=broken)
+    assert not result.passed, result.summary
