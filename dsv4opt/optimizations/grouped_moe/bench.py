@@ -77,12 +77,14 @@ class BenchRow:
     floor_us: float  # bytes floor (e8m0) over the copy bandwidth measured in this run
     grouped_us: float  # grouped-moe: the whole slot (routing, both GEMMs, activation, combine)
     frac_floor: float
-    anchor_us: float | None = None  # triton_kernels: its routing metadata, both GEMMs, the top-k sum
+    anchor_us: float | None = None  # triton_kernels: its routing and two GEMMs (no top-k sum)
     anchor_gemm_us: float | None = None  # its two GEMMs alone, routing done outside the timed call
+    anchor_whole_us: float | None = None  # its routing, two GEMMs and the top-k sum in torch (the slot's output)
     anchor_frac_floor: float | None = None
     speedup_vs_anchor: float | None = None
     baseline_us: float | None = None  # SGLang's per-slot path
     speedup_vs_baseline: float | None = None
+    route_us: float | None = None  # grouped-moe's routing launch alone
     config: str = ""
 
 
@@ -182,7 +184,7 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
     from dsv4opt.optimizations.grouped_moe import anchor
     from dsv4opt.optimizations.grouped_moe.check import check
     from dsv4opt.optimizations.grouped_moe.configs import choose
-    from dsv4opt.optimizations.grouped_moe.kernel import grouped_routed_experts
+    from dsv4opt.optimizations.grouped_moe.kernel import grouped_routed_experts, route
     from dsv4opt.optimizations.timing import copy_bandwidth_gbps
     from dsv4opt.workload.baseline import routed_experts_sm120
 
@@ -207,10 +209,13 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
             floors = [floor_bytes(lay, ids, _CFG.hidden) for _, ids, _ in sets]
             floor_us = sum(b for b, _ in floors) / len(floors) / (result.copy_gbps * 1e9) * 1e6
             ours = _time(_rotating(grouped_routed_experts, sets, w13, w2))
+            ids_cycle = itertools.cycle([ids for _, ids, _ in sets])
+            bm = choose(lay.experts, lay.width, _CFG.hidden, sets[0][1].numel()).bm
+            route_us = _time(lambda: route(next(ids_cycle), lay.experts, bm))
             row = dict(layout=name, concurrency=c, tokens=sets[0][0].shape[0], sets=len(sets),
                        experts_hit=sum(h for _, h in floors) / len(floors), floor_us=floor_us, grouped_us=ours,
                        frac_floor=floor_us / ours,
-                       config=choose(lay.experts, lay.width, _CFG.hidden, sets[0][1].numel()).name)
+                       route_us=route_us, config=choose(lay.experts, lay.width, _CFG.hidden, sets[0][1].numel()).name)
             if tk is not None:
                 x, ids, gates = sets[0]
                 ref = anchor.reference(x, ids, gates, w13, w2, _CFG.swiglu_limit, _CFG.routed_scale)
@@ -218,19 +223,16 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
                 result.anchor_errors[f"{name} C={c}"] = err
                 if err <= ANCHOR_TOL:
                     whole = _time(_rotating(tk, sets, w13, w2))
+                    routed_gemms = _time(_rotating(tk.routed_gemms, sets, w13, w2))
                     routed = [(x, tk.route(ids, gates)) for x, ids, gates in sets]
                     cycle = itertools.cycle(routed)
 
                     def gemms():
-                        from triton_kernels.matmul import matmul
+                        x, r = next(cycle)
+                        return tk.gemms(x, r)
 
-                        x, (meta, gather, scatter, g, _) = next(cycle)
-                        h = matmul(x, tk.w1, None, meta, gather_indx=gather, precision_config=tk.pc1,
-                                   fused_activation=tk.act)
-                        return matmul(h, tk.w2, None, meta, scatter_indx=scatter, precision_config=tk.pc2, gammas=g)
-
-                    row.update(anchor_us=whole, anchor_gemm_us=_time(gemms), anchor_frac_floor=floor_us / whole,
-                               speedup_vs_anchor=whole / ours)
+                    row.update(anchor_us=routed_gemms, anchor_gemm_us=_time(gemms), anchor_whole_us=whole,
+                               anchor_frac_floor=floor_us / routed_gemms, speedup_vs_anchor=routed_gemms / ours)
             if baseline:
                 base = _time(_rotating(routed_experts_sm120, sets, w13, w2))
                 row.update(baseline_us=base, speedup_vs_baseline=base / ours)
@@ -292,8 +294,9 @@ def render(result: BenchResult):
 
         return failed_table("grouped-moe", result.check, ("rel_err", "baseline_rel_err"))
     worst = max(result.anchor_errors.values(), default=None)
-    caption = (f"hit: local experts a set touches; %fl: the floor over the time; tk: triton_kernels' routing, "
-               f"two GEMMs and top-k sum; x tk, x base: its time, SGLang's per-slot path's, over ours\n"
+    caption = (f"hit: local experts a set touches; %fl: the floor over the time; ours: the whole slot; tk: "
+               f"triton_kernels' routing and two GEMMs (its top-k sum, GEMMs alone: JSON); x tk, x base: its "
+               f"time, SGLang's per-slot path's, over ours\n"
                f"check: {result.check.summary}\nanchor: {result.anchor}") + (
         f", worst rel err {worst:.1e} against its float64 definition" if worst is not None else "")
     table = narrow_table(f"grouped-moe on {result.device}: d {_CFG.hidden}, top-{_CFG.experts_per_token}, "

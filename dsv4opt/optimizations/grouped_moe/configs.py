@@ -56,14 +56,15 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
         (1 << 62, MoeConfig(32, _UP, _DOWN)),
     ],
     (256, 512, 4096): [  # tp4: C tokens, 6C slots
-        (6, MoeConfig(16, replace(_UP, split=8), _DOWN)),
-        (96, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, bn=256, warps=8))),
-        (192, MoeConfig(16, replace(_UP, split=2), replace(_DOWN, bn=256, warps=8))),
-        (1 << 62, MoeConfig(16, replace(_UP, split=2), replace(_DOWN, bn=256, warps=8))),
+        (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2))),
+        (24, MoeConfig(16, replace(_UP, split=4), _DOWN)),
+        (1 << 62, MoeConfig(16, replace(_UP, split=2), _DOWN)),
     ],
     (256, 256, 4096): [  # tp8
-        (6, MoeConfig(16, replace(_UP, split=8), _DOWN)),
-        (1 << 62, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, bn=256, warps=8))),
+        (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2))),
+        (24, MoeConfig(16, replace(_UP, split=8), _DOWN)),
+        (96, MoeConfig(16, replace(_UP, split=4), _DOWN)),
+        (1 << 62, MoeConfig(16, replace(_UP, split=2), _DOWN)),
     ],
 }
 
