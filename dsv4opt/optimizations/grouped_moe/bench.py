@@ -85,6 +85,7 @@ class BenchRow:
     baseline_us: float | None = None  # SGLang's per-slot path
     speedup_vs_baseline: float | None = None
     route_us: float | None = None  # grouped-moe's routing launch alone
+    rel_err: float | None = None  # grouped-moe on the first input set against the float64 definition
     config: str = ""
 
 
@@ -187,6 +188,7 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
     from dsv4opt.optimizations.grouped_moe.kernel import grouped_routed_experts, route
     from dsv4opt.optimizations.timing import copy_bandwidth_gbps
     from dsv4opt.workload.baseline import routed_experts_sm120
+    from dsv4opt.workload.kernels import naive
 
     concurrencies = tuple(batches or concurrencies)
     on_step("correctness check")
@@ -212,10 +214,14 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
             ids_cycle = itertools.cycle([ids for _, ids, _ in sets])
             bm = choose(lay.experts, lay.width, _CFG.hidden, sets[0][1].numel()).bm
             route_us = _time(lambda: route(next(ids_cycle), lay.experts, bm))
+            x, ids, gates = sets[0]
+            mine = _rel(grouped_routed_experts(x, ids, gates, w13, w2, _CFG.swiglu_limit, _CFG.routed_scale),
+                        naive.routed_experts(x.double(), ids, gates.double(), w13, w2, _CFG.swiglu_limit,
+                                             _CFG.routed_scale))
             row = dict(layout=name, concurrency=c, tokens=sets[0][0].shape[0], sets=len(sets),
                        experts_hit=sum(h for _, h in floors) / len(floors), floor_us=floor_us, grouped_us=ours,
                        frac_floor=floor_us / ours,
-                       route_us=route_us, config=choose(lay.experts, lay.width, _CFG.hidden, sets[0][1].numel()).name)
+                       route_us=route_us, rel_err=mine, config=choose(lay.experts, lay.width, _CFG.hidden, sets[0][1].numel()).name)
             if tk is not None:
                 x, ids, gates = sets[0]
                 ref = anchor.reference(x, ids, gates, w13, w2, _CFG.swiglu_limit, _CFG.routed_scale)
