@@ -1,75 +1,202 @@
-"""grouped-moe: the routing, the grouped kernels against the float64 definition over the interpreter
-table (fp16: the interpreter cannot multiply bf16 in tl.dot), a gate that fails on broken
-implementations, and the model built with it."""
+"""grouped-moe: the production layout, the routing, the kernels against the float64 definition over
+the interpreter table (fp16: the interpreter cannot multiply bf16 in tl.dot) and every GEMM path of
+the config table, a gate that fails on broken implementations, and the model built with it."""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 import pytest
 import torch
 
+from dsv4opt.errors import DsvOptError
 from dsv4opt.numerics import error_report
-from dsv4opt.optimizations.grouped_moe import kernel
+from dsv4opt.optimizations.grouped_moe import configs, kernel, layout
 from dsv4opt.optimizations.grouped_moe.cases import MoeCase, interpreter_cases, make_inputs
+from dsv4opt.workload import quant
 from dsv4opt.workload.baseline import routed_experts_sm120
 from dsv4opt.workload.kernels import naive
+from dsv4opt.workload.weights import Mxfp4Experts
 
 check_module = importlib.import_module("dsv4opt.optimizations.grouped_moe.check")
-INTERPRETED = type(kernel._moe_gate_up_kernel).__name__ == "InterpretedFunction"
+INTERPRETED = type(kernel._moe_up_kernel).__name__ == "InterpretedFunction"
 on_cpu = pytest.mark.skipif(not INTERPRETED, reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
 SMALL = [MoeCase(13, p, hidden=64, width=96, experts=5, topk=3) for p in ("mixed", "one_hot_expert", "all_other_ranks")]
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_route_puts_every_slot_of_this_rank_in_one_tile_of_its_expert(seed):
-    gen = torch.Generator().manual_seed(seed)
-    M, k, R, bm = 37, 6, 9, 4
-    ids = torch.randint(-1, R, (M, k), generator=gen, dtype=torch.int32)
-    ids[ids == 3] = 0  # an expert with no slot, another with many
-    r = kernel.route_torch(ids, R, bm)
-    rows, tile_expert = r.rows.tolist(), r.tile_expert.tolist()
-    assert len(rows) % bm == 0 and len(tile_expert) == len(rows) // bm
+# --- the production layout -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("R, N, K", [(3, 32, 64), (2, 48, 160), (1, 16, 32), (2, 192, 96), (1, 4096 // 64, 128)])
+def test_repack_round_trips(R, N, K):
+    w = Mxfp4Experts(R, N, K, torch.Generator().manual_seed(R * N + K), "cpu")
+    p = layout.repack(w.packed, w.scales)
+    assert p.values.shape == (R, -(-N // 16), -(-K // 64), 512) and p.scales.shape == (R, -(-N // 16), -(-K // 64), 32)
+    packed, scales = layout.unpack(p)
+    assert torch.equal(packed, w.packed) and torch.equal(scales, w.scales)
+
+
+def _bf16_bits_value(bits: int) -> float:
+    import struct
+
+    return struct.unpack("<f", struct.pack("<I", bits << 16))[0]
+
+
+def _pair_bits(word: int, j: int) -> int:
+    """The kernel's decode of pair j, as documented in layout.py."""
+    m = 0x81C081C0
+    if j < 3:
+        return (word << (3 * j)) & m & 0xFFFFFFFF
+    return ((word << 1) & 0x80008000) | ((word >> 3) & 0x01800180) | ((word >> 7) & 0x00400040)
+
+
+def test_a_lanes_words_decode_to_its_mma_fragment_by_the_documented_masks():
+    """The layout's definition read from the docstring, decoded word by word in plain Python (the
+    kernel's shifts and masks, the 2^126 bias and the e8m0 scale), against the dequantised weight."""
+    gen = torch.Generator().manual_seed(3)
+    w = Mxfp4Experts(1, 32, 128, gen, "cpu")
+    dense = w.dense(0)
+    p = layout.repack(w.packed, w.scales)
+    values, scales = p.values[0], p.scales[0].to(torch.int64)
+    for rb in range(2):
+        for kb in range(2):
+            for lane in (0, 5, 18, 31):
+                g, q = lane // 4, lane % 4
+                for s in range(4):
+                    word = int.from_bytes(bytes(values[rb, kb, lane * 16 + s * 4: lane * 16 + s * 4 + 4].tolist()), "little")
+                    for j in range(4):
+                        r = _pair_bits(word, j)
+                        row = rb * 16 + (j & 1) * 8 + g
+                        col = kb * 64 + s * 16 + (j >> 1) * 8 + 2 * q
+                        e = int(scales[rb, kb, g * 4 + (s // 2) * 2 + (j & 1)])
+                        for h, bits in enumerate((r & 0xFFFF, r >> 16)):
+                            got = _bf16_bits_value(bits) * 2.0**126 * 2.0 ** (e - 127)
+                            assert got == dense[row, col + h].item(), (rb, kb, lane, s, j, h)
+
+
+def test_scales_that_are_not_powers_of_two_are_refused():
+    with pytest.raises(DsvOptError, match="powers of two"):
+        layout.e8m0(torch.tensor([0.5, 0.75]))
+
+
+def test_fold_is_off_past_scale_two():
+    w = Mxfp4Experts(1, 16, 64, torch.Generator().manual_seed(0), "cpu")
+    assert layout.repack(w.packed, w.scales).fold
+    assert not layout.repack(w.packed, w.scales * 64.0).fold  # some scale reaches 4
+
+
+def test_the_copy_is_built_once_and_rebuilt_when_the_weights_change():
+    w = Mxfp4Experts(2, 16, 64, torch.Generator().manual_seed(0), "cpu")
+    first = layout.packed_experts(w)
+    assert layout.packed_experts(w) is first
+    assert layout.packed_experts(Mxfp4Experts.of(w.packed, w.scales)) is first  # a new holder, the same tensors
+    w.scales.mul_(2.0)  # in place: the version counter moves
+    again = layout.packed_experts(w)
+    assert again is not first and torch.equal(layout.unpack(again)[1], w.scales)
+
+
+# --- routing ---------------------------------------------------------------------------------------
+
+def _check_routing(r: kernel.Routing, ids: torch.Tensor, R: int, bm: int) -> None:
+    """Every slot on this rank once, in a tile of its expert; tiles dense and whole; independent of
+    the routing code (plain Python over the ids)."""
     flat = ids.reshape(-1).tolist()
-    placed = [s for s in rows if s >= 0]
-    assert sorted(placed) == [s for s, e in enumerate(flat) if e >= 0]  # each slot once, none of -1
-    for t, e in enumerate(tile_expert):
-        tile = [s for s in rows[t * bm : (t + 1) * bm] if s >= 0]
-        if e == R:
-            assert not tile
-        else:
-            assert all(flat[s] == e for s in tile)
-    # an expert's slots fill whole tiles from the start of its run: no tile holds two experts
-    assert tile_expert == sorted(tile_expert)
+    used = int(r.meta[0])
+    rows, te, tr = r.rows.tolist(), r.tile_expert.tolist(), r.tile_rows.tolist()
+    placed = []
+    for t in range(used):
+        tile = rows[t * bm: t * bm + tr[t]]
+        assert 1 <= tr[t] <= bm and all(flat[s] == te[t] for s in tile), (t, tile, te[t])
+        placed += tile
+    assert sorted(placed) == [s for s, e in enumerate(flat) if e >= 0]
+    counts = {e: flat.count(e) for e in set(flat) if e >= 0}
+    assert used == sum(-(-c // bm) for c in counts.values()) <= r.max_tiles
+    assert te[:used] == sorted(te[:used])  # each expert's tiles together, experts in order
 
 
 ROUTE_SHAPES = [(37, 6, 9, 4, "mixed"), (1, 1, 1, 16, "mixed"), (13, 3, 5, 16, "all_other_ranks"),
-                (40, 6, 32, 16, "one_expert"), (256, 6, 32, 16, "mixed"), (96, 6, 255, 16, "mixed"), (0, 6, 8, 16, "mixed")]
+                (40, 6, 32, 16, "one_expert"), (256, 6, 32, 16, "mixed"), (96, 6, 255, 16, "mixed"),
+                (300, 6, 32, 32, "mixed"), (2000, 1, 7, 16, "mixed")]
 
 
-@pytest.mark.skipif(not (INTERPRETED or torch.cuda.is_available()), reason="needs the interpreter or a GPU")
 @pytest.mark.parametrize("M, k, R, bm, pattern", ROUTE_SHAPES, ids=lambda v: str(v))
-def test_route_kernel_equals_the_torch_routing_exactly(M, k, R, bm, pattern):
-    """The one-launch routing against route_torch (which the test above holds to the definition):
-    same rows, same tile experts, every element, on chunk-crossing, empty and one-expert shapes."""
+def test_route_torch_groups_every_slot(M, k, R, bm, pattern):
+    ids = _ids(M, k, R, pattern)
+    _check_routing(kernel.route_torch(ids, R, bm), ids, R, bm)
+
+
+def _ids(M, k, R, pattern):
     gen = torch.Generator().manual_seed(M * 31 + R)
     ids = torch.randint(-1, R, (M, k), generator=gen, dtype=torch.int32)
     if pattern == "all_other_ranks":
         ids[:] = -1
     elif pattern == "one_expert":
         ids[ids >= 0] = R - 1
+    return ids
+
+
+@pytest.mark.skipif(not (INTERPRETED or torch.cuda.is_available()), reason="needs the interpreter or a GPU")
+@pytest.mark.parametrize("M, k, R, bm, pattern", ROUTE_SHAPES, ids=lambda v: str(v))
+def test_route_kernel_gives_the_torch_routings_tiles(M, k, R, bm, pattern):
+    """The one-launch routing: the same tile experts and counts as route_torch, every slot placed."""
+    ids = _ids(M, k, R, pattern)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     want = kernel.route_torch(ids, R, bm)
     got = kernel.route(ids.to(dev), R, bm)
-    assert torch.equal(got.rows.cpu(), want.rows) and torch.equal(got.tile_expert.cpu(), want.tile_expert)
+    used = int(want.meta[0])
+    assert int(got.meta[0]) == used
+    assert torch.equal(got.tile_expert[:used].cpu(), want.tile_expert[:used])
+    assert torch.equal(got.tile_rows[:used].cpu(), want.tile_rows[:used])
+    _check_routing(kernel.Routing(got.rows.cpu(), got.tile_expert.cpu(), got.tile_rows.cpu(), got.meta.cpu(), bm), ids, R, bm)
 
+
+def test_max_tiles_bounds_the_worst_routings():
+    for S, R, bm in [(48, 32, 16), (6, 256, 16), (384, 256, 16), (3072, 32, 32), (1, 1, 16)]:
+        worst = min(S, R)  # every expert used, one slot each but the last, which takes the rest
+        counts = [1] * (worst - 1) + [S - (worst - 1)]
+        assert sum(-(-c // bm) for c in counts) <= kernel.max_tiles(S, R, bm)
+
+
+# --- kernels against the definition ----------------------------------------------------------------
 
 @on_cpu
-@pytest.mark.parametrize("case", interpreter_cases()[:4] + interpreter_cases()[-2:], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", interpreter_cases()[::2] + interpreter_cases()[-4:], ids=lambda c: c.name)
 def test_kernels_and_baseline_match_the_definition(case):
     row = check_module.run_case(case, torch.device("cpu"), torch.float16, seed=2)
     assert row["passed"] and row["nonfinite"] == 0, row
 
+
+_T = configs.GemmTiles(bn=64, bk=64, warps=4, stages=2)
+PATHS = {
+    "no-split": configs.MoeConfig(16, _T, _T),
+    "up-split-3-ragged": configs.MoeConfig(16, replace(_T, split=3), _T),
+    "down-split-2": configs.MoeConfig(16, _T, replace(_T, split=2)),
+    "bm32-bk128-wide": configs.MoeConfig(32, replace(_T, bk=128, bn=128, split=2), replace(_T, bn=128, bk=128)),
+    "one-program": configs.MoeConfig(16, replace(_T, ctas=1, split=4), replace(_T, ctas=1, split=4)),
+    "flat-split": configs.MoeConfig(16, replace(_T, flat=True, split=3), replace(_T, flat=True, split=2)),
+    "flat-bm32": configs.MoeConfig(32, replace(_T, flat=True, bk=128), replace(_T, flat=True, ctas=1)),
+}
+
+
+@on_cpu
+@pytest.mark.parametrize("path", PATHS, ids=str)
+def test_every_gemm_path_matches_the_definition(path):
+    """Each K split (one ticket per item, a ragged last split), the down split summed by the combine,
+    wider tiles and two-step K: against float64, NaN-poisoned."""
+    from dsv4opt.numerics import nan_poisoned_allocations
+
+    case = MoeCase(17, "mixed", hidden=256, width=192, experts=6, topk=4)
+    x = make_inputs(case, "cpu", torch.float16, seed=4)
+    x.local_ids[0] = 2  # an expert with more slots than a tile
+    ref = naive.routed_experts(x.x.double(), x.local_ids, x.gates.double(), x.w13, x.w2, x.limit, x.scale)
+    with nan_poisoned_allocations():
+        out = kernel.grouped_routed_experts(*x.args(), config=PATHS[path])
+    err = error_report(out, ref)
+    assert err.ok(check_module.REL_TOL), err
+    assert int(kernel._tickets(torch.device("cpu"), 1).abs().sum()) == 0  # the tickets are back at 0
+
+
+# --- the gate fails broken implementations ---------------------------------------------------------
 
 def _other_ranks_on_expert_zero(x, local_ids, *rest):
     """What the per-slot kernels compute before SGLang zeroes those slots: other ranks' slots on expert 0."""
@@ -85,26 +212,55 @@ def _forgets_tokens_of_other_ranks(x, local_ids, gates, w13, w2, limit, scale):
     return out
 
 
-def _drops_the_last_tile(x, local_ids, gates, w13, w2, limit, scale):
-    real = kernel.route
+def _with_routing(change):
+    def impl(x, local_ids, gates, w13, w2, limit, scale):
+        real = kernel.route
 
-    def route(ids, experts, block_m=kernel.BLOCK_M):
-        r = real(ids, experts, block_m)
-        last = int((r.tile_expert < experts).sum()) - 1
-        expert = r.tile_expert.clone()
-        expert[last] = experts
-        return kernel.Routing(r.rows, expert)
+        def route(ids, experts, block_m):
+            r = real(ids, experts, block_m)
+            return change(r)
 
-    kernel.route = route
+        kernel.route = route
+        try:
+            return kernel.grouped_routed_experts(x, local_ids, gates, w13, w2, limit, scale)
+        finally:
+            kernel.route = real
+
+    return impl
+
+
+def _drops_the_last_tile(r):
+    return kernel.Routing(r.rows, r.tile_expert, r.tile_rows, r.meta - 1, r.block_m)
+
+
+def _drops_a_slot(r):
+    rows = r.tile_rows.clone()
+    rows[0] -= 1
+    return kernel.Routing(r.rows, r.tile_expert, rows, r.meta, r.block_m)
+
+
+def _wrong_scale(x, local_ids, gates, w13, w2, limit, scale):
+    """The down weights' e8m0 scales one too high (twice the weight)."""
+    real = kernel.packed_experts
+
+    def packed(w):
+        p = real(w)
+        return replace(p, scales=p.scales + 1) if w is w2 else p
+
+    kernel.packed_experts = packed
     try:
         return kernel.grouped_routed_experts(x, local_ids, gates, w13, w2, limit, scale)
     finally:
-        kernel.route = real
+        kernel.packed_experts = real
+
+
+BROKEN = [_other_ranks_on_expert_zero, _forgets_tokens_of_other_ranks, _with_routing(_drops_the_last_tile),
+          _with_routing(_drops_a_slot), _wrong_scale]
 
 
 @on_cpu
-@pytest.mark.parametrize("broken", [_other_ranks_on_expert_zero, _forgets_tokens_of_other_ranks, _drops_the_last_tile],
-                         ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("broken", BROKEN, ids=["other-ranks-on-expert-0", "forgets-other-ranks-tokens",
+                                                "drops-the-last-tile", "drops-a-slot", "wrong-scale"])
 def test_gate_fails_a_broken_implementation(broken):
     result = check_module.check("cpu", cases=SMALL, impl=broken)
     assert not result.passed, result.summary
@@ -134,18 +290,30 @@ def test_registered_for_the_per_slot_fallback():
     assert implementations(["grouped-moe"]) == {"routed_experts": kernel.grouped_routed_experts}
 
 
+# --- the config table ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", list(configs.TABLE) + [(5, 96, 64)], ids=str)
+def test_every_table_row_and_candidate_is_launchable(shape):
+    R, I, d = shape
+    for slots in (6, 48, 96, 384, 768, 1536, 3072):
+        for cfg in configs.candidates(R, I, d, slots):
+            for t in (cfg.up, cfg.down):
+                assert t.bn % 64 == 0 and t.bk % 64 == 0 and t.warps in (4, 8) and t.split >= 1 and t.ctas >= 1, cfg
+            assert cfg.bm in (16, 32)
+        assert configs.choose(R, I, d, slots) == configs.candidates(R, I, d, slots)[0]
+
+
 @on_cpu
 def test_moe_blocks_of_the_model_match_the_baseline_on_the_same_input():
     """The tiny model, each MoE block run with grouped-moe and with SGLang's path on identical input
     and state: only float32 summation order separates them; a block that dropped an expert's tile
-    is far off. (Other ranks' rows are dropped by the model after the MoE, so computing their slots
-    on expert 0 does not show at this level: the slot-level gate catches that.)"""
+    is far off."""
     from dsv4opt.workload.config import ModelConfig
     from dsv4opt.workload.model import DecodeWorkload
 
     cfg = ModelConfig.from_name("dsv4-tiny")
     figures = {}
-    for name, impl in (("grouped", kernel.grouped_routed_experts), ("broken", _drops_the_last_tile)):
+    for name, impl in (("grouped", kernel.grouped_routed_experts), ("broken", _with_routing(_drops_the_last_tile))):
         wl = DecodeWorkload(cfg, concurrency=3, context=40, device="cpu", layers=2, seed=0, dtype=torch.float32)
         rel: list[float] = []
         wl.compare_impls = {"routed_experts": impl}
@@ -155,3 +323,55 @@ def test_moe_blocks_of_the_model_match_the_baseline_on_the_same_input():
             wl.step(tokens)
         figures[name] = max(rel)
     assert figures["grouped"] < 1e-5 and figures["broken"] > 1e-2, figures
+
+
+def test_dequantised_weights_are_what_the_definition_reads():
+    """The float64 definition decodes with quant.dequantize_mxfp4: a sanity anchor for the layout test."""
+    w = Mxfp4Experts(1, 16, 64, torch.Generator().manual_seed(9), "cpu")
+    assert torch.equal(w.dense(0), quant.dequantize_mxfp4(w.packed[0], w.scales[0]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("case", [MoeCase(4, "no_other_ranks", width=512, experts=256), MoeCase(16, "mixed")],
+                         ids=lambda c: c.name)
+def test_cuda_graph_replays_match_the_definition_for_new_routings(case):
+    """Captured once (after an eager call builds the weights' copy), replayed on other tokens and
+    routings copied into the captured inputs: every replay against float64, NaN-poisoned."""
+    from dsv4opt.numerics import nan_poisoned_allocations
+
+    first = make_inputs(case, "cuda", torch.bfloat16, seed=0)
+    x, ids, gates = first.x.clone(), first.local_ids.clone(), first.gates.clone()
+    kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with nan_poisoned_allocations(), torch.cuda.graph(graph):
+        out = kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale)
+    for seed in (1, 2, 3):
+        other = make_inputs(case, "cpu", torch.bfloat16, seed=seed)
+        x.copy_(other.x)
+        ids.copy_(other.local_ids)
+        gates.copy_(other.gates)
+        graph.replay()
+        ref = naive.routed_experts(x.double(), ids, gates.double(), first.w13, first.w2, first.limit, first.scale)
+        err = error_report(out, ref)
+        assert err.ok(check_module.REL_TOL), (seed, err)
+
+
+on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@on_gpu
+def test_gate_passes_on_the_gpu():
+    """The whole GPU table: both layouts' model shapes in bf16, the scale path past 2, the small table."""
+    result = check_module.check("cuda")
+    assert result.passed and result.figures["nonfinite"] == 0, result.summary
+
+
+@on_gpu
+@pytest.mark.parametrize("broken", [_with_routing(_drops_a_slot), _wrong_scale], ids=["drops-a-slot", "wrong-scale"])
+def test_gate_fails_a_broken_implementation_on_the_gpu(broken):
+    from dsv4opt.optimizations.grouped_moe.cases import TP4
+
+    cases = [MoeCase(8, "mixed"), MoeCase(4, "no_other_ranks", **TP4)]
+    result = check_module.check("cuda", cases=cases, impl=broken)
+    assert not result.passed, result.summary

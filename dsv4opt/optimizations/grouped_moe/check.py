@@ -1,9 +1,10 @@
 """Correctness gate of grouped-moe: the grouped kernels against the float64 definition of the
 routed-experts slot, and the baseline (SGLang's per-slot path) against the same definition.
 
-On a GPU: the model's shapes in bf16 plus the small table. On a CPU: Triton's interpreter in fp16
-(it cannot multiply bf16 in tl.dot) on the small table. Outputs are NaN-poisoned, so a row the
-kernels forget (a token whose slots are all on other ranks, padding of a tile) fails.
+On a GPU: the model's shapes of both layouts (dp-ep: 32 whole experts and other ranks' slots; tp4:
+256 experts of width 512) in bf16, plus the small table. On a CPU: Triton's interpreter in fp16 (it
+cannot multiply bf16 in tl.dot) on the small table. Outputs are NaN-poisoned, so a row the kernels
+forget (a token whose slots are all on other ranks, a slot dropped from a tile) fails.
 """
 
 from __future__ import annotations

@@ -1,126 +1,296 @@
-"""Grouped MXFP4 routed experts: each local expert's slots once, on tensor cores, other ranks' skipped.
+"""Grouped MXFP4 routed experts: each local expert's slots once, weights on the tensor core's wide side.
 
-Stands in for the `routed_experts` slot (SGLang's `mxfp4_moe_forward_triton`, which runs one
-CUDA-core GEMV per (token, expert) slot of every gathered token, other ranks' slots clamped to local
-expert 0, computed and zeroed). Here the slots on this rank are sorted by expert into tiles of
-BM rows (vLLM/SGLang's `moe_align_block_size` idea, with torch operations of fixed shapes so the
-step stays CUDA-graph safe), and two grouped GEMM kernels read each expert's MXFP4 weights once per
-tile of its tokens, dequantise them in registers and multiply on tensor cores: gate/up with the
-clamped SwiGLU fused in, then down; a last kernel sums each token's top-k rows with their gates.
-Maths and bytes: docs/optimizations/grouped_moe.md.
+Stands in for the `routed_experts` slot (SGLang's `mxfp4_moe_forward_triton`: one CUDA-core GEMV per
+(token, expert) slot). Four launches, fixed shapes, no host synchronisation (CUDA-graph safe):
+
+1. `route` (one program, atomics): the slots on this rank grouped by expert into tiles of BM slots;
+   other ranks' slots (-1) dropped; the tile count left on the device.
+2. gate/up (`_moe_up_kernel`, persistent): per work item (tile, BN rows of gate and of up, K split),
+   the expert's weights in the production layout (`layout.py`) decoded by shifts and masks into bf16
+   pairs with the e8m0 scale folded into one bf16x2 multiply, multiplied as the MMA's A operand
+   (BN wide) against the tile's gathered tokens (BM narrow); the clamped SwiGLU in the epilogue, or
+   fp32 partial sums when K is split (the down kernel sums them and applies the SwiGLU).
+3. down (`_moe_down_kernel`, persistent): the same against w2, fp32 rows per slot (per K split).
+4. combine: each token's slots (and splits) summed with their gates.
+
+Tile choices come from `configs.py`. Maths, bytes and floors: docs/optimizations/grouped_moe.md.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
 
-from dsv4opt.tritonlib import dot_dtype_ok, runs_triton
+from dsv4opt.optimizations.grouped_moe.configs import MoeConfig, choose
+from dsv4opt.optimizations.grouped_moe.layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES, PackedExperts, packed_experts
+from dsv4opt.tritonlib import dot_dtype_ok, interpreted, runs_triton
 from dsv4opt.workload.kernels import naive
 from dsv4opt.workload.quant import MXFP4_GROUP
 from dsv4opt.workload.weights import Mxfp4Experts
 
-BLOCK_M = 16  # slots per tile: the smallest tl.dot M; about 6 tokens per expert at C = 32
+_E2M1_BIAS = 2.0**126  # bf16 bits of an e2m1 code placed by shift and mask, times this, are its value
 
 
 @triton.jit
-def _e2m1(nib):
-    """A 4-bit e2m1 code (sign, two exponent bits, one mantissa bit) -> fp32, without exp2 (the
-    special-function unit runs at a quarter of the rate of the integer and FMA pipes)."""
-    exp = (nib >> 1) & 3
-    man = (nib & 1).to(tl.float32)
-    pow2 = (1 << tl.maximum(exp - 1, 0)).to(tl.float32)  # 2^(exp - 1) for exp >= 1
-    mag = tl.where(exp == 0, man * 0.5, (1.0 + man * 0.5) * pow2)
-    return tl.where((nib & 8) != 0, -mag, mag)
+def _decode_pairs(b_w, b_m, FOLD: tl.constexpr):
+    """Four bytes (one word q, 8 values in layout.BITS places) of b_w -> 8 bf16 values as two outputs
+    of b_w's shape: pairs q & M, (q << 3) & M, (q << 6) & M (M = 0x81C081C0) and the fourth from
+    three shifts, each times its multiplier (b_m: bf16, elements 0-1 for pairs 0 and 2, elements
+    2-3 for pairs 1 and 3). 11 integer operations and 4 bf16x2 multiplies a word."""
+    if FOLD:
+        mul: tl.constexpr = "mul.rn.bf16x2 $0, $0, $5;\nmul.rn.bf16x2 $2, $2, $5;\n" \
+                            "mul.rn.bf16x2 $1, $1, $6;\nmul.rn.bf16x2 $3, $3, $6;"
+    else:
+        mul: tl.constexpr = "mov.b32 b, 0x7E807E80;\n" \
+                            "mul.rn.bf16x2 $0, $0, b;\nmul.rn.bf16x2 $2, $2, b;\n" \
+                            "mul.rn.bf16x2 $1, $1, b;\nmul.rn.bf16x2 $3, $3, b;\n" \
+                            "mul.rn.bf16x2 $0, $0, $5;\nmul.rn.bf16x2 $2, $2, $5;\n" \
+                            "mul.rn.bf16x2 $1, $1, $6;\nmul.rn.bf16x2 $3, $3, $6;"
+    return tl.inline_asm_elementwise(
+        asm="{\n.reg .b32 t, u, v, b;\n"
+            "and.b32 $0, $4, 0x81C081C0;\n"
+            "shl.b32 t, $4, 3;\nand.b32 $1, t, 0x81C081C0;\n"
+            "shl.b32 t, $4, 6;\nand.b32 $2, t, 0x81C081C0;\n"
+            "shl.b32 t, $4, 1;\nand.b32 t, t, 0x80008000;\n"
+            "shr.b32 u, $4, 3;\nand.b32 u, u, 0x01800180;\n"
+            "shr.b32 v, $4, 7;\nand.b32 v, v, 0x00400040;\n"
+            "or.b32 t, t, u;\nor.b32 $3, t, v;\n"
+            + mul + "\n}",
+        constraints="=r,=r,=r,=r,r,r,r",
+        args=[b_w, b_m],
+        dtype=(tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=4,
+    )
 
 
 @triton.jit
-def _mxfp4_tile(p_w, p_s, e, o_n, m_n, k0, stride_we, stride_wn, stride_se, stride_sn,
-                K: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, dt: tl.constexpr):
-    """Rows o_n, columns [k0, k0 + BK) of expert e's weights, dequantised: [BN, BK] in dt."""
-    BN: tl.constexpr = o_n.shape[0]
-    G: tl.constexpr = BK // GROUP  # scale groups in the tile
-    o_b = k0 // 2 + tl.arange(0, BK // 2)  # byte columns: two values each
-    m_w = m_n[:, None] & (o_b[None, :] < K // 2)
-    b_w = tl.load(p_w + e * stride_we + o_n[:, None] * stride_wn + o_b[None, :], mask=m_w, other=0).to(tl.int32)
-    o_g = k0 // GROUP + tl.arange(0, G)
-    b_s = tl.load(p_s + e * stride_se + o_n[:, None] * stride_sn + o_g[None, :],
-                  mask=m_n[:, None] & (o_g < K // GROUP)[None, :], other=0.0)  # [BN, G]: one load per group
-    b_s = tl.reshape(tl.broadcast_to(b_s[:, :, None], [BN, G, GROUP // 2]), [BN, BK // 2])  # per byte
-    b_lo = _e2m1(b_w & 0xF) * b_s  # [BN, BK/2] even columns
-    b_hi = _e2m1((b_w >> 4) & 0xF) * b_s  # odd columns
-    return tl.reshape(tl.join(b_lo, b_hi), [BN, BK]).to(dt)  # [BN, BK] in column order
+def _unit_tile(p_w, p_s, rows, m_rows, kb0, K64, U_N: tl.constexpr, U_K: tl.constexpr,
+               FOLD: tl.constexpr, EMULATE: tl.constexpr, MASKED: tl.constexpr, dt: tl.constexpr):
+    """Unit rows `rows` [U_N] (expert * N16 + row block) x U_K units of columns from unit kb0,
+    decoded: [U_N * 16, U_K * 64] in dt, the A operand of tl.dot. Rows where m_rows is false and
+    columns past K64 units read as zero."""
+    o_kb = tl.arange(0, U_K)[None, :, None, None]
+    unit = rows.to(tl.int64)[:, None, None, None] * K64 + kb0 + o_kb  # [U_N, U_K, 1, 1]
+    o_l = tl.arange(0, 32)[None, None, :, None]
+    p_v = p_w + unit * 512 + o_l * 16 + tl.arange(0, 16)[None, None, None, :]  # [U_N, U_K, 32, 16]
+    # 32 scale bytes a unit: a tile of 16 units or more loads 4 bytes a thread, which Triton pipelines
+    p_sc = p_s + unit * 32 + tl.arange(0, 8)[None, None, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+    if MASKED:
+        m_u = m_rows[:, None, None, None] & (kb0 + o_kb < K64)
+        b_w = tl.load(p_v, mask=m_u, other=0)  # [U_N, U_K, 32, 16] uint8
+        b_s = tl.load(p_sc, mask=m_u, other=127)  # [U_N, U_K, 8, 4] e8m0: (g, group, row half)
+    else:
+        b_w = tl.load(p_v)
+        b_s = tl.load(p_sc)
+    if EMULATE:
+        # The same shifts and masks in integer ops, the multiply in fp32 (no inline PTX here).
+        b_q = tl.reshape(b_w.to(tl.uint32), [U_N, U_K, 32, 4, 4])
+        b_q = tl.sum(b_q << (tl.arange(0, 4) * 8).to(tl.uint32)[None, None, None, None, :], axis=4)  # words
+        b_q = b_q[:, :, :, :, None]
+        j = tl.arange(0, 4)[None, None, None, None, :]  # [.., s, j]
+        b_t = b_q << tl.where(j == 3, 0, 3 * j).to(tl.uint32)
+        b_r3 = ((b_q << 1) & 0x80008000) | ((b_q >> 3) & 0x01800180) | ((b_q >> 7) & 0x00400040)
+        b_r = tl.where(j == 3, b_r3, b_t & 0x81C081C0)
+        b_lo = ((b_r & 0xFFFF) << 16).to(tl.float32, bitcast=True)
+        b_hi = (b_r & 0xFFFF0000).to(tl.float32, bitcast=True)
+        b_v = tl.join(b_lo, b_hi) * _E2M1_BIAS  # [U_N, U_K, 32, 4(s), 4(j), 2(h)]
+        b_v = tl.reshape(b_v, [U_N, U_K, 8, 4, 4, 2, 2, 2])  # g, q, s, w = j >> 1, ih = j & 1, h
+        b_v = tl.permute(b_v, (0, 1, 2, 3, 4, 6, 7, 5))  # g, q, s, ih, h, w
+        b_m = tl.exp2(b_s.to(tl.float32) - 127.0)
+        b_m = tl.broadcast_to(tl.reshape(b_m, [U_N, U_K, 8, 1, 2, 1, 2, 1, 1]), [U_N, U_K, 8, 4, 2, 2, 2, 2, 2])
+        b_v = b_v * tl.reshape(b_m, [U_N, U_K, 8, 4, 4, 2, 2, 2])
+    else:
+        if FOLD:
+            b_m = (b_s.to(tl.int32) + 126) << 7  # bf16 bits of 2^(s - 1) = 2^126 * 2^(s - 127)
+        else:
+            b_m = b_s.to(tl.int32) << 7  # 2^(s - 127); 2^126 applied first
+        b_m = b_m.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        b_m = tl.broadcast_to(tl.reshape(b_m, [U_N, U_K, 8, 1, 2, 1, 2, 1]), [U_N, U_K, 8, 4, 2, 2, 2, 2])
+        b_m = tl.reshape(b_m, [U_N, U_K, 32, 16])  # the multiplier of each byte's pair
+        r0, r1 = _decode_pairs(b_w, b_m, FOLD)
+        b_v = tl.reshape(tl.join(r0, r1), [U_N, U_K, 8, 4, 4, 2, 2, 2])  # g, q, s, ih, h, w
+    # row = rb*16 + ih*8 + g; column = kb*64 + s*16 + w*8 + q*2 + h
+    b_v = tl.permute(b_v, (0, 5, 2, 1, 4, 7, 3, 6))
+    return tl.reshape(b_v, [U_N * 16, U_K * 64]).to(dt)
 
 
 @triton.jit
-def _moe_gate_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_act,
-                    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_am, limit,
-                    R, I: tl.constexpr, K: tl.constexpr, TOPK: tl.constexpr, GROUP: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Tile i_t (BM slots of one expert) x columns [i_n*BN, +BN) of the activation:
-    act = silu(min(x W_gate^T, limit)) * clamp(x W_up^T, -limit, limit), in x's dtype."""
-    i_t = tl.program_id(0)
-    i_n = tl.program_id(1)
-    e = tl.load(p_tile_expert + i_t).to(tl.int64)
-    if e < R:  # tiles past the last expert's are empty
-        o_m = i_t * BM + tl.arange(0, BM)
-        slot = tl.load(p_rows + o_m)  # [BM] slot numbers, -1 for padding
-        m_m = slot >= 0
-        row = tl.where(m_m, slot // TOPK, 0).to(tl.int64)  # the token each slot routes
-        o_n = i_n * BN + tl.arange(0, BN)
-        m_n = o_n < I
-        o_k = tl.arange(0, BK)
-        b_g = tl.zeros([BM, BN], tl.float32)  # [BM, BN]
-        b_u = tl.zeros([BM, BN], tl.float32)
-        dt = p_x.dtype.element_ty
-        for k0 in range(0, K, BK):
-            b_x = tl.load(p_x + row[:, None] * stride_xm + (k0 + o_k)[None, :],
-                          mask=m_m[:, None] & ((k0 + o_k) < K)[None, :], other=0.0)  # [BM, BK]
-            w_g = _mxfp4_tile(p_w, p_s, e, o_n, m_n, k0, stride_we, stride_wn, stride_se, stride_sn, K, BK, GROUP, dt)
-            w_u = _mxfp4_tile(p_w, p_s, e, I + o_n, m_n, k0, stride_we, stride_wn, stride_se, stride_sn, K, BK, GROUP, dt)
-            b_g = tl.dot(b_x, tl.trans(w_g), acc=b_g)
-            b_u = tl.dot(b_x, tl.trans(w_u), acc=b_u)
+def _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """Work item w: (its K split, first weight row, expert, which of the tile's BM rows hold slots, their slots)."""
+    tile = w // SPLIT // n_blk
+    o_m = tl.arange(0, BM)
+    m_m = o_m < tl.load(p_tile_rows + tile)
+    slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0)
+    return w % SPLIT, (w // SPLIT % n_blk) * BN, tl.load(p_tile_expert + tile).to(tl.int64), m_m, slot
+
+
+@triton.jit
+def _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16,
+             K64, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
+    """K step i of a work item: b_gu [2 BN, BM] += this step's BN gate rows, then the same BN up
+    rows, times the tile's tokens (one A tile, one MMA chain)."""
+    dt = p_x.dtype.element_ty
+    kb0 = (sp * steps + i) * (BK // 64)
+    o_kx = kb0 * 64 + tl.arange(0, BK)
+    b_x = tl.load(p_x + (slot // TOPK).to(tl.int64)[:, None] * stride_xm + o_kx[None, :],
+                  mask=m_m[:, None] & (o_kx < K)[None, :], other=0.0)  # [BM, BK] the tile's tokens
+    o_r = tl.arange(0, 2 * BN // 16)
+    half = o_r % (BN // 16)
+    rows = e * N16 + tl.where(o_r < BN // 16, n0 // 16, (I + n0) // 16) + half
+    w_gu = _unit_tile(p_w, p_s, rows, half < (I - n0) // 16, kb0, K64, 2 * BN // 16, BK // 64,
+                      FOLD, EMULATE, not EVEN, dt)  # [2 BN, BK]
+    return tl.dot(w_gu, tl.trans(b_x), b_gu)
+
+
+@triton.jit
+def _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n, limit,
+             n_blk, I, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """Work item w's epilogue: act = silu(min(g, limit)) * clamp(u, -limit, limit), or, with K split,
+    this split's partials and a ticket; the last split to arrive sums them and writes act."""
+    b_g, b_u = tl.split(tl.permute(tl.reshape(b_gu, [2, BN, BM]), (1, 2, 0)))  # [BN, BM] each
+    sp = w % SPLIT
+    tile = w // SPLIT // n_blk
+    n0 = (w // SPLIT % n_blk) * BN
+    o_m = tl.arange(0, BM)
+    o_n = tl.arange(0, BN)
+    m_o = ((n0 + o_n) < I)[:, None] & (o_m < tl.load(p_tile_rows + tile))[None, :]
+    o_row = (tile * BM + o_m)[None, :]
+    last = True
+    if SPLIT > 1:
+        p_o = p_part + (n0 + o_n)[:, None].to(tl.int64) * stride_part_n + o_row
+        tl.store(p_o + sp * stride_part_s, b_g, mask=m_o)
+        tl.store(p_o + sp * stride_part_s + I * stride_part_n, b_u, mask=m_o)
+        tl.debug_barrier()  # every thread's partials issued before the ticket (released at GPU scope)
+        last = tl.atomic_add(p_count + w // SPLIT, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+        if last:
+            b_g = tl.zeros([BN, BM], tl.float32)
+            b_u = tl.zeros([BN, BM], tl.float32)
+            for s in tl.static_range(SPLIT):  # L2 reads: other SMs wrote them
+                b_g += tl.load(p_o + s * stride_part_s, mask=m_o, other=0.0, cache_modifier=".cg")
+                b_u += tl.load(p_o + s * stride_part_s + I * stride_part_n, mask=m_o, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(p_count + w // SPLIT, 0, sem="relaxed", scope="gpu")
+    if last:
         b_g = tl.minimum(b_g, limit)
         b_u = tl.minimum(tl.maximum(b_u, -limit), limit)
         b_a = b_g * tl.sigmoid(b_g) * b_u
-        tl.store(p_act + o_m.to(tl.int64)[:, None] * stride_am + o_n[None, :], b_a.to(p_act.dtype.element_ty),
-                 mask=m_m[:, None] & m_n[None, :])
+        tl.store(p_act + (n0 + o_n)[:, None].to(tl.int64) * stride_act + o_row, b_a.to(p_act.dtype.element_ty),
+                 mask=m_o)
 
 
 @triton.jit
-def _moe_down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_out,
-                 stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_om,
-                 R, N: tl.constexpr, K: tl.constexpr, GROUP: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Tile i_t x output columns [i_n*BN, +BN): out[slot] = act[tile row] W_down^T (fp32), per slot."""
-    i_t = tl.program_id(0)
-    i_n = tl.program_id(1)
-    e = tl.load(p_tile_expert + i_t).to(tl.int64)
-    if e < R:
-        o_m = i_t * BM + tl.arange(0, BM)
-        slot = tl.load(p_rows + o_m)
-        m_m = slot >= 0
-        o_n = i_n * BN + tl.arange(0, BN)
-        m_n = o_n < N
-        o_k = tl.arange(0, BK)
-        b_o = tl.zeros([BM, BN], tl.float32)
-        dt = p_act.dtype.element_ty
-        for k0 in range(0, K, BK):
-            b_a = tl.load(p_act + o_m.to(tl.int64)[:, None] * stride_am + (k0 + o_k)[None, :],
-                          mask=m_m[:, None] & ((k0 + o_k) < K)[None, :], other=0.0)  # [BM, BK]
-            w_d = _mxfp4_tile(p_w, p_s, e, o_n, m_n, k0, stride_we, stride_wn, stride_se, stride_sn, K, BK, GROUP, dt)
-            b_o = tl.dot(b_a, tl.trans(w_d), acc=b_o)
-        o_s = tl.where(m_m, slot, 0).to(tl.int64)
-        tl.store(p_out + o_s[:, None] * stride_om + o_n[None, :], b_o, mask=m_m[:, None] & m_n[None, :])
+def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_act, p_part, p_count,
+                   stride_xm, stride_act, stride_part_s, stride_part_n, limit, num_progs,
+                   I, K, N16, K64, TOPK: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, FLAT: tl.constexpr,
+                   FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
+    """Persistent: work item (tile, BN gate rows + the same up rows, K split) -> act[n, row] =
+    silu(min(g, limit)) * clamp(u, -limit, limit) in x's dtype. With K split, each split stores fp32
+    partials part[split, {g, u}, n, row] and takes a ticket (count[item]); the last to arrive sums
+    them, writes act and sets the count back to 0 for the next call (so no launch clears it).
+    FLAT: one loop over (item, K step), so the pipeline runs on across items (short K loops)."""
+    pid = tl.program_id(0)
+    n_blk = tl.cdiv(I, BN)
+    n_work = tl.load(p_meta) * n_blk * SPLIT
+    steps = tl.cdiv(K64 * 64, BK * SPLIT)  # K steps of one split
+    b_gu = tl.zeros([2 * BN, BM], tl.float32)  # [2 BN, BM] gate rows, then up rows
+    if FLAT:
+        for it in range(0, tl.cdiv(tl.maximum(n_work - pid, 0), num_progs) * steps):
+            w = pid + it // steps * num_progs
+            i = it % steps
+            b_gu = tl.where(i == 0, 0.0, b_gu)
+            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            b_gu = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16, K64,
+                            TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
+            if i == steps - 1:
+                _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
+                         limit, n_blk, I, BM, BN, SPLIT)
+    else:
+        for w in range(pid, n_work, num_progs):
+            b_gu = tl.zeros([2 * BN, BM], tl.float32)
+            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            for i in range(steps):
+                b_gu = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16,
+                                K64, TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
+            _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
+                     limit, n_blk, I, BM, BN, SPLIT)
 
 
 @triton.jit
-def _moe_combine_kernel(p_down, p_ids, p_gates, p_out, stride_dm, stride_om, scale,
-                    N: tl.constexpr, TOPK: tl.constexpr, BN: tl.constexpr):
-    """out[m] = scale * sum_j gates[m, j] * down[m * TOPK + j] over the slots on this rank."""
+def _down_step(p_act, p_w, p_s, sp, n0, e, m_m, tile, i, b_o, stride_act, steps, N, K, N16, K64,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+               FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
+    """K step i of a work item: b_o [BN, BM] += this step's w2 rows times the tile's act columns."""
+    o_m = tl.arange(0, BM)
+    kb0 = (sp * steps + i) * (BK // 64)
+    o_ka = (kb0 * 64 + tl.arange(0, BK))[:, None]  # [BK, 1]
+    # every column of the tile is read: a column past the tile's slots holds whatever was there, and
+    # stays in its own output column (never stored); a mask along the contiguous columns would make
+    # 2-byte loads, which Triton does not pipeline
+    b_a = tl.load(p_act + o_ka.to(tl.int64) * stride_act + (tile * BM + o_m)[None, :],
+                  mask=(o_ka < K) & (o_m >= 0)[None, :], other=0.0)  # [BK, BM]
+    o_r = tl.arange(0, BN // 16)
+    w_d = _unit_tile(p_w, p_s, e * N16 + n0 // 16 + o_r, o_r < (N - n0 + 15) // 16, kb0, K64, BN // 16, BK // 64,
+                     FOLD, EMULATE, not EVEN, p_act.dtype.element_ty)  # [BN, BK]
+    return tl.dot(w_d, b_a, b_o)
+
+
+@triton.jit
+def _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N,
+               BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """Work item w's rows: down[split, slot, n] = b_o[n, row] for the tile's slots."""
+    sp = w % SPLIT
+    tile = w // SPLIT // n_blk
+    n0 = (w // SPLIT % n_blk) * BN
+    o_m = tl.arange(0, BM)
+    o_n = tl.arange(0, BN)
+    m_m = o_m < tl.load(p_tile_rows + tile)
+    slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0).to(tl.int64)
+    p_o = p_down + sp * stride_ds + slot[None, :] * stride_dm + (n0 + o_n)[:, None]
+    tl.store(p_o, b_o, mask=((n0 + o_n) < N)[:, None] & m_m[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_down,
+                     stride_act, stride_ds, stride_dm, num_progs,
+                     N, K, N16, K64, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                     FLAT: tl.constexpr, FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
+    """Persistent: work item (tile, BN output rows, K split): down[split, slot] = act W2^T (fp32).
+    FLAT: one loop over (item, K step), as in the gate/up kernel."""
+    pid = tl.program_id(0)
+    n_blk = tl.cdiv(N, BN)
+    n_work = tl.load(p_meta) * n_blk * SPLIT
+    steps = tl.cdiv(K64 * 64, BK * SPLIT)
+    b_o = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
+    if FLAT:
+        for it in range(0, tl.cdiv(tl.maximum(n_work - pid, 0), num_progs) * steps):
+            w = pid + it // steps * num_progs
+            i = it % steps
+            b_o = tl.where(i == 0, 0.0, b_o)
+            sp, n0, e, m_m, _slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            b_o = _down_step(p_act, p_w, p_s, sp, n0, e, m_m, w // SPLIT // n_blk, i, b_o, stride_act, steps, N, K,
+                             N16, K64, BM, BN, BK, FOLD, EMULATE, EVEN)
+            if i == steps - 1:
+                _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
+    else:
+        for w in range(pid, n_work, num_progs):
+            b_o = tl.zeros([BN, BM], tl.float32)
+            sp, n0, e, m_m, _slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            for i in range(steps):
+                b_o = _down_step(p_act, p_w, p_s, sp, n0, e, m_m, w // SPLIT // n_blk, i, b_o, stride_act, steps, N,
+                                 K, N16, K64, BM, BN, BK, FOLD, EMULATE, EVEN)
+            _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
+
+
+@triton.jit
+def _moe_combine_kernel(p_down, p_ids, p_gates, p_out, stride_ds, stride_dm, stride_om, scale,
+                        N: tl.constexpr, TOPK: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr):
+    """out[m] = scale * sum_j gates[m, j] * sum_s down[s, m * TOPK + j] over the slots on this rank."""
     i_m = tl.program_id(0).to(tl.int64)
     o_n = tl.program_id(1) * BN + tl.arange(0, BN)
     m_n = o_n < N
@@ -129,138 +299,200 @@ def _moe_combine_kernel(p_down, p_ids, p_gates, p_out, stride_dm, stride_om, sca
         at = i_m * TOPK + j + o_n * 0  # [BN] the same slot: a vector, since the interpreter refuses a scalar mask
         ok = tl.load(p_ids + at) >= 0
         g = tl.load(p_gates + at)
-        # rows of other ranks' slots were never written: select, do not multiply
-        b_d = tl.load(p_down + (i_m * TOPK + j) * stride_dm + o_n, mask=m_n & ok, other=0.0)
+        b_d = tl.zeros([BN], tl.float32)
+        for s in tl.static_range(SPLIT):
+            # rows of other ranks' slots were never written: select, do not multiply
+            b_d += tl.load(p_down + s * stride_ds + (i_m * TOPK + j) * stride_dm + o_n, mask=m_n & ok, other=0.0)
         b_o += tl.where(ok, g, 0.0) * b_d
     tl.store(p_out + i_m * stride_om + o_n, (b_o * scale).to(p_out.dtype.element_ty), mask=m_n)
 
 
 @dataclass(frozen=True)
 class Routing:
-    """Slots sorted by local expert into tiles of BLOCK_M rows: rows [P] slot numbers (-1: padding),
-    tile_expert [P / BLOCK_M] (R: an empty tile past the last expert's)."""
+    """The slots on this rank grouped by expert in tiles of bm rows, on the device: rows [P] (the slot
+    at each row; rows past a tile's count are never written), tile_expert and tile_rows [T] (a tile's
+    expert and slot count), meta [1] = the number of tiles used (T is the most any routing needs)."""
 
     rows: torch.Tensor
     tile_expert: torch.Tensor
+    tile_rows: torch.Tensor
+    meta: torch.Tensor
+    block_m: int
+
+    @property
+    def max_tiles(self) -> int:
+        return self.tile_expert.numel()
 
 
 @triton.jit
-def _route_kernel(p_ids, p_rows, p_tile_expert, S, R, P, T,
-                  BM: tl.constexpr, R_P: tl.constexpr, CH: tl.constexpr):
-    """One program: the routing of `route_torch` in one launch (its ~20 torch launches a layer
-    were the top glue region of the grouped-moe profile at C = 32). Slots go by chunks of CH; a
-    slot's place among its expert's slots is its chunk's exclusive one-hot prefix sum plus the
-    counts of the chunks before it, which keeps slot order within an expert without a sort."""
+def _route_kernel(p_ids, p_counts, p_start, p_rank, p_rows, p_tile_expert, p_tile_rows, p_meta, S, R,
+                  BM: tl.constexpr, R_P: tl.constexpr, CH: tl.constexpr, ONE_PASS: tl.constexpr):
+    """One program: each slot's place in its expert's run by an atomic count (the order within an
+    expert is whatever the atomics give: every row is computed alone, so no result depends on it),
+    the experts' tile starts by a prefix sum, then every slot to its row and every tile's expert.
+    ONE_PASS (few slots, CH >= S): the same in registers, one read and one write of memory, the
+    place by counting earlier slots of the same expert (slot order) instead of atomics."""
     o_e = tl.arange(0, R_P)
-    counts = tl.zeros([R_P], dtype=tl.int32)
-    for c in range(0, tl.cdiv(S, CH)):
-        o_s = c * CH + tl.arange(0, CH)
+    m_e = o_e < R
+    if ONE_PASS:
+        o_s = tl.arange(0, CH)
         ids = tl.load(p_ids + o_s, mask=o_s < S, other=-1)
-        key = tl.where(o_s < S, tl.where(ids >= 0, ids, R), R_P)  # R: another rank's; R_P: past the end
-        counts += tl.sum((key[:, None] == o_e[None, :]).to(tl.int32), axis=0)
-    tiles = tl.where(o_e < R, (counts + BM - 1) // BM, 0)
-    end = tl.cumsum(tiles, 0) * BM  # one past each expert's padded rows
-    start = end - tiles * BM
-    for r0 in range(0, P, CH):
-        o_r = r0 + tl.arange(0, CH)
-        tl.store(p_rows + o_r, tl.full([CH], -1, tl.int32), mask=o_r < P)
-    for t0 in range(0, T, CH):
-        o_t = t0 + tl.arange(0, CH)
-        # searchsorted(end, tile start, right=True): the experts whose rows end at or before it
-        below = (end[None, :] <= (o_t * BM)[:, None]) & (o_e < R)[None, :]
-        tl.store(p_tile_expert + o_t, tl.sum(below.to(tl.int32), axis=1), mask=o_t < T)
-    tl.debug_barrier()  # the -1 fill lands before the slots are scattered over it
-    carry = tl.zeros([R_P], dtype=tl.int32)
-    for c in range(0, tl.cdiv(S, CH)):
-        o_s = c * CH + tl.arange(0, CH)
+        ok = (ids >= 0) & (ids < R)
+        hot = (ids[:, None] == o_e[None, :]) & ok[:, None]  # [CH, R_P]
+        counts = tl.sum(hot.to(tl.int32), 0)
+        tiles = (counts + BM - 1) // BM
+        start = tl.cumsum(tiles, 0) - tiles
+        rank = tl.sum(((ids[:, None] == ids[None, :]) & (o_s[None, :] < o_s[:, None])).to(tl.int32), 1)  # [CH]
+        first = tl.sum(tl.where(hot, start[None, :], 0), 1)
+        count = tl.sum(tl.where(hot, counts[None, :], 0), 1)
+        tl.store(p_rows + first * BM + rank, o_s, mask=ok)
+        lead = ok & (rank % BM == 0)
+        tl.store(p_tile_expert + first + rank // BM, ids, mask=lead)
+        tl.store(p_tile_rows + first + rank // BM, tl.minimum(count - rank, BM), mask=lead)
+        tl.store(p_meta + o_e, tl.sum(tiles, 0) + o_e * 0, mask=o_e == 0)
+        return
+    tl.store(p_counts + o_e, tl.zeros([R_P], tl.int32), mask=m_e)
+    tl.debug_barrier()
+    for c0 in range(0, S, CH):
+        o_s = c0 + tl.arange(0, CH)
         ids = tl.load(p_ids + o_s, mask=o_s < S, other=-1)
-        key = tl.where(o_s < S, tl.where(ids >= 0, ids, R), R_P)
-        hot = (key[:, None] == o_e[None, :]).to(tl.int32)  # [CH, R_P]
-        before = tl.cumsum(hot, 0) - hot  # this expert's slots earlier in the chunk
-        dest = tl.sum(hot * (before + carry[None, :] + start[None, :]), axis=1)
-        tl.store(p_rows + dest, o_s.to(tl.int32), mask=(o_s < S) & (key < R))
-        carry += tl.sum(hot, axis=0)
+        ok = (ids >= 0) & (ids < R)
+        rank = tl.atomic_add(p_counts + ids, tl.full([CH], 1, tl.int32), mask=ok)
+        tl.store(p_rank + o_s, rank, mask=ok)
+    tl.debug_barrier()
+    counts = tl.load(p_counts + o_e, mask=m_e, other=0)
+    tiles = (counts + BM - 1) // BM
+    start = tl.cumsum(tiles, 0) - tiles  # each expert's first tile
+    tl.store(p_start + o_e, start, mask=m_e)
+    tl.store(p_meta + o_e, tl.sum(tiles, 0) + o_e * 0, mask=o_e == 0)
+    tl.debug_barrier()
+    for c0 in range(0, S, CH):
+        o_s = c0 + tl.arange(0, CH)
+        ids = tl.load(p_ids + o_s, mask=o_s < S, other=-1)
+        ok = (ids >= 0) & (ids < R)
+        rank = tl.load(p_rank + o_s, mask=ok, other=0)
+        first = tl.load(p_start + ids, mask=ok, other=0)
+        count = tl.load(p_counts + ids, mask=ok, other=0)
+        tl.store(p_rows + first * BM + rank, o_s, mask=ok)
+        t = first + rank // BM
+        lead = ok & (rank % BM == 0)
+        tl.store(p_tile_expert + t, ids, mask=lead)
+        tl.store(p_tile_rows + t, tl.minimum(count - rank, BM), mask=lead)
 
 
-def _route_chunk(r_p: int) -> int:
-    """Slots per chunk: the [chunk, experts] one-hot at 4096 values (32 registers a thread at 4 warps)."""
-    return max(16, min(128, 4096 // r_p))
+# The routing in registers when the [slots, experts] and [slots, slots] comparisons stay small (tp4 to
+# C = 21, dp-ep to C = 2): one memory round trip instead of the atomics' four.
+ONE_PASS_SLOTS = 128
+ONE_PASS_ELEMENTS = 1 << 15
 
 
-def route(local_ids: torch.Tensor, experts: int, block_m: int = BLOCK_M) -> Routing:
-    """Group the slots of `local_ids` [M, k] by expert, dropping -1 (other ranks'): fixed shapes, no
-    host synchronisation. Expert e's slots fill rows [start_e, start_e + count_e) in slot order,
-    start_e the sum of the earlier experts' counts rounded up to whole tiles. One Triton launch
-    where Triton runs, else `route_torch` (the reference its test holds it to, exactly)."""
+def max_tiles(slots: int, experts: int, block_m: int) -> int:
+    """The most tiles any routing of `slots` slots over `experts` experts takes: every used tile holds
+    a slot, and an expert's run wastes under one tile."""
+    return max(1, min(slots, (slots + min(experts, slots) * (block_m - 1)) // block_m))
+
+
+def route(local_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
+    """Group the slots of `local_ids` [M, k] by expert, dropping -1 (other ranks'): one launch,
+    fixed shapes, no host synchronisation. Where Triton cannot run, `route_torch`."""
     flat = local_ids.reshape(-1)
-    if not runs_triton(flat) or flat.numel() == 0:
+    if not runs_triton(flat):
         return route_torch(local_ids, experts, block_m)
     S = flat.numel()
-    P = (triton.cdiv(S, block_m) + experts) * block_m
-    T = P // block_m
-    rows = torch.empty(P, dtype=torch.int32, device=flat.device)
-    tile_expert = torch.empty(T, dtype=torch.int32, device=flat.device)
-    r_p = triton.next_power_of_2(experts + 1)
-    _route_kernel[(1,)](flat.to(torch.int32).contiguous(), rows, tile_expert, S, experts, P, T,
-                        BM=block_m, R_P=r_p, CH=_route_chunk(r_p), num_warps=4)
-    return Routing(rows, tile_expert)
+    T = max_tiles(S, experts, block_m)
+    dev = flat.device
+    i32 = dict(dtype=torch.int32, device=dev)
+    rows, tile_expert, tile_rows = torch.empty(T * block_m, **i32), torch.empty(T, **i32), torch.empty(T, **i32)
+    meta, counts, start, rank = torch.empty(1, **i32), torch.empty(experts, **i32), torch.empty(experts, **i32), torch.empty(max(S, 1), **i32)
+    r_p, s_p = triton.next_power_of_2(experts), triton.next_power_of_2(max(S, 1))
+    one_pass = s_p <= ONE_PASS_SLOTS and s_p * r_p <= ONE_PASS_ELEMENTS
+    _route_kernel[(1,)](p_ids=flat.to(torch.int32).contiguous(), p_counts=counts, p_start=start, p_rank=rank,
+                        p_rows=rows, p_tile_expert=tile_expert, p_tile_rows=tile_rows, p_meta=meta, S=S, R=experts,
+                        BM=block_m, R_P=r_p, CH=max(s_p, 16) if one_pass else 1024, ONE_PASS=one_pass, num_warps=8)
+    return Routing(rows, tile_expert, tile_rows, meta, block_m)
 
 
-def route_torch(local_ids: torch.Tensor, experts: int, block_m: int = BLOCK_M) -> Routing:
-    """`route` in fixed-shape torch operations (about 20 launches on a GPU)."""
-    flat = local_ids.reshape(-1)
+def route_torch(local_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
+    """`route` in torch operations (slot order within an expert): the CPU path and the reference the
+    kernel's tile metadata is held to. Rows past a tile's count are -1 here."""
+    flat = local_ids.reshape(-1).long()
     S = flat.numel()
     dev = flat.device
-    key = torch.where(flat >= 0, flat, experts).long()  # other ranks' slots sort last, as expert R
-    counts = torch.zeros(experts + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))
-    tiles = (counts[:experts] + block_m - 1) // block_m  # [R]
-    end = torch.cumsum(tiles, 0) * block_m  # [R] one past each expert's padded rows
-    start = end - tiles * block_m
-    P = (triton.cdiv(S, block_m) + experts) * block_m  # at most S + R * (BLOCK_M - 1) rows, rounded up
+    ok = (flat >= 0) & (flat < experts)
+    key = torch.where(ok, flat, experts)
+    counts = torch.zeros(experts + 1, dtype=torch.long, device=dev).scatter_add_(0, key, torch.ones_like(key))[:experts]
+    tiles = (counts + block_m - 1) // block_m
+    start = torch.cumsum(tiles, 0) - tiles
+    T = max_tiles(S, experts, block_m)
     order = torch.argsort(key, stable=True)
-    key_sorted = key[order]
-    first = torch.cumsum(counts, 0) - counts  # where each expert's slots begin in sorted order
-    dest = torch.cat([start, start.new_full((1,), P)])[key_sorted] + torch.arange(S, device=dev) - first[key_sorted]
-    rows = torch.full((P + 1,), -1, dtype=torch.int32, device=dev)  # row P collects the dropped slots
-    rows.scatter_(0, torch.where(key_sorted < experts, dest, P), order.to(torch.int32))
-    tile_start = torch.arange(0, P, block_m, device=dev)
-    tile_expert = torch.searchsorted(end, tile_start, right=True).to(torch.int32)
-    return Routing(rows[:P], tile_expert)
+    first = torch.cumsum(counts, 0) - counts
+    ks = key[order]
+    valid = ks < experts
+    rank = torch.arange(S, device=dev) - torch.cat([first, first.new_zeros(1)])[ks]
+    dest = torch.where(valid, torch.cat([start, start.new_zeros(1)])[ks] * block_m + rank, T * block_m)
+    rows = torch.full((T * block_m + 1,), -1, dtype=torch.int32, device=dev)
+    rows.scatter_(0, dest, order.to(torch.int32))
+    tile_expert = torch.zeros(T, dtype=torch.int32, device=dev)
+    tile_rows = torch.zeros(T, dtype=torch.int32, device=dev)
+    used = int(tiles.sum())
+    for e in torch.nonzero(tiles).flatten().tolist():
+        t0, n = int(start[e]), int(tiles[e])
+        tile_expert[t0 : t0 + n] = e
+        tile_rows[t0 : t0 + n] = (int(counts[e]) - block_m * torch.arange(n, device=dev)).clamp(max=block_m).int()
+    return Routing(rows[:-1], tile_expert, tile_rows, torch.tensor([used], dtype=torch.int32, device=dev), block_m)
 
 
-@dataclass(frozen=True)
-class MoeTiles:
-    """Launch configuration of the two GEMM kernels: output columns (BN) and input columns (BK, whole
-    MXFP4 groups) per program, warps and pipeline stages."""
-
-    up_bn: int = 64
-    up_bk: int = 128
-    up_warps: int = 4
-    up_stages: int = 3
-    down_bn: int = 64
-    down_bk: int = 128
-    down_warps: int = 4
-    down_stages: int = 3
+_TICKETS: dict[torch.device, list[torch.Tensor]] = {}
 
 
-# Few gathered tokens (C <= 8 a rank) hit few experts: narrower column blocks give those tiles more
-# programs (measured on the H200 at C = 1: 265 against 405 µs; at C = 32 the default is faster).
-SMALL_TILES = MoeTiles(up_bn=32, down_bn=32)
-SMALL_TOKENS = 64
+def _tickets(device: torch.device, n: int) -> torch.Tensor:
+    """The split-K tickets of gate/up: zero between calls (the last split of a work item resets its
+    own), so they are allocated once per device, outside capture where possible (inside, the zero
+    fill is recorded with the graph). A larger set replaces a smaller one for later calls; the old
+    one is kept, since a captured graph may still point at it."""
+    held = _TICKETS.setdefault(device, [])
+    if not held or held[-1].numel() < n:
+        held.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
+    return held[-1]
 
 
-def _fit(block: int, n: int) -> int:
-    """A power-of-two block no wider than n needs."""
-    return min(block, triton.next_power_of_2(n))
+@lru_cache(maxsize=None)
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+# (kernel, device, launch constants) -> programs an SM can hold, from the first launch's registers and
+# shared memory: a persistent program that is not resident runs its items after the others finish.
+_RESIDENT: dict[tuple, int] = {}
+_SM_REGS, _SM_SHARED, _SM_THREADS = 65536, 233472, 2048
+
+
+def _resident(compiled, warps: int) -> int:
+    regs = -(-compiled.n_regs // 8) * 8 * 32 * warps  # registers go to warps in blocks of 256
+    shared = compiled.metadata.shared + 1024  # the driver keeps 1 KB a block
+    return max(1, min(_SM_REGS // regs, _SM_SHARED // shared, _SM_THREADS // (32 * warps)))
+
+
+def _persistent(kernel, device: torch.device, tiles, work_max: int, **args) -> None:
+    """Launch `kernel` on a persistent grid: tiles.ctas programs an SM (no more than fit), never more
+    than there can be work items."""
+    key = (id(kernel), str(device), tiles, tuple(sorted((k, v) for k, v in args.items() if k.isupper())))
+    ctas = min(tiles.ctas, _RESIDENT.get(key, tiles.ctas))
+    sms = _sms(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else 4
+    progs = max(1, min(ctas * sms, work_max))
+    compiled = kernel[(progs,)](num_progs=progs, num_warps=tiles.warps, num_stages=tiles.stages, **args)
+    if key not in _RESIDENT and hasattr(compiled, "n_regs"):
+        _RESIDENT[key] = _resident(compiled, tiles.warps)
 
 
 def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torch.Tensor, w13: Mxfp4Experts,
-                           w2: Mxfp4Experts, limit: float, scale: float, tiles: MoeTiles | None = None) -> torch.Tensor:
+                           w2: Mxfp4Experts, limit: float, scale: float, config: MoeConfig | None = None) -> torch.Tensor:
     """The `routed_experts` slot (dsv4opt/workload/slots.py), grouped by expert on tensor cores.
 
     x: [M, d]; local_ids: [M, k] int32 (-1: another rank's expert); gates: [M, k] fp32;
-    w13: [R, 2I, d], w2: [R, d, I] MXFP4 -> [M, d] in x's dtype. CUDA-graph safe. Where Triton
-    cannot run (a CPU without the interpreter) the same grouping in plain torch, expert by expert.
+    w13: [R, 2I, d], w2: [R, d, I] MXFP4 -> [M, d] in x's dtype. CUDA-graph safe once each weight's
+    production-layout copy exists (built on the first eager call). Where Triton cannot run (a CPU
+    without the interpreter) the float64-free plain-torch definition, expert by expert.
     """
     if not (runs_triton(x) and dot_dtype_ok(x.dtype)):
         return naive.routed_experts(x, local_ids, gates, w13, w2, limit, scale)
@@ -270,33 +502,45 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     I = two_i // 2
     assert K13 * 2 == d and w2.packed.shape == (R, d, I // 2) and d % MXFP4_GROUP == 0 and I % MXFP4_GROUP == 0
     assert x.stride(1) == 1 and local_ids.is_contiguous() and gates.is_contiguous()
-    r = route(local_ids.to(torch.int32), R)
-    P = r.rows.numel()
-    act = torch.empty(P, I, device=x.device, dtype=x.dtype)
-    down = torch.empty(M * k, d, device=x.device, dtype=torch.float32)
+    p13, p2 = packed_experts(w13), packed_experts(w2)
+    cfg = config or choose(R, I, d, M * k)
+    r = route(local_ids.to(torch.int32), R, cfg.bm)
+    T, P = r.max_tiles, r.max_tiles * cfg.bm
     out = torch.empty(M, d, device=x.device, dtype=x.dtype)
-    n_tiles = P // BLOCK_M
-    t = tiles or (SMALL_TILES if M <= SMALL_TOKENS else MoeTiles())
-    if M:
-        bn, bk = _fit(t.up_bn, I), _fit(t.up_bk, d)
-        _moe_gate_up_kernel[(n_tiles, triton.cdiv(I, bn))](
-            p_x=x, p_w=w13.packed, p_s=w13.scales, p_rows=r.rows, p_tile_expert=r.tile_expert, p_act=act,
-            stride_xm=x.stride(0), stride_we=w13.packed.stride(0), stride_wn=w13.packed.stride(1),
-            stride_se=w13.scales.stride(0), stride_sn=w13.scales.stride(1), stride_am=act.stride(0), limit=limit,
-            R=R, I=I, K=d, TOPK=k, GROUP=MXFP4_GROUP, BM=BLOCK_M, BN=bn, BK=bk,
-            num_warps=t.up_warps, num_stages=t.up_stages,
-        )
-        bn, bk = _fit(t.down_bn, d), _fit(t.down_bk, I)
-        _moe_down_kernel[(n_tiles, triton.cdiv(d, bn))](
-            p_act=act, p_w=w2.packed, p_s=w2.scales, p_rows=r.rows, p_tile_expert=r.tile_expert, p_out=down,
-            stride_am=act.stride(0), stride_we=w2.packed.stride(0), stride_wn=w2.packed.stride(1),
-            stride_se=w2.scales.stride(0), stride_sn=w2.scales.stride(1), stride_om=down.stride(0),
-            R=R, N=d, K=I, GROUP=MXFP4_GROUP, BM=BLOCK_M, BN=bn, BK=bk,
-            num_warps=t.down_warps, num_stages=t.down_stages,
-        )
-        bc = min(1024, triton.next_power_of_2(d))
-        _moe_combine_kernel[(M, triton.cdiv(d, bc))](
-            p_down=down, p_ids=local_ids, p_gates=gates, p_out=out, stride_dm=down.stride(0), stride_om=out.stride(0),
-            scale=scale, N=d, TOPK=k, BN=bc, num_warps=4,
-        )
+    if M == 0:
+        return out
+    up, dn = cfg.up, cfg.down
+    act = torch.empty(I, P, device=x.device, dtype=x.dtype)
+    part = torch.empty(up.split if up.split > 1 else 1, 2 * I if up.split > 1 else 1, P, device=x.device,
+                       dtype=torch.float32)
+    down = torch.empty(dn.split, M * k, d, device=x.device, dtype=torch.float32)
+    emulate = interpreted()
+    fold = p13.fold and p2.fold
+    n_blk = triton.cdiv(I, up.bn)
+    _persistent(
+        _moe_up_kernel, x.device, up, T * n_blk * up.split,
+        p_x=x, p_w=p13.values, p_s=p13.scales, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows,
+        p_meta=r.meta, p_act=act, p_part=part, p_count=_tickets(x.device, T * n_blk), stride_xm=x.stride(0),
+        stride_act=act.stride(0), stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
+        I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
+        BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FLAT=up.flat, FOLD=p13.fold, EMULATE=emulate,
+        EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
+    )
+    _persistent(
+        _moe_down_kernel, x.device, dn, T * triton.cdiv(d, dn.bn) * dn.split,
+        p_act=act, p_w=p2.values, p_s=p2.scales, p_rows=r.rows, p_tile_expert=r.tile_expert,
+        p_tile_rows=r.tile_rows, p_meta=r.meta, p_down=down, stride_act=act.stride(0),
+        stride_ds=down.stride(0), stride_dm=down.stride(1), N=d, K=I, N16=p2.n16, K64=p2.k64,
+        BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FLAT=dn.flat, FOLD=p2.fold, EMULATE=emulate,
+        EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
+    )
+    bc = min(1024, triton.next_power_of_2(d))
+    _moe_combine_kernel[(M, triton.cdiv(d, bc))](
+        p_down=down, p_ids=local_ids, p_gates=gates, p_out=out, stride_ds=down.stride(0), stride_dm=down.stride(1),
+        stride_om=out.stride(0), scale=scale, N=d, TOPK=k, SPLIT=dn.split, BN=bc, num_warps=4,
+    )
     return out
+
+
+__all__ = ["Routing", "grouped_routed_experts", "max_tiles", "route", "route_torch", "PackedExperts",
+           "UNIT_BYTES", "UNIT_ROWS", "UNIT_SCALES"]

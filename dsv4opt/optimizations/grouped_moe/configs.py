@@ -1,0 +1,100 @@
+"""grouped-moe's tile choices: one small explicit table keyed on the expert shape and the slot count.
+
+The kernels see (experts R, width I, hidden d) and the slots M * k of the call. At concurrency C a
+dp-ep rank (32 whole experts, I 2048) sees 8C gathered tokens, 48C slots; a tp4 rank (256 experts
+sharded to I 512) its own C tokens, 6C slots; tp8 the same with I 256. Rows are chosen per bucket
+of slots, the first whose bound holds. `python -m dsv4opt.optimizations.grouped_moe.bench --sweep`
+times `candidates(...)` on a GPU so one run can pick each row (docs/optimizations/grouped_moe.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    """One GEMM's launch: bn weight rows a work item (the MMA's wide side; for gate/up bn of gate
+    and the same bn of up), bk columns a step (whole 64-column units), warps, pipeline stages, the
+    K split, persistent programs an SM (capped at what fits), and whether one loop runs over
+    (item, K step) so the pipeline does not drain between items (flat)."""
+
+    bn: int
+    bk: int
+    warps: int
+    stages: int
+    split: int = 1
+    ctas: int = 4
+    flat: bool = False
+
+    def short(self) -> str:
+        return f"{self.bn}x{self.bk}w{self.warps}s{self.stages}k{self.split}c{self.ctas}{'f' if self.flat else ''}"
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """bm slots a tile (the MMA's narrow side), and the two GEMMs' launches."""
+
+    bm: int
+    up: GemmTiles
+    down: GemmTiles
+
+    @property
+    def name(self) -> str:
+        return f"m{self.bm} up {self.up.short()} down {self.down.short()}"
+
+
+_UP = GemmTiles(bn=64, bk=128, warps=4, stages=4)
+_DOWN = GemmTiles(bn=128, bk=128, warps=4, stages=4)
+
+# (R, I, d) -> [(most slots, config)], ascending. Split K where few tiles would leave SMs idle:
+# dp-ep at C = 1 uses 6 of 32 experts, tp4 at C = 1 6 of 256 (docs: work items per round).
+TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
+    (32, 2048, 4096): [  # dp-ep: 8C gathered tokens, 48C slots
+        (48, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, split=4))),
+        (1536, MoeConfig(16, _UP, _DOWN)),
+        (1 << 62, MoeConfig(32, _UP, _DOWN)),
+    ],
+    (256, 512, 4096): [  # tp4: C tokens, 6C slots
+        (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2))),
+        (24, MoeConfig(16, replace(_UP, split=4), _DOWN)),
+        (1 << 62, MoeConfig(16, replace(_UP, split=2), _DOWN)),
+    ],
+    (256, 256, 4096): [  # tp8
+        (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2))),
+        (24, MoeConfig(16, replace(_UP, split=8), _DOWN)),
+        (96, MoeConfig(16, replace(_UP, split=4), _DOWN)),
+        (1 << 62, MoeConfig(16, replace(_UP, split=2), _DOWN)),
+    ],
+}
+
+# Shapes off the table (the small test shapes, other models): split K when the tiles are few.
+_GENERIC = [(64, MoeConfig(16, replace(_UP, split=2), _DOWN)), (1 << 62, MoeConfig(16, _UP, _DOWN))]
+
+
+def choose(experts: int, width: int, hidden: int, slots: int) -> MoeConfig:
+    """The table's config for this shape and slot count."""
+    rows = TABLE.get((experts, width, hidden), _GENERIC)
+    return next(cfg for bound, cfg in rows if slots <= bound)
+
+
+def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeConfig]:
+    """A handful of configs around the table's choice, for the GPU sweep: the K split of each GEMM
+    halved and doubled, wider weight tiles on 8 warps, a deeper pipeline, more programs an SM."""
+    base = choose(experts, width, hidden, slots)
+    up, dn = base.up, base.down
+    out = [
+        base,
+        replace(base, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2))),
+        replace(base, up=replace(up, split=up.split * 2), down=replace(dn, split=dn.split * 2)),
+        replace(base, up=replace(up, bn=128, warps=8), down=replace(dn, bn=256, warps=8)),
+        replace(base, up=replace(up, stages=up.stages + 2, bk=64), down=replace(dn, stages=dn.stages + 2, bk=64)),
+        replace(base, up=replace(up, flat=not up.flat), down=replace(dn, flat=not dn.flat)),
+        replace(base, up=replace(up, ctas=2), down=replace(dn, ctas=2)),
+        replace(base, bm=16 if base.bm == 32 else 32),
+    ]
+    seen: list[MoeConfig] = []
+    for c in out:
+        if c not in seen:
+            seen.append(c)
+    return seen
