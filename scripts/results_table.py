@@ -18,8 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsv4opt.analysis.profile import Profile, is_profile_file  # noqa: E402
 
 
-def key(p: Profile) -> tuple[int, int]:
-    return int(p.meta["concurrency"]), int(p.meta["context"])
+def key(p: Profile) -> tuple[int, int, str, int]:
+    """What a profile is compared within: concurrency, context, layout and graph width (profiles from
+    before those settings ran dp-ep with rows sized to the contexts)."""
+    return (int(p.meta["concurrency"]), int(p.meta["context"]), p.meta.get("layout") or "dp-ep",
+            int(p.meta.get("graph_context") or 0))
 
 
 def variant(p: Profile) -> str:
@@ -38,15 +41,15 @@ def main(paths: list[str]) -> None:
     profiles = [(Path(x), Profile.load(x)) for x in paths if is_profile_file(x)]
     base = {key(p): p for _, p in profiles if variant(p) == "baseline"}
     rows = sorted(profiles, key=lambda x: (key(x[1]), len(x[1].meta.get("optimizations") or []), variant(x[1])))
-    print("| C | context | variant | tokens/s | ms/step | x baseline | MoE | attention | FP32 SIMT GEMM | glue | launches/step | profile |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| C | context | layout | graph width | variant | tokens/s | ms/step | x baseline | MoE | attention | FP32 SIMT GEMM | glue | launches/step | profile |")
+    print("|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for path, p in rows:
-        c, ctx = key(p)
+        c, ctx, layout, graph = key(p)
         tps, ms = p.throughput["tokens_per_s"], p.throughput["ms_per_step"]
-        b = base.get((c, ctx))
+        b = base.get(key(p))
         speed = f"{tps / b.throughput['tokens_per_s']:.3f}x" if b else "-"
         glue = p.glue_share
-        print(f"| {c} | {ctx} | {variant(p)} | {tps:.2f} | {ms:.1f} | {speed} | {p.category_share('moe'):.1%} | "
+        print(f"| {c} | {ctx} | {layout} | {graph or 'contexts'} | {variant(p)} | {tps:.2f} | {ms:.1f} | {speed} | {p.category_share('moe'):.1%} | "
               f"{p.category_share('attention'):.2%} | {p.category_share('gemm_fp32_simt'):.2%} | {glue:.2%} | "
               f"{p.steps['launches_per_step']:.0f} | `{path.name}` |")
     print()
