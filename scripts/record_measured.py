@@ -4,10 +4,10 @@ fuse-glue from committed H200 benchmark output.
     python scripts/record_measured.py
 
 `dsv4opt recommend` reads measured.json for its Amdahl bound. The figures are taken from the JSON
-the benchmark run wrote, never typed in: docs/kernels/mma_attn_h200_bench_fp8.json
+the benchmark run wrote, never typed in: evidence/h200/kernels/mma_attn_h200_bench_fp8.json
 (`dsv4opt bench mma-attn --kv fp8 --json`): the baseline (SGLang's sm_120 path over both caches) /
-mma-attn time; docs/optimizations/grouped_moe_h200_bench.json (`dsv4opt bench grouped-moe --json`):
-SGLang's per-slot path / the grouped kernels; docs/optimizations/fuse_glue_h200_bench.json
+mma-attn time; evidence/h200/optimizations/grouped_moe_h200_bench.json (`dsv4opt bench grouped-moe --json`):
+SGLang's per-slot path / the grouped kernels; evidence/h200/optimizations/fuse_glue_h200_bench.json
 (`dsv4opt bench fuse-glue --json`): one layer's eager glue / fused glue, skipped until that file is
 committed. bf16-gemm has no record since its slot changed (the indexer logits); until it is
 benchmarked again, recommend bounds it by its target's share alone.
@@ -26,7 +26,7 @@ from dsv4opt.fileio import write_json_atomic  # noqa: E402
 
 
 def mma_attn() -> dict:
-    src = ROOT / "docs/kernels/mma_attn_h200_bench_fp8.json"
+    src = ROOT / "evidence/h200/kernels/mma_attn_h200_bench_fp8.json"
     bench = json.loads(src.read_text())
     return {
         "device": bench["device"],
@@ -38,7 +38,7 @@ def mma_attn() -> dict:
 def grouped_moe(layout: str = "tp4") -> dict:
     """The rows of one layout (the workload's default); a file from before the bench had layouts
     holds dp-ep rows only."""
-    src = ROOT / "docs/optimizations/grouped_moe_h200_bench.json"
+    src = ROOT / "evidence/h200/optimizations/grouped_moe_h200_bench.json"
     bench = json.loads(src.read_text())
     rows = [r for r in bench["rows"] if r.get("layout", layout) == layout and r.get("baseline_us")]
     return {
@@ -49,7 +49,7 @@ def grouped_moe(layout: str = "tp4") -> dict:
 
 
 def fuse_glue() -> dict | None:
-    src = ROOT / "docs/optimizations/fuse_glue_h200_bench.json"
+    src = ROOT / "evidence/h200/optimizations/fuse_glue_h200_bench.json"
     if not src.exists():
         print(f"{src.relative_to(ROOT)}: not committed yet, fuse-glue keeps no record")
         return None

@@ -1,4 +1,4 @@
-"""scripts/bench_flashmla_anchor.py: the ctypes side matches shim.cu's struct, and its float64
+"""benchmarks/bench_flashmla_anchor.py: the ctypes side matches shim.cu's struct, and its float64
 reference agrees with the baseline's torch path (the reference the anchor's check relies on)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("bench_flashmla_anchor", ROOT / "scripts/bench_flashmla_anchor.py")
+    spec = importlib.util.spec_from_file_location("bench_flashmla_anchor", ROOT / "benchmarks/bench_flashmla_anchor.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -37,7 +37,7 @@ def _c_struct_fields(src: str, name: str) -> list[tuple[str, type]]:
 
 def test_anchor_args_match_the_shims_struct_field_for_field():
     """A field out of order would hand FlashMLA a wrong pointer: names, order and types must agree."""
-    src = (ROOT / "scripts/anchor_flashmla/shim.cu").read_text()
+    src = (ROOT / "benchmarks/anchor_flashmla/shim.cu").read_text()
     want = _c_struct_fields(src, "AnchorArgs")
     got = [(n, t) for n, t in _script().AnchorArgs._fields_]
     assert len(want) == 31 and got == want

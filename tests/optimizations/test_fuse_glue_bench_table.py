@@ -10,7 +10,7 @@ from rich.console import Console
 from dsv4opt.optimizations.fuse_glue.bench import BenchResult, BenchRow, render
 from dsv4opt.optimizations.registry import CheckResult
 
-RUN = Path(__file__).resolve().parents[2] / "docs/optimizations/fuse_glue_h200_bench.json"
+RUN = Path(__file__).resolve().parents[2] / "evidence/h200/optimizations/fuse_glue_h200_bench.json"
 
 
 def test_region_names_stay_whole_at_80_columns():

@@ -641,7 +641,7 @@ def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "scripts/probe_mma_attn_fp8_gluon.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks/probe_mma_attn_fp8_gluon.py"
     spec = importlib.util.spec_from_file_location("probe_fp8_gluon", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
@@ -714,7 +714,7 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batc
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root)
     out = tmp_path / "compile.json"
-    done = subprocess.run([sys.executable, str(root / "scripts/compile_mma_attn_gluon_sm90.py"), "--kernel", kernels,
+    done = subprocess.run([sys.executable, str(root / "benchmarks/compile_mma_attn_gluon_sm90.py"), "--kernel", kernels,
                            "--batch", batches, "--kx", str(kx), "--json", str(out)], capture_output=True, text=True,
                           env=env, timeout=900, cwd=str(root))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -735,7 +735,7 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batc
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs CUDA's nvcc (no GPU needed)")
 def test_the_cluster_merge_probe_compiles_for_sm90a_without_spills(tmp_path):
-    """scripts/probe_cluster_merge.cu, the price of merging two splits through a cluster's shared
+    """benchmarks/probe_cluster_merge.cu, the price of merging two splits through a cluster's shared
     memory, builds for sm_90a as its header says; the four kernels that start from a split's
     accumulator (the cluster merge in fp32 and bf16) hold its 128 values a thread in registers (at
     least 128 registers, no stack), and the merge is a cluster one: the peer's shared memory mapped, the cluster barrier used."""
@@ -743,7 +743,7 @@ def test_the_cluster_merge_probe_compiles_for_sm90a_without_spills(tmp_path):
     import subprocess
     from pathlib import Path
 
-    src = Path(__file__).resolve().parents[2] / "scripts/probe_cluster_merge.cu"
+    src = Path(__file__).resolve().parents[2] / "benchmarks/probe_cluster_merge.cu"
     arch = ["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a"]
     built = subprocess.run(["nvcc", *arch, "-Xptxas", "-v", str(src), "-o", str(tmp_path / "pcm")],
                            capture_output=True, text=True, timeout=300)
@@ -931,7 +931,7 @@ def test_fp8_ws_probe_constants_come_back_after_a_config():
 
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
 
-    path = Path(__file__).resolve().parents[2] / "scripts/probe_mma_attn_fp8_gluon.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks/probe_mma_attn_fp8_gluon.py"
     spec = importlib.util.spec_from_file_location("probe_fp8_gluon_ws", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)

@@ -147,7 +147,7 @@ def test_run_peers_wiring_on_a_cpu(monkeypatch):
     monkeypatch.setattr(P, "ANCHOR_LIB", P.ROOT / "no-such-anchor.so")
     result = P.run_peers([2], extra, None, SCALE)
     [row] = result.rows
-    assert result.available[P.SOURCE].endswith("not found (scripts/anchor_flashmla/build.sh builds it)")
+    assert result.available[P.SOURCE].endswith("not found (benchmarks/anchor_flashmla/build.sh builds it)")
     assert set(row.us) == {P.MMA, P.SLOT, P.SHIPPED} and all(v == pytest.approx(1.0) for v in row.us.values())
     assert all(P._within(e) for e in row.err.values()), row.err
     assert row.poisoned == {P.MMA: True, P.SLOT: True, P.SHIPPED: False}  # no bait on a CPU

@@ -66,7 +66,7 @@ def _sinkhorn_tokens(p_mix, p_rsqrt, p_scale, p_base, p_post, p_comb, o_t, m_t, 
     tuple of HC * HC values), so the 2 * ITERS dependent normalisations exchange nothing between
     lanes, and each divides once per row or column instead of once per element, by an approximate
     reciprocal: the chain is latency, about 100 ns an iteration on the H200 with full-range
-    divisions (scripts/probe_hc_split_sum.py)."""
+    divisions (benchmarks/probe_hc_split_sum.py)."""
     p_row = p_mix + o_t * stride_mix  # [BT]
     b_r = tl.load(p_rsqrt + o_t, mask=m_t, other=1.0)  # [BT]
     for j in tl.static_range(HC):
@@ -140,7 +140,7 @@ def hc_split_sum(mix: torch.Tensor, rsqrt: torch.Tensor, flat: torch.Tensor, sca
     if T:
         block = min(SUM_BLOCK_D, triton.next_power_of_2(d))
         n_d = triton.cdiv(d, block)
-        # One warp a program: 2 or 4 warps were no faster on the H200 (scripts/probe_hc_split_sum.py).
+        # One warp a program: 2 or 4 warps were no faster on the H200 (benchmarks/probe_hc_split_sum.py).
         _hc_split_sum_kernel[(triton.cdiv(T, SINKHORN_TOKENS) + T * n_d,)](
             p_mix=mix, p_rsqrt=rsqrt, p_flat=flat, p_scale=scale, p_base=base, p_x=x, p_post=post, p_comb=comb,
             T=T, stride_mix=mix.stride(0), stride_flat=flat.stride(0), stride_x=x.stride(0), eps=eps,

@@ -11,8 +11,8 @@ Four callables, each on the rotating input sets of the main bench (bench.py) ove
   121-141, with the backend's arguments and the partial's use_legacy=True); its scheduler metadata is
   filled by the first call on each input set, outside the timed calls, as SGLang fills it by the first
   layer of a step and reuses it in the others. Timed when `flash_mla` imports;
-- "FlashMLA source": FlashMLA built from source behind scripts/anchor_flashmla (the anchor of issue 13,
-  scripts/bench_flashmla_anchor.py), when its library is present (DSV4OPT_FLASHMLA_ANCHOR, default
+- "FlashMLA source": FlashMLA built from source behind benchmarks/anchor_flashmla (the anchor of issue 13,
+  benchmarks/bench_flashmla_anchor.py), when its library is present (DSV4OPT_FLASHMLA_ANCHOR, default
   .anchor/libflashmla_anchor.so in the checkout).
 
 Each is checked against the float64 reference on the first input set before it is timed, its outputs
@@ -44,7 +44,7 @@ PEER_TOL = 5e-3  # o
 PEER_TOL_LSE = 1e-5
 ROOT = Path(__file__).resolve().parents[3]
 ANCHOR_LIB = Path(os.environ.get("DSV4OPT_FLASHMLA_ANCHOR", ROOT / ".anchor" / "libflashmla_anchor.so"))
-ANCHOR_SCRIPT = ROOT / "scripts" / "bench_flashmla_anchor.py"
+ANCHOR_SCRIPT = ROOT / "benchmarks" / "bench_flashmla_anchor.py"
 MMA, SLOT, SHIPPED, SOURCE = "mma-attn", "mma-attn slot", "FlashMLA 1.0.0", "FlashMLA source"
 # The issue's targets for the Hopper slot against the shipped FlashMLA, reported, never asserted.
 TARGETS = {64: 1.3, 32: 1.1}
@@ -134,7 +134,7 @@ def shipped_flash_mla():
 def _anchor():
     """(the anchor script module and its library, "yes"), else (None, why not)."""
     if not ANCHOR_LIB.exists():
-        return None, f"{ANCHOR_LIB} not found (scripts/anchor_flashmla/build.sh builds it)"
+        return None, f"{ANCHOR_LIB} not found (benchmarks/anchor_flashmla/build.sh builds it)"
     if not ANCHOR_SCRIPT.exists():
         return None, f"{ANCHOR_SCRIPT} not found (run from the checkout)"
     spec = importlib.util.spec_from_file_location("bench_flashmla_anchor", ANCHOR_SCRIPT)

@@ -402,22 +402,22 @@ def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles)
     return "triton"
 
 
-# The FP8 Gluon loop (kernel_gluon_fp8.py), on since scripts/probe_mma_attn_fp8_gluon.py passed its
+# The FP8 Gluon loop (kernel_gluon_fp8.py), on since benchmarks/probe_mma_attn_fp8_gluon.py passed its
 # 70-case correctness table on the H200 and timed it 1.3-1.4x faster than the block-level kernel
 # from B = 16 (commit d234bee, docs/kernels/mma_attn.md). False sends FP8 caches back to kernel.py.
 GLUON_FP8_ENABLED = True
 # The FP8 Gluon loop's split merge in each request's last program (kernel_gluon_fp8._merge_if_last)
-# instead of the combine launch: correct on the H200 (scripts/probe_mma_attn_fp8_gluon.py --variants
+# instead of the combine launch: correct on the H200 (benchmarks/probe_mma_attn_fp8_gluon.py --variants
 # merge, commit f8ad5ef) but slower at every B, so off; only kernel_gluon_fp8.py's loop has it.
 GLUON_FP8_MERGE_IN_KERNEL = False
 # The warp-specialised FP8 loop (kernel_gluon_fp8_ws.py: a producer partition gathers and
 # dequantises, the consumers multiply) in place of kernel_gluon_fp8.py's loop: on since
-# scripts/probe_mma_attn_fp8_gluon.py --variants ws passed its 70-case table on the H200 and timed it
+# benchmarks/probe_mma_attn_fp8_gluon.py --variants ws passed its 70-case table on the H200 and timed it
 # faster from B = 16 (docs/kernels/mma_attn.md). False: kernel_gluon_fp8.py's loop, as before.
 GLUON_FP8_WS = True
 # The warp-specialised loop over bf16 rows (kernel_gluon_bf16_ws.py: one launch over both caches,
 # a producer partition gathering straight into the consumers' ring) in place of kernel_gluon.py
-# once per cache: on since scripts/probe_mma_attn_fp8_gluon.py --kv bf16 --variants ws passed its
+# once per cache: on since benchmarks/probe_mma_attn_fp8_gluon.py --kv bf16 --variants ws passed its
 # 70-case table on the H200 and timed it 1.74x faster at B = 64 (commit 60eaba6). False: kernel_gluon.py.
 GLUON_BF16_WS = True
 # How the warp-specialised loops write their partials: through shared memory in whole lines

@@ -14,7 +14,7 @@
 //   store    each CTA writes its half of o, no exchange, no merge: the floor under `cluster`.
 //
 // Build and run on the GPU machine (nvcc 13.0 there):
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a scripts/probe_cluster_merge.cu -o /tmp/pcm && /tmp/pcm
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/probe_cluster_merge.cu -o /tmp/pcm && /tmp/pcm
 // Prints, per B, each variant's CUDA-graph time per call (median of 30 replays of 20 calls) and
 // the float64 check of the three merges (max |o - ref| over max |ref|, lse the same; an
 // unwritten NaN counts as infinite), before and after the replays; exits 1 if a check fails.

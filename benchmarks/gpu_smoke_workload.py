@@ -1,6 +1,6 @@
 """GPU smoke test of the embedded workload: correctness first, then memory and graph timing.
 
-    python scripts/gpu_smoke_workload.py [--concurrency 32] [--context 8192] [--steps 10] [--skip-full]
+    python benchmarks/gpu_smoke_workload.py [--concurrency 32] [--context 8192] [--steps 10] [--skip-full]
 
 1. dsv4-tiny on the GPU (every Triton kernel compiled; float32 and bf16 activations, FP8 and bf16
    KV layouts) against the float64 reference;

@@ -5,7 +5,7 @@ Each copy of the source's events is shifted in time past the previous copy, and 
 events (correlation, External id, flow id, Python ids) is offset, so the copies stay distinct steps
 (ProfilerStep#N is renumbered too). The output is plain JSON (not gzip), written event by event.
 
-    python scripts/make_big_trace.py ../shared/traces/tracelens_h100_qwen1.5_0.5b.json.gz /tmp/big.json --mb 250
+    python benchmarks/make_big_trace.py ../shared/traces/tracelens_h100_qwen1.5_0.5b.json.gz /tmp/big.json --mb 250
 
 Do not commit the output.
 """

@@ -6,10 +6,10 @@ has a 64-head instance with a second ("extra") cache, so it runs on the very inp
 bench mma-attn --kv fp8`: the window cache as its main cache, the compressed cache as the extra one,
 the same rotating input sets over the same 4 GB pool, the same CUDA-graph medians.
 
-    FLASHMLA=... CUTLASS=... bash scripts/anchor_flashmla/build.sh        # here: nvcc, no GPU
-    PYTHONPATH=. python3 scripts/bench_flashmla_anchor.py --json OUT.json  # on the H200
+    FLASHMLA=... CUTLASS=... bash benchmarks/anchor_flashmla/build.sh        # here: nvcc, no GPU
+    PYTHONPATH=. python3 benchmarks/bench_flashmla_anchor.py --json OUT.json  # on the H200
 
-The library is FlashMLA's own decode kernel, scheduler and combine behind scripts/anchor_flashmla/
+The library is FlashMLA's own decode kernel, scheduler and combine behind benchmarks/anchor_flashmla/
 shim.cu. Its scheduler metadata is computed once per input set, outside the timed calls, as
 FlashMLA's interface expects (once per decoding step, shared by the layers). Both kernels are
 checked against a float64 reference on the first input set of each batch before anything is timed.
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     if not os.path.exists(args.lib):
-        raise SystemExit(f"{args.lib} not found: build it with scripts/anchor_flashmla/build.sh")
+        raise SystemExit(f"{args.lib} not found: build it with benchmarks/anchor_flashmla/build.sh")
     lib = ctypes.CDLL(args.lib)
     lib.anchor_sched.argtypes = lib.anchor_decode.argtypes = [ctypes.POINTER(AnchorArgs)]
     from dsv4opt.numerics import nan_poisoned_allocations

@@ -1,7 +1,7 @@
 """The FP8 Gluon main loop (kernel_gluon_fp8.py) and its variants on a Hopper GPU: correctness
 first, then timing.
 
-    PYTHONPATH=. python3 scripts/probe_mma_attn_fp8_gluon.py --variants loop,merge --json $OUT/fp8_gluon.json
+    PYTHONPATH=. python3 benchmarks/probe_mma_attn_fp8_gluon.py --variants loop,merge --json $OUT/fp8_gluon.json
 
 Variants (--variants, comma-separated; each is the dispatch's switches for the calls inside):
   loop       the loop writing partials, kernel.py's combine merging them (production 1fb1376 to

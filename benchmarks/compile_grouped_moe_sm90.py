@@ -1,6 +1,6 @@
 """Compile grouped-moe's two GEMM kernels for sm_90a without a GPU and print what ptxas and the PTX say.
 
-    python3 scripts/compile_grouped_moe_sm90.py [--layout dp-ep,tp4] [--concurrency 1,32] [--dump DIR]
+    python3 benchmarks/compile_grouped_moe_sm90.py [--layout dp-ep,tp4] [--concurrency 1,32] [--dump DIR]
 
 Needs Triton 3.6 (the H200's) and no GPU: the launch's types and constexprs are written out here
 for the layout's shapes and the config `configs.choose` gives. Prints registers, spills, shared

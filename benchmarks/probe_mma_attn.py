@@ -1,7 +1,7 @@
 """mma-attn tile variants on a GPU: each checked against the float64 reference, then timed the way
 `dsv4opt bench mma-attn` times (CUDA-graph replays over rotating input sets larger than L2).
 
-    PYTHONPATH=. python3 scripts/probe_mma_attn.py --kv fp8 --batch 1,16,32,64 [--json out.json]
+    PYTHONPATH=. python3 benchmarks/probe_mma_attn.py --kv fp8 --batch 1,16,32,64 [--json out.json]
 
 Variants are named overrides of the tiles `choose_tiles` picks for each B (see VARIANTS); the
 default row is what the dispatch runs. Prints one line a (B, variant): median µs, fraction of the

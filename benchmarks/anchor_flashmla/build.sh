@@ -2,7 +2,7 @@
 # Build .anchor/libflashmla_anchor.so: FlashMLA's Hopper sparse FP8 decode (MODEL1, 64 and 128 heads), its
 # scheduler and its combine, behind shim.cu's C ABI. FlashMLA's sources are not in this tree:
 #   FLASHMLA=<checkout of deepseek-ai/FlashMLA at 9241ae3> CUTLASS=<NVIDIA/cutlass at 147f567, its
-#   submodule pin> bash scripts/anchor_flashmla/build.sh
+#   submodule pin> bash benchmarks/anchor_flashmla/build.sh
 # Needs nvcc >= 12.8 (13.0 here); no GPU and no torch: the .so is carried to the GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +18,7 @@ srcs=("$FLASHMLA/csrc/sm90/decode/sparse_fp8/instantiations/model1_persistent_h6
       "$FLASHMLA/csrc/sm90/decode/sparse_fp8/instantiations/model1_persistent_h128.cu"
       "$FLASHMLA/csrc/smxx/decode/combine/combine.cu"
       "$FLASHMLA/csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu"
-      scripts/anchor_flashmla/shim.cu)
+      benchmarks/anchor_flashmla/shim.cu)
 objs=() pids=()
 for s in "${srcs[@]}"; do
     o=".anchor/$(basename "${s%.cu}").o"

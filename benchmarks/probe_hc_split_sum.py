@@ -2,7 +2,7 @@
 against the baseline's standalone Sinkhorn kernel and a one-store kernel (the launch floor), each
 the median of CUDA-graph replays over rotating input sets, as `dsv4opt bench fuse-glue` times.
 
-    PYTHONPATH=. python3 scripts/probe_hc_split_sum.py [--batch 1,32,64] [--json OUT]
+    PYTHONPATH=. python3 benchmarks/probe_hc_split_sum.py [--batch 1,32,64] [--json OUT]
 
 Variants: the shipped launch; its Sinkhorn programs alone; its Sinkhorn cut to one iteration (what
 the 20 dependent iterations cost); the shipped kernel at 2 and 4 warps; and the version before it

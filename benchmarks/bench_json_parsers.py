@@ -2,7 +2,7 @@
 """JSON decoders on the same chrome traces: wall, CPU and peak memory, one fresh process per row.
 
     pip install orjson ijson          # msgspec is a dsv4opt dependency; the others are not
-    python scripts/bench_json_parsers.py /tmp/dsv4opt-bench/h100-54mb.json /tmp/dsv4opt-bench/h100-500mb.json
+    python benchmarks/bench_json_parsers.py /tmp/dsv4opt-bench/h100-54mb.json /tmp/dsv4opt-bench/h100-500mb.json
 
 Each row decodes every event of traceEvents and sums the `dur` of the GPU events (the check: every
 row must give the same count and sum as `dsv4opt.trace.read_trace`; a row that does not is marked

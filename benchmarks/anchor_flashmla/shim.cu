@@ -1,5 +1,5 @@
 // A C ABI over FlashMLA's Hopper sparse FP8 decode (the MODEL1 layout, 64 or 128 heads), so that
-// scripts/bench_flashmla_anchor.py can time it on the inputs `dsv4opt bench mma-attn --kv fp8`
+// benchmarks/bench_flashmla_anchor.py can time it on the inputs `dsv4opt bench mma-attn --kv fp8`
 // uses, in the same run. Built by build.sh against FlashMLA's own sources (not part of this tree):
 // the decode kernel, its scheduler-metadata kernel and its split combine, called in the order
 // FlashMLA's own sparse_attn_decode_interface calls them (csrc/api/sparse_decode.h there).

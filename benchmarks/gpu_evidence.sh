@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 evidence runs, by stage: bash scripts/gpu_evidence.sh STAGE [STAGE ...]
+# The H200 evidence runs, by stage: bash benchmarks/gpu_evidence.sh STAGE [STAGE ...]
 #   smoke        workload smoke test (4 layers)
 #   fixtures     small real traces of our own workload for tests/data (3 layers, graph + eager)
 #   walkthrough  the loop of issue 6 at C=32: profile, apply mma-attn, recommend, apply bf16-gemm, report
@@ -13,7 +13,7 @@ dsv4opt() { python3 -m dsv4opt "$@"; }
 say() { printf '\n$ dsv4opt %s\n' "$*"; }
 
 stage_smoke() {
-  timeout 240 python3 scripts/gpu_smoke_workload.py --skip-full 2>&1 | tee "$OUT/smoke.txt" | tail -25
+  timeout 240 python3 benchmarks/gpu_smoke_workload.py --skip-full 2>&1 | tee "$OUT/smoke.txt" | tail -25
 }
 
 stage_fixtures() {

@@ -1,7 +1,7 @@
 """On a machine of N GPUs: N ranks over NCCL (one GPU each, every kernel compiled) against one process
 holding every request and every expert on cuda:0, as tests/workload/test_ranks.py does over gloo.
 
-Usage: python scripts/gpu_ranks_check.py --ranks 2 [--concurrency 4] [--context 40]
+Usage: python benchmarks/gpu_ranks_check.py --ranks 2 [--concurrency 4] [--context 40]
 Prints the relative error of each step's logits; exits 1 when one exceeds 3e-2 (float32 model).
 """
 

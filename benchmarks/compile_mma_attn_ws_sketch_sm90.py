@@ -1,6 +1,6 @@
 """Feasibility sketch for a warp-specialised FP8 loop (issue 13, step 2): not a kernel of the package.
 
-    PYTHONPATH=. python3 scripts/compile_mma_attn_ws_sketch_sm90.py    # Triton 3.6, no GPU
+    PYTHONPATH=. python3 benchmarks/compile_mma_attn_ws_sketch_sm90.py    # Triton 3.6, no GPU
 
 Compiles, for sm_90a with Triton 3.6's Gluon, the building blocks the warp-specialised variant
 needs, in one gl.warp_specialize: a 4-warp producer partition that gathers u8 rows by cp.async

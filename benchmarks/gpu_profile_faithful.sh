@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Embedded profiles of the faithful baseline and its optimisations on the GPU, packed into one
 # archive under $OUT (the device tool brings back few files). Usage:
-#   DSV4OPT_COMMIT=<hash> bash scripts/gpu_profile_faithful.sh "NAME:C:CONTEXT:OPTS" ...
+#   DSV4OPT_COMMIT=<hash> bash benchmarks/gpu_profile_faithful.sh "NAME:C:CONTEXT:OPTS" ...
 # OPTS is comma-separated optimisations or "baseline". Profiles use --steps 3 --warmup 1: the
 # MoE fallback makes a step seconds long at C >= 16, and three steps vary by well under 1%.
 set -uo pipefail

@@ -1,6 +1,6 @@
 """Compile mma-attn's Gluon main loops for sm_90a without a GPU and print what ptxas says.
 
-    python3 scripts/compile_mma_attn_gluon_sm90.py [--kernel fp8,fp8-merge,bf16|both|all] [--batch 64] [--kx 512]
+    python3 benchmarks/compile_mma_attn_gluon_sm90.py [--kernel fp8,fp8-merge,bf16|both|all] [--batch 64] [--kx 512]
         [--dump DIR] [--json OUT]
 
 Needs Triton 3.6 (the version the Gluon loops are gated on) and no GPU: the launch's signature

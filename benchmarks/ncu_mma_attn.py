@@ -4,7 +4,7 @@ from HBM. The tiles are the dispatch's unless --variant names one of probe_mma_a
 
     ncu --kernel-name regex:_mma_sparse --launch-skip 4 --launch-count 1 --section SpeedOfLight \\
         --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \\
-        python3 scripts/ncu_mma_attn.py --batch 64 --kv fp8
+        python3 benchmarks/ncu_mma_attn.py --batch 64 --kv fp8
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ bf16 partials 3 µs faster at B = 64, but the call as a whole got slower, so the
 Times it per B with the dispatch's split counts over rotating partial sets (far above L2),
 CUDA-graph medians (bench.py's helper); --drive only calls it, for Nsight Compute:
 
-    PYTHONPATH=. python3 scripts/probe_combine.py --batch 16,32,64 --json OUT
+    PYTHONPATH=. python3 benchmarks/probe_combine.py --batch 16,32,64 --json OUT
     ncu --kernel-name regex:_attn_combine --launch-skip 4 --launch-count 1 --section SpeedOfLight \\
-        --section MemoryWorkloadAnalysis_Tables python3 scripts/probe_combine.py --drive --part bf16
+        --section MemoryWorkloadAnalysis_Tables python3 benchmarks/probe_combine.py --drive --part bf16
 
 Diagnostic only.
 """

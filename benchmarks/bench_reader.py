@@ -3,10 +3,10 @@
 a plain json.load loop, same files, same machine, interleaved runs.
 
     pip install HolisticTraceAnalysis      # only for the HTA row; not a dsv4opt dependency
-    python scripts/bench_reader.py ../shared/traces/tracelens_h100_qwen1.5_0.5b.json.gz --mb 53.7 500 --repeat 3
+    python benchmarks/bench_reader.py ../shared/traces/tracelens_h100_qwen1.5_0.5b.json.gz --mb 53.7 500 --repeat 3
 
 dsv4opt's modules are compiled to bytecode first (--no-compile: not), as an installed package's
-are. Each size is built once by scripts/make_big_trace.py (whole time-shifted copies of the source,
+are. Each size is built once by benchmarks/make_big_trace.py (whole time-shifted copies of the source,
 so a size is reached to within one copy) into /tmp/dsv4opt-bench/<size>/, a folder of its own as
 HTA reads folders. Every row is a fresh process timed by /usr/bin/time (wall, user+sys CPU of the
 process and the children it waited for, peak resident memory of the largest of them), and the CPU
@@ -79,7 +79,7 @@ def build(source: Path, mb: float) -> Path:
     trace = folder / "trace.json"
     if not trace.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, str(REPO / "scripts" / "make_big_trace.py"), str(source), str(trace), "--mb", str(mb)],
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_big_trace.py"), str(source), str(trace), "--mb", str(mb)],
                        check=True)
     return trace
 
