@@ -90,3 +90,17 @@ def test_an_import_running_back_up_is_caught():
     wrong = back_up_imports(flipped)
     assert wrong and all("(loop) imports" in w for w in wrong)
     assert any("imports analysis, drawn above it" in w for w in wrong)
+
+
+def test_no_import_circle_inside_capture():
+    """capture/embedded.py runs one rank or the ranks; neither rank_run.py nor ranks.py imports it back."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "dsv4opt" / "capture"
+    for name in ("rank_run.py", "ranks.py"):
+        tree = ast.parse((root / name).read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        imported |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                     for a in n.names}
+        assert not any(m.endswith("capture.embedded") for m in imported), name

@@ -1,7 +1,7 @@
 """`profile --ranks N`: the embedded workload as N real ranks of its layout.
 
 Each rank is a process on this host (one GPU each, NCCL; or the CPU, gloo) running the same warm-up,
-profiled and timed steps as a single-rank capture (embedded.run_rank) and communicating for real
+profiled and timed steps as a single-rank capture (rank_run.run_rank) and communicating for real
 (dsv4opt/workload/collectives.py): tensor-parallel ranks (tp4 with 4 ranks, tp8 with 8) all decode
 the same C requests and all-reduce; dp-ep ranks attend for their own C requests and gather and
 combine the MoE's tokens. Each rank writes its own trace, named as SGLang names such a rank's trace,
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from dsv4opt.capture import embedded
+from dsv4opt.capture import rank_run
 from dsv4opt.capture.launcher import run_ranks
 from dsv4opt.capture.result import Captured, Progress, no_progress
 from dsv4opt.capture.settings import EmbeddedSettings
@@ -26,7 +26,7 @@ from dsv4opt.errors import CaptureError
 
 RANKS = (1, 2, 4, 8)
 # What every rank imports before it is forked, once (the fork server's preload).
-PRELOAD = ("torch", "dsv4opt.workload.model", "dsv4opt.capture.embedded")
+PRELOAD = ("torch", "dsv4opt.workload.model", "dsv4opt.capture.rank_run")
 
 
 def trace_name(stem: str, rank: int, tensor_parallel: bool = False) -> str:
@@ -44,7 +44,7 @@ def capture_ranks(settings: EmbeddedSettings, trace_dir: Path, progress: Progres
         raise CaptureError(f"--ranks {ranks}: use one of {', '.join(map(str, RANKS))}")
     if settings.experts_resident is not None:
         raise CaptureError(f"with --ranks {ranks} each rank holds experts / {ranks} of them; leave --experts-resident out")
-    plan = embedded.plan_run(settings)  # refuses a layout or config that does not split over this many ranks
+    plan = rank_run.plan_run(settings)  # refuses a layout or config that does not split over this many ranks
     tp = plan.deploy.tensor_parallel
     if plan.device.type == "cuda":
         if plan.device.index not in (None, 0):
@@ -52,14 +52,14 @@ def capture_ranks(settings: EmbeddedSettings, trace_dir: Path, progress: Progres
         if torch.cuda.device_count() < ranks:
             raise CaptureError(f"--ranks {ranks} needs {ranks} GPUs; this machine has {torch.cuda.device_count()}")
     else:
-        embedded.refuse_if_too_big(plan, settings, ranks=ranks, sharing=ranks)
+        rank_run.refuse_if_too_big(plan, settings, ranks=ranks, sharing=ranks)
     what = (f"all decode the same {settings.concurrency} requests, each with 1/{ranks} of the heads and experts' width, "
             "and all-reduce twice a layer" if tp else f"each attends for its own {settings.concurrency} requests and "
             "all-gathers and reduce-scatters the MoE's tokens")
     notes = plan.notes + [f"{ranks} ranks of {settings.layout} over {'NCCL' if plan.device.type == 'cuda' else 'gloo'}: {what}"]
     for note in notes:
         progress.note(note)
-    out = embedded.output_path(settings, plan.config_name)
+    out = rank_run.output_path(settings, plan.config_name)
     stem = out.name[: -len(".json")]
     trace_dir = Path(trace_dir)
     workdir = Path(tempfile.mkdtemp(prefix="dsv4opt-ranks-"))
@@ -83,11 +83,11 @@ def profile_rank(ctx, settings: EmbeddedSettings, trace_dir: str, stem: str) -> 
     if cuda:
         torch.cuda.set_device(device)
     ctx.join(device if cuda else None)
-    plan = embedded.plan_run(settings, device)
+    plan = rank_run.plan_run(settings, device)
     if cuda:
-        embedded.refuse_if_too_big(plan, settings, ranks=ctx.ranks)
+        rank_run.refuse_if_too_big(plan, settings, ranks=ctx.ranks)
     name = trace_name(stem, ctx.rank, plan.deploy.tensor_parallel)
-    run = embedded.run_rank(settings, plan, Path(trace_dir) / name, Path(trace_dir) / "eager" / name,
+    run = rank_run.run_rank(settings, plan, Path(trace_dir) / name, Path(trace_dir) / "eager" / name,
                             ctx.progress(), comm=ProcessGroupRanks())
     return {"trace": str(run.trace), "capture_trace": str(run.capture_trace) if run.capture_trace else None,
             "windows": run.windows, "meta": run.meta}

@@ -63,7 +63,7 @@ def sweep(
 
 
 def _profile_file(base: EmbeddedSettings, concurrency: int, optimizations: list[str], out_dir: Path) -> Path:
-    from dsv4opt.capture.embedded import default_config
+    from dsv4opt.capture.rank_run import default_config
 
     config = base.config or default_config(base.device)
     return profile_path("embedded", config, concurrency, optimizations, out_dir)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dsv4opt.capture import embedded
+from dsv4opt.capture import rank_run
 from dsv4opt.loop.profiles import profile_embedded
 from dsv4opt.capture.settings import EmbeddedSettings
 from dsv4opt.errors import CaptureError, DsvOptError
@@ -32,18 +32,18 @@ def test_too_big_is_refused_before_allocating(monkeypatch):
 
     settings = EmbeddedSettings(concurrency=32, context=8192)
     with pytest.raises(CaptureError, match="lower --layers") as exc:
-        embedded.refuse_if_too_big(_plan(ModelConfig.from_name("dsv4-flash"), "cuda", torch.bfloat16), settings)
+        rank_run.refuse_if_too_big(_plan(ModelConfig.from_name("dsv4-flash"), "cuda", torch.bfloat16), settings)
     assert "GiB" in str(exc.value)
     # Four layers fit in the same pretend GPU.
-    embedded.refuse_if_too_big(_plan(ModelConfig.from_name("dsv4-flash").with_layers(4), "cuda", torch.bfloat16), settings)
+    rank_run.refuse_if_too_big(_plan(ModelConfig.from_name("dsv4-flash").with_layers(4), "cuda", torch.bfloat16), settings)
 
 
 def test_flash_on_a_small_host_is_refused(monkeypatch):
-    monkeypatch.setattr(embedded, "_free_host_memory", lambda: 8 << 30)
+    monkeypatch.setattr(rank_run, "_free_host_memory", lambda: 8 << 30)
     from dsv4opt.workload.config import ModelConfig
 
     with pytest.raises(CaptureError, match="free on the cpu"):
-        embedded.refuse_if_too_big(_plan(ModelConfig.from_name("dsv4-flash"), "cpu", torch.float32), EmbeddedSettings())
+        rank_run.refuse_if_too_big(_plan(ModelConfig.from_name("dsv4-flash"), "cpu", torch.float32), EmbeddedSettings())
 
 
 def test_ranks_sharing_a_host_are_refused_together(monkeypatch):
@@ -54,14 +54,14 @@ def test_ranks_sharing_a_host_are_refused_together(monkeypatch):
     settings = EmbeddedSettings(concurrency=2, context=24)
     plan = _plan(ModelConfig.from_name("dsv4-tiny"), "cpu", torch.float32)
     one = estimate_memory(plan.cfg.with_expert_parallel(4), 2, 24, elem_bytes=4, max_new_tokens=64, ranks=4).total
-    monkeypatch.setattr(embedded, "_free_host_memory", lambda: int(2 * one / embedded.MEMORY_HEADROOM))
-    embedded.refuse_if_too_big(plan, settings, ranks=4)
+    monkeypatch.setattr(rank_run, "_free_host_memory", lambda: int(2 * one / rank_run.MEMORY_HEADROOM))
+    rank_run.refuse_if_too_big(plan, settings, ranks=4)
     with pytest.raises(CaptureError, match="for each of 4 ranks"):
-        embedded.refuse_if_too_big(plan, settings, ranks=4, sharing=4)
+        rank_run.refuse_if_too_big(plan, settings, ranks=4, sharing=4)
 
 
-def _plan(cfg, device: str, dtype, layout: str = "tp4", graph_context: int = 0) -> embedded.RunPlan:
+def _plan(cfg, device: str, dtype, layout: str = "tp4", graph_context: int = 0) -> rank_run.RunPlan:
     from dsv4opt.workload.layout import Layout
 
-    return embedded.RunPlan(device=torch.device(device), config_name=cfg.name, cfg=cfg, dtype=dtype, max_new=64,
+    return rank_run.RunPlan(device=torch.device(device), config_name=cfg.name, cfg=cfg, dtype=dtype, max_new=64,
                             use_graph=False, deploy=Layout.from_name(layout).deploy(cfg), graph_context=graph_context)

@@ -189,7 +189,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_compiled_blocks_replay_in_a_cuda_graph():
     """Compiled in the warm-up, captured as the profile captures a step, replayed: the replays track
     an eager twin token for token, hidden state within the gate's step bound."""
-    from dsv4opt.capture.embedded import _graph_step
+    from dsv4opt.capture.rank_run import _graph_step
     from dsv4opt.numerics import error_report
     from dsv4opt.workload.config import ModelConfig
     from dsv4opt.workload.model import DecodeWorkload
