@@ -16,6 +16,7 @@ import triton.language as tl
 from dsv4opt.errors import DsvOptError
 from dsv4opt.tritonlib import LN2, LOG2E
 from dsv4opt.workload.attention.simt import check_attention_inputs
+from dsv4opt.optimizations.mma_attn.operands import extra_offsets
 from dsv4opt.workload.kvcache import KVCache
 
 # Running max before any used slot: finite, so exp2(m_old - m_new) never evaluates inf - inf.
@@ -573,25 +574,6 @@ def merge_counts(batch: int, device: torch.device, rows: int = 1) -> torch.Tenso
         torch.cuda.current_stream(device).synchronize()
         _MERGE_COUNTS[key] = counts
     return counts
-
-
-def _offset(a: torch.Tensor, base: torch.Tensor, unit: int) -> int:
-    """Where `a` starts relative to `base`, in elements of `unit` bytes (the kernel reads both through base's pointer)."""
-    delta = a.data_ptr() - base.data_ptr()
-    assert delta % unit == 0, (delta, unit)
-    return delta // unit
-
-
-def extra_offsets(swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices,
-                  extra_lengths) -> tuple[int, int, int, int, int]:
-    """(x_delta, idx_x_delta, len_x_delta, stride_ix, kx) of a launch over both caches: where the
-    compressed cache's data (in the window cache's data elements: bytes for FP8, elements for bf16),
-    indices and lengths start relative to the window's, its indices' row stride and width. The
-    one-launch kernels read both caches through the window's pointers; all 0 on a window-only layer."""
-    if extra is None:
-        return 0, 0, 0, 0, 0
-    return (_offset(extra.data, swa.data, swa.data.element_size()), _offset(extra_indices, swa_indices, 4),
-            _offset(extra_lengths, swa_lengths, 4), extra_indices.stride(0), extra_indices.shape[1])
 
 
 def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices, extra_lengths,

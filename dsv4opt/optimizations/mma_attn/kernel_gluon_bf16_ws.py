@@ -123,7 +123,7 @@ def gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra
     `merge` (sink, o, lse, counts [2, B] int32 zeros): the request's last program merges the splits
     into o and lse instead (kernel_gluon_fp8_ws._store_or_merge), no combine needed."""
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
-    from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
+    from dsv4opt.optimizations.mma_attn.operands import extra_offsets
 
     B, H, D = q.shape
     assert H == HEADS, H

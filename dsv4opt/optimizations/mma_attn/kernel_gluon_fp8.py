@@ -368,7 +368,7 @@ def gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, ex
     merge = (sink [H], o [B, H, D], lse [B, H] fp32, count [B] int32 zeros): each request's last
     program also merges the partials with the sink into o and lse (kernel.py's combine, in the
     same launch) and leaves count at zero again."""
-    from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
+    from dsv4opt.optimizations.mma_attn.operands import extra_offsets
 
     B, H, D = q.shape
     L = swa.layout

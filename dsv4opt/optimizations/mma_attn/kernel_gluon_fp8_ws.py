@@ -427,7 +427,7 @@ def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra,
     `staged`: o written out through shared memory in whole lines. `merge` (sink, o, lse, counts
     [2, B] int32 zeros): the request's last program merges the splits into o and lse
     (`_store_or_merge`; the others' partials go staged), no combine needed."""
-    from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
+    from dsv4opt.optimizations.mma_attn.operands import extra_offsets
 
     B, H, D = q.shape
     assert H == HEADS, H
