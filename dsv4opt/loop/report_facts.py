@@ -83,10 +83,7 @@ def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4op
         elif profiles[0].time_basis == profiles[-1].time_basis:
             comparison = compare_profiles(profiles[0], profiles[-1])
             verdict = comparison.verdict
-            if comparison.change is not None:
-                tps = (comparison.throughput or {}).get("tokens_per_s")
-                head = f"tokens/s {tps['a']:.2f} -> {tps['b']:.2f}, " if tps else ""
-                throughput = head + comparison.change.line()
+            throughput = comparison.throughput_line()
     rec = recommend(profiles[-1]) if profiles else None
     return Report(
         title=title,

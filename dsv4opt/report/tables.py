@@ -254,13 +254,8 @@ def print_comparison(comparison, console: Console | None = None) -> None:
 def throughput_lines(comparison) -> list[str]:
     """tokens/s and ms/step before -> after with the verdict against the noise, then the kernel
     time per step: one line each, every figure once."""
-    lines = []
+    lines = [comparison.throughput_line()] if comparison.change is not None else []
     tput = comparison.throughput or {}
-    change = comparison.change
-    if change is not None:
-        tps = tput.get("tokens_per_s")
-        head = f"tokens/s {tps['a']:.2f} -> {tps['b']:.2f}, " if tps else ""
-        lines.append(head + change.line())
     per_step = tput.get("gpu_us_per_step")
     if per_step:
         basis = "CPU self time" if comparison.time_basis == "cpu_self" else "GPU kernel time"
