@@ -117,6 +117,7 @@ def test_sweep_and_apply(width, tmp_path, monkeypatch):
 
     monkeypatch.setattr("dsv4opt.loop.profiles.profile_embedded", fake_profile)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "sw").mkdir()
     text = run(width, "sweep", "-c", "1,64", "--with", "mma-attn", "--device", "cpu", "--config", "dsv4-flash",
                "--out-dir", "sw")
     check_lines(text, width)

@@ -257,7 +257,7 @@ def apply_to_sglang(name: str, out_dir: Path, force: bool = False) -> list[Path]
     `sglang-NAME-launch.sh` into out_dir; returns their paths.
 
     An existing file with other content is replaced only with force; otherwise the user gets an
-    error and no file is written. out_dir is created only where its parent exists.
+    error and no file is written. out_dir must exist (fileio.make_output_folder).
     """
     m = mapping_for(name)
     out_dir = Path(out_dir)

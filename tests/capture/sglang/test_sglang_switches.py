@@ -49,7 +49,7 @@ def _assignments(text: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("name", sorted(MAPPINGS))
 def test_apply_writes_env_and_flags(tmp_path, name):
-    env_path, flags_path, *_ = apply_to_sglang(name, tmp_path / "out")
+    env_path, flags_path, *_ = apply_to_sglang(name, tmp_path)
     assert env_path.name == f"sglang-{name}.env" and flags_path.name == f"sglang-{name}.flags"
     assert _assignments(env_path.read_text()) == {s.name: s.value for s in MAPPINGS[name].env}
     flags = [ln for ln in flags_path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
