@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.segment import Segments
 from rich.table import Table
 
-from dsv4opt.analysis.busy import timeline_summary
+from dsv4opt.analysis.busy import timeline_summary, whole_trace
 from dsv4opt.analysis.categories import GLUE, category_label
 from dsv4opt.analysis.names import long_name
 from dsv4opt.display import MISSING, duration, pct, value
@@ -210,6 +210,10 @@ def _print_timeline(profile, width: int, console: Console) -> None:
     for row in _fit(d, rows, headers, {0: ([r[0] for r in rows], [r[0] for r in rows], None)}, width):
         d.add_row(*map(escape, row))
     _show(console, d, width)
+    if profile.steps:
+        line = whole_trace_line(profile.timeline)
+        if line:
+            console.print(line, highlight=False)
     if not any(c.overlapped_us for c in tl.categories):
         console.print("no two categories ran at the same time: each category's busy time is all exposed", highlight=False)
         return
@@ -219,6 +223,19 @@ def _print_timeline(profile, width: int, console: Console) -> None:
     for row in _fit(c, rows, ["category", "busy", "exposed", "overlapped", "hidden"], {}, width):
         c.add_row(*row)
     _show(console, c, width)
+
+
+def whole_trace_line(timeline) -> str | None:
+    """The whole trace's busy, idle and overlap beside the per-step means, and how much of its busy
+    time the steps hold (a trace's warm-up or data loading can sit outside every step)."""
+    w = whole_trace(timeline)
+    if w is None:
+        return None
+    held = f" ({pct(w.in_steps_busy_us / w.busy_us)})" if w.busy_us else ""
+    return (f"whole trace, steps or not: span {duration(w.span_us)}, busy {duration(w.busy_us)}, idle "
+            f"{duration(w.idle_us)} ({pct(w.idle_us / w.span_us) if w.span_us else MISSING}), overlap "
+            f"{duration(w.overlap_us)}; {'its step holds' if w.steps == 1 else f'its {w.steps} profiled steps hold'} "
+            f"{duration(w.in_steps_busy_us)} of the busy time{held}")
 
 
 def _print_efficiency(profile, top: int, width: int, console: Console) -> None:
