@@ -369,8 +369,9 @@ def _range(windows: tuple[float, ...]) -> str:
     return f"{min(windows):.2f}-{max(windows):.2f}"
 
 
-# Settings that change how many tokens one step decodes.
-WORK_KEYS = ("concurrency", "ranks")
+# Settings that change how many tokens one step decodes (a layout: whether each rank decodes its own
+# C requests or all ranks decode the same C).
+WORK_KEYS = ("concurrency", "ranks", "layout")
 
 
 def throughput_change(before: Profile, after: Profile) -> ThroughputChange | None:
