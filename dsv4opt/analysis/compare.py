@@ -56,14 +56,24 @@ class Comparison:
 # Settings two profiles must share to be compared: what was run, where, at what load. Optimisations
 # may differ (that is the point); a key either profile lacks is not checked.
 SETTINGS_KEYS = ("target", "device", "config", "layers", "kv", "concurrency", "context", "steps", "experts_resident",
-                 "ranks")
+                 "ranks", "layout", "graph_context")
+# What embedded profiles from before a setting existed ran with (one dp-ep rank, index rows sized to
+# the contexts), so they are told apart from the profiles that record it.
+EMBEDDED_LEGACY = {"layout": "dp-ep", "graph_context": 0}
+
+
+def _setting(p: Profile, key: str):
+    value = p.meta.get(key)
+    if value is None and p.meta.get("target") == "embedded":
+        return EMBEDDED_LEGACY.get(key)
+    return value
 
 
 def setting_differences(a: Profile, b: Profile) -> list[str]:
     """'key: a -> b' for each run setting the two profiles both record and differ in."""
     out = []
     for key in SETTINGS_KEYS:
-        va, vb = a.meta.get(key), b.meta.get(key)
+        va, vb = _setting(a, key), _setting(b, key)
         if va is not None and vb is not None and va != vb:
             out.append(f"{key}: {va} -> {vb}")
     return out

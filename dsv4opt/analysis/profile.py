@@ -396,6 +396,8 @@ class _Meta(msgspec.Struct):
     layers: int | None = None
     experts_resident: int | None = None
     expert_parallel: int | None = None
+    layout: str | None = None
+    graph_context: int | None = None
     kv: str | None = None
     steps: int | None = None
     optimizations: list[str] | None = None

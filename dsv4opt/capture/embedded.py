@@ -10,6 +10,7 @@ With several ranks (`settings.ranks`), dsv4opt/capture/ranks.py runs the same st
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import platform
@@ -31,6 +32,7 @@ from dsv4opt.errors import CaptureError
 from dsv4opt.fileio import check_new_file, unique_path
 from dsv4opt.optimizations.registry import implementations
 from dsv4opt.workload.config import ModelConfig
+from dsv4opt.workload.layout import Deployment, Layout
 from dsv4opt.workload.memory import estimate_memory
 
 GPU_CONFIG, CPU_CONFIG = "dsv4-flash", "dsv4-tiny"
@@ -73,22 +75,32 @@ class RunPlan:
     dtype: torch.dtype
     max_new: int
     use_graph: bool
+    deploy: Deployment  # what one rank of the layout holds
+    graph_context: int  # tokens the index rows are sized to (0: as the drawn contexts need)
     notes: list[str] = field(default_factory=list)
 
 
 def plan_run(settings: EmbeddedSettings, device: torch.device | None = None) -> RunPlan:
-    """Device (picked when None), config, dtype and graph use of a run."""
+    """Device (picked when None), config, dtype, graph use, layout and graph width of a run."""
     device = device or _pick_device(settings.device)
     config_name = settings.config or default_config(settings.device)
     cfg = ModelConfig.from_name(config_name).with_layers(settings.layers)
+    ranks = getattr(settings, "ranks", 1)
+    deploy = Layout.from_name(settings.layout).deploy(cfg, ranks if ranks > 1 else None)
+    max_new = tokens_decoded(settings)
+    graph_context = cfg.max_context if settings.graph_context is None else settings.graph_context
+    longest = max(1, round(1.25 * settings.context)) + max_new
+    if graph_context and graph_context < longest:
+        raise CaptureError(f"--graph-context {graph_context} is shorter than the longest request can grow ({longest} "
+                           f"tokens at --context {settings.context}); raise it, or pass 0 to size it to the contexts")
     notes = []
     if device.type == "cpu":
         notes.append(f"no GPU in use: running {config_name} on the CPU; the ranking is over CPU operators by "
                      "self time, not GPU kernels")
     return RunPlan(device=device, config_name=config_name, cfg=cfg,
                    dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
-                   max_new=tokens_decoded(settings),
-                   use_graph=settings.cuda_graph and device.type == "cuda", notes=notes)
+                   max_new=max_new, use_graph=settings.cuda_graph and device.type == "cuda",
+                   deploy=deploy, graph_context=graph_context, notes=notes)
 
 
 def tokens_decoded(settings: EmbeddedSettings) -> int:
@@ -123,10 +135,12 @@ def run_rank(settings: EmbeddedSettings, plan: RunPlan, trace_path: Path, eager_
             cfg, concurrency=C, context=settings.context, device=device,
             experts_resident=settings.experts_resident, impls=implementations(settings.optimizations),
             seed=settings.seed, dtype=plan.dtype, kv=_kv(settings), max_new_tokens=plan.max_new,
-            on_layer=lambda i: progress.advance(), comm=comm,
+            on_layer=lambda i: progress.advance(), comm=comm, layout=settings.layout,
+            graph_context=plan.graph_context or None,
         )
-        # Every rank draws the tokens of all ranks and keeps its own, as it does its requests.
-        first = C * wl.comm.rank if wl.comm.real else 0
+        # Under DP attention every rank draws the tokens of all ranks and keeps its own, as it does
+        # its requests; tensor-parallel ranks all decode the same requests.
+        first = C * wl.comm.rank if wl.comm.real and not wl.tensor_parallel else 0
         tokens = torch.randint(cfg.vocab, (first + C,), generator=torch.Generator().manual_seed(settings.seed))
         tokens = tokens[first:].to(device)
         eager = _eager_step(wl, tokens)
@@ -156,7 +170,7 @@ def run_rank(settings: EmbeddedSettings, plan: RunPlan, trace_path: Path, eager_
             _sync(device)
             wl.comm.barrier()  # the ranks start each window together
             windows.append(_time_steps(step, settings.steps, device))
-    meta = _meta(settings, wl, plan.config_name, device, plan.use_graph, stamp)
+    meta = _meta(settings, wl, plan, device, stamp)
     compiled = CompileCounters.now().since(compiled_before)
     if compiled.graphs or compiled.graph_breaks:
         meta["compile"] = {**compiled.as_meta(), "first_step_s": first_step_s}
@@ -194,10 +208,11 @@ def output_path(settings: EmbeddedSettings, config_name: str) -> Path:
 def refuse_if_too_big(plan: RunPlan, settings: EmbeddedSettings, ranks: int = 1, sharing: int = 1) -> None:
     """Estimate weights + KV + activations of one of `ranks` ranks and refuse before allocating anything
     that will not fit; `sharing` ranks share the device's memory (a CPU's RAM)."""
-    cfg, device = plan.cfg.with_expert_parallel(ranks) if ranks > 1 else plan.cfg, plan.device
+    cfg, device = plan.cfg, plan.device
     est = estimate_memory(
         cfg, settings.concurrency, settings.context, settings.experts_resident,
         elem_bytes=plan.dtype.itemsize, kv_fp8=_kv(settings) == "fp8", max_new_tokens=plan.max_new, ranks=ranks,
+        layout=settings.layout, graph_context=plan.graph_context or None,
     )
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else _free_host_memory()
     if free is not None and sharing * est.total > MEMORY_HEADROOM * free:
@@ -294,7 +309,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
+def _meta(settings, wl, plan: RunPlan, device, stamp) -> dict:
     try:
         import triton
 
@@ -304,14 +319,18 @@ def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
     return {
         "target": "embedded",
         # what was asked, so `apply` can re-profile exactly like this run
-        "settings": settings.to_meta(device.type, config_name),
+        "settings": {**settings.to_meta(device.type, plan.config_name), "graph_context": plan.graph_context},
         "concurrency": settings.concurrency,
         "context": settings.context,
         "contexts": [int(c) for c in wl.contexts],
-        "config": config_name,
+        "config": plan.config_name,
         "layers": wl.cfg.layers,
         "experts_resident": wl.experts_resident,
-        "expert_parallel": wl.cfg.expert_parallel,  # the DP + EP ranks the MoE gathers tokens from
+        "layout": wl.deploy.layout,
+        # what one rank holds and runs: heads (and padded heads), groups, experts and their width
+        "deployment": dataclasses.asdict(wl.deploy),
+        "graph_context": plan.graph_context,  # 0: index rows as wide as the drawn contexts need
+        "expert_parallel": None if wl.tensor_parallel else wl.deploy.ranks,  # the DP + EP ranks the MoE gathers from
         # the contract's `device` is the GPU's name ("cpu" without one); device_kind re-creates the run
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "device_kind": device.type,
@@ -319,7 +338,7 @@ def _meta(settings, wl, config_name, device, use_graph, stamp) -> dict:
         "dtype": str(wl.dtype).removeprefix("torch."),
         "weights": f"fp8 block-{wl.cfg.fp8_block}, MXFP4 experts",
         "kv": wl.kv_layout,
-        "cuda_graph": use_graph,
+        "cuda_graph": plan.use_graph,
         "optimizations": list(settings.optimizations),
         "steps": settings.steps,
         "warmup": settings.warmup,

@@ -11,6 +11,8 @@ from typing import Any
 _NOT_RECORDED = ("out", "force", "trace_dir", "optimizations", "rendezvous_timeout_s")
 # Older profiles' top-level meta keys -> field names, where they differ.
 _META_ALIASES = {"device_kind": "device"}
+# What profiles from before a setting existed ran with: one dp-ep rank, index rows sized to the contexts.
+_LEGACY = {"layout": "dp-ep", "graph_context": 0}
 
 
 @dataclass
@@ -31,7 +33,11 @@ class EmbeddedSettings:
     force: bool = False  # replace an existing `out`
     trace_dir: Path | None = None  # keep the raw trace here when given
     seed: int = 0
-    ranks: int = 1  # processes of a DP-attention + EP deployment on this host (1: one rank alone, no communication)
+    layout: str = "tp4"  # how the deployment is split (dsv4opt/workload/layout.py): tp4, tp8 or dp-ep
+    # tokens SGLang's decode metadata is sized to: None = the model's context length (SGLang's
+    # default), 0 = as wide as the drawn contexts need (the project's profiles before this setting)
+    graph_context: int | None = None
+    ranks: int = 1  # processes of the deployment on this host (1: one rank alone, no communication)
     rendezvous_timeout_s: float = 120.0  # how long ranks may take to meet before the run is given up
 
     def to_meta(self, device: str, config: str) -> dict[str, Any]:
@@ -50,6 +56,8 @@ class EmbeddedSettings:
         for name in names - {"device"}:
             if name not in recorded and name in meta:
                 recorded[name] = meta[name]
+        for name, value in _LEGACY.items():
+            recorded.setdefault(name, value)
         return cls(**{k: v for k, v in recorded.items() if k in names})
 
 

@@ -212,6 +212,8 @@ def sweep(
     layers: Annotated[Optional[int], typer.Option(min=1, help="Run only the first L layers.")] = None,
     device: Annotated[Optional[str], typer.Option(metavar=DEVICE_METAVAR, help="cuda, cpu or one GPU (cuda:1); default cuda when present.")] = None,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph", help="Replay the decode step as a CUDA graph.")] = True,
+    layout: Annotated[str, typer.Option(help="tp4 (SGLang's sm_120 recipe), tp8 or dp-ep; as for profile.")] = "tp4",
+    graph_context: Annotated[Optional[int], typer.Option(min=0, help="Tokens the decode metadata is sized to; default the model's context length; 0: as the contexts need.")] = None,
     out_dir: Annotated[Optional[Path], typer.Option(help="An existing folder for the profiles, the summary and the chart (default: profiles/, made if missing).")] = None,
 ) -> None:
     """Profile each concurrency, baseline and with --with, and tabulate tokens/s and shares.
@@ -231,7 +233,7 @@ def sweep(
     concurrencies = _split_ints(concurrency)
     variants = [[get(n.strip()).name for n in v.split(",") if n.strip()] for v in with_ or []]
     base = EmbeddedSettings(context=context, steps=steps, warmup=warmup, repeat=repeat, config=config, layers=layers,
-                            device=device, cuda_graph=cuda_graph)
+                            device=device, cuda_graph=cuda_graph, layout=layout, graph_context=graph_context)
     make_output_folder(out_dir, "--out-dir")
     out_dir = out_dir or Path("profiles")
     with rich_progress() as progress:

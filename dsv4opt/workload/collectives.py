@@ -1,4 +1,9 @@
-"""How one rank's MoE reaches the other ranks' tokens, as SGLang's DP-attention + EP deployment does it.
+"""The collectives one rank runs: the all-reduces of tensor parallelism, and how a DP-attention + EP
+rank's MoE reaches the other ranks' tokens.
+
+Tensor parallelism (dsv4opt/workload/layout.py) all-reduces `wo_b`'s output and the MoE's, each
+[C, hidden] in the model dtype (deepseek_v4.py:439-448 `reduce_results`; deepseek_v2.py:948-953,
+1064-1069 `tensor_model_parallel_all_reduce`).
 
 With data-parallel attention and no all-to-all backend (`moe_a2a_backend` none, which nothing on
 sm_120 changes), SGLang's DeepSeek-V4 decoder layer (deepseek_v4.py:1495-1565 at
@@ -38,6 +43,10 @@ class ModelledRanks:
         """y: [ranks * C, ...] -> [C, ...]: this rank's rows."""
         return y[: y.shape[0] // self.ranks]
 
+    def all_reduce(self, y: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks would add the other ranks' partial outputs: left out, y as it is."""
+        return y
+
     def barrier(self) -> None:
         pass
 
@@ -67,6 +76,11 @@ class ProcessGroupRanks:
         out = torch.empty((y.shape[0] // self.ranks, *y.shape[1:]), dtype=y.dtype, device=y.device)
         self._scatter(out, y.contiguous())
         return out
+
+    def all_reduce(self, y: torch.Tensor) -> torch.Tensor:
+        """y: [C, ...] -> the sum over ranks, in place."""
+        self._dist.all_reduce(y)
+        return y
 
     def barrier(self) -> None:
         self._dist.barrier()

@@ -42,6 +42,7 @@ class ModelConfig:
     kv_tile: int  # nope values per UE8M0 scale in the FP8 KV layout
     kv_page: int  # tokens per KV page (window pages hold kv_page tokens, compressed pages kv_page / ratio)
     index_page: int  # entries per page of the indexer's key cache
+    max_context: int  # the checkpoint's context length: what SGLang sizes its decode metadata to
     routed_scale: float = 1.5
     swiglu_limit: float = 10.0
     rope_theta: float = 10000.0
@@ -120,17 +121,23 @@ CONFIGS = {
             hc=4, hc_sinkhorn_iters=20, experts=256, experts_per_token=6, expert_width=2048,
             shared_experts=1, hash_layers=3, vocab=129280, expert_parallel=8,
             fp8_block=128, kv_tile=64, kv_page=256, index_page=64,
+            # 1M tokens: SGLang's cookbook ("1M-token context", DeepSeek-V4.mdx:138 at 37ef295c7)
+            # and the checkpoint's max_position_embeddings as quoted in
+            # ../shared/docs/sglang-dsv4-deployment.md (section 4c); the checkpoint itself not read.
+            max_context=1 << 20,
         ),
         # Small enough for CPU tests, yet every code path runs: window-only, CSA with top-k smaller
         # than the compressed entries, HCA, hash routing, resident sets fewer than experts, several
-        # KV pages per request, a shared-expert shard one FP8 block wide.
+        # KV pages per request, a shared-expert shard one FP8 block wide; four output groups and an
+        # expert width of 128 so that the tp4 layout splits them (one group, 32 = one MXFP4 group of
+        # width a rank). Its maximum context is scaled down so a CPU run stays short.
         ModelConfig(
             name="dsv4-tiny", hidden=64, layers=6, heads=4, head_dim=32, rope_dim=8,
-            q_lora=32, o_groups=2, o_lora=16, window=8, window_only_layers=2,
+            q_lora=32, o_groups=4, o_lora=16, window=8, window_only_layers=2,
             csa_ratio=4, hca_ratio=16, index_heads=8, index_dim=16, index_topk=6,
-            hc=4, hc_sinkhorn_iters=20, experts=16, experts_per_token=3, expert_width=64,
+            hc=4, hc_sinkhorn_iters=20, experts=16, experts_per_token=3, expert_width=128,
             shared_experts=1, hash_layers=3, vocab=256, expert_parallel=4,
-            fp8_block=16, kv_tile=8, kv_page=16, index_page=4,
+            fp8_block=16, kv_tile=8, kv_page=16, index_page=4, max_context=1 << 14,
         ),
     )
 }

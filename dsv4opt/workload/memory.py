@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from dsv4opt.workload.config import CSA, WINDOW, ModelConfig
 from dsv4opt.workload.kvcache import KVLayout
+from dsv4opt.workload.layout import DEFAULT_LAYOUT, Layout
 from dsv4opt.workload.quant import MXFP4_GROUP
 
 FP32, INT32 = 4, 4
@@ -40,15 +41,20 @@ def kv_cache_bytes(layout: KVLayout, pages: int, elem_bytes: int) -> int:
 
 
 def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_resident: int | None = None,
-                    elem_bytes: int = 2, kv_fp8: bool = True, max_new_tokens: int = 256, ranks: int = 1) -> MemoryEstimate:
-    """Bytes for one rank of `cfg` (already cut to its layers) at C requests of up to 1.25 x context tokens.
+                    elem_bytes: int = 2, kv_fp8: bool = True, max_new_tokens: int = 256, ranks: int = 1,
+                    layout: str = DEFAULT_LAYOUT, graph_context: int | None = None) -> MemoryEstimate:
+    """Bytes for one rank of `cfg` (already cut to its layers) in `layout` at C requests of up to
+    1.25 x context tokens, index rows `graph_context` wide (None: as the contexts need).
 
-    Mirrors what DecodeWorkload allocates (tested on the tiny config). With `ranks` > 1 processes each
-    fills every cache for all ranks' requests before keeping its own: the construction transient.
+    Mirrors what DecodeWorkload allocates (tested on the tiny config). With `ranks` > 1 processes of
+    a dp-ep deployment each fills every cache for all ranks' requests before keeping its own: the
+    construction transient.
     """
+    dep = Layout.from_name(layout).deploy(cfg, ranks if ranks > 1 else None)
     C, d, e = concurrency, cfg.hidden, elem_bytes
-    R = experts_resident or cfg.experts_resident_default
-    H, D, G, I = cfg.heads, cfg.head_dim, cfg.o_groups, cfg.expert_width
+    R = experts_resident or dep.experts
+    H, D, G = cfg.heads, cfg.head_dim, cfg.o_groups
+    I, Hl, Gl = dep.expert_width, dep.heads, dep.groups
     Hi, Di = cfg.index_heads, cfg.index_dim
     max_context = max(1, round(1.25 * context)) + max_new_tokens
 
@@ -61,11 +67,12 @@ def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_re
     largest = 0  # the largest single cache: what a rank draws `ranks` times over at once
     for i in range(cfg.layers):
         kind = cfg.layer_kind(i)
-        weights += fp8_linear_bytes(cfg, cfg.q_lora + D, d) + fp8_linear_bytes(cfg, H * D, cfg.q_lora)
-        weights += fp8_linear_bytes(cfg, d, G * cfg.o_lora) + G * cfg.o_lora * (H // G * D) * e + H * FP32
+        weights += fp8_linear_bytes(cfg, cfg.q_lora + D, d) + fp8_linear_bytes(cfg, Hl * D, cfg.q_lora)
+        weights += fp8_linear_bytes(cfg, d, Gl * cfg.o_lora) + Gl * cfg.o_lora * (H // G * D) * e
+        weights += dep.padded_heads * FP32  # the sink
         weights += (2 * d + cfg.q_lora + D) * e  # norms
         weights += cfg.experts * d * e + cfg.experts * FP32  # router and its bias
-        weights += fp8_linear_bytes(cfg, 2 * cfg.shared_width, d) + fp8_linear_bytes(cfg, d, cfg.shared_width)
+        weights += fp8_linear_bytes(cfg, 2 * dep.shared_width, d) + fp8_linear_bytes(cfg, d, dep.shared_width)
         weights += mxfp4_bytes(R, 2 * I, d) + mxfp4_bytes(R, d, I)
         weights += 2 * (cfg.hc_mix * cfg.hc * d + 3 + cfg.hc_mix) * FP32
         if i < cfg.hash_layers:
@@ -88,16 +95,20 @@ def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_re
             caches += C * math.ceil(slots / cfg.index_page) * cfg.index_page * (Di + 4)
             caches += C * 8 * 4 * Di * FP32
 
-    EP = cfg.expert_parallel
+    rows = dep.moe_rows_per_request * C  # the MoE's tokens
     csa_entries = math.ceil(math.ceil(max_context / cfg.csa_ratio) / cfg.index_page) * cfg.index_page
+    if graph_context:  # the indexer's page table as wide as the graph's
+        csa_entries = math.ceil(graph_context / (cfg.index_page * cfg.csa_ratio)) * cfg.index_page
     step = C * cfg.vocab * (e + 2 * FP32)  # logits in the model dtype, fp32, and argmax input
-    step += C * csa_entries * (2 * Di + Hi + 4) * FP32  # the torch indexer: gathered pages, fp32 keys, [B, S, Hi]
-    step += EP * C * cfg.experts_per_token * (3 * I + 2 * d) * FP32  # per-slot MoE intermediates
-    step += C * H * D * 4 * FP32 + C * cfg.hc * d * 8 * FP32  # attention and hyper-connection temps
+    # the torch indexer: gathered pages, fp32 keys and [B, S, Hi] scores (about three alive at once)
+    step += C * csa_entries * (Di + 4 + 2 * Di * FP32 + 3 * Hi * FP32)
+    step += rows * cfg.experts_per_token * (3 * I + 2 * d) * FP32  # per-slot MoE intermediates
+    step += C * dep.padded_heads * D * 4 * FP32 + C * cfg.hc * d * 8 * FP32  # attention and hyper-connection temps
     build = cfg.vocab * cfg.experts * (FP32 + 2 * 8)  # hash-routing table: rand + argsort
     build = max(build, 2 * max(H * D * cfg.q_lora, d * G * cfg.o_lora) * FP32)  # a weight before quantisation
     width = cfg.expert_width * cfg.shared_experts
-    build = max(build, 3 * width * d * e + 4 * cfg.shared_width * d * FP32)  # the whole shared expert, then its shard
-    if ranks > 1:
+    build = max(build, 3 * width * d * e + 4 * dep.shared_width * d * FP32)  # the whole shared expert, then its shard
+    build = max(build, 2 * mxfp4_bytes(R, 2 * I, d))  # a layer's expert slices, then stacked
+    if ranks > 1 and not dep.tensor_parallel:  # dp-ep ranks fill every rank's caches, then keep theirs
         build = max(build, ranks * largest)
     return MemoryEstimate(weights=weights, caches=caches, activations=max(step, build) + WORKSPACE)

@@ -6,21 +6,31 @@ own kernels standing in for SGLang's TileLang/JIT/sgl-kernel ones (dsv4opt/workl
 Every part runs inside a `torch.profiler.record_function` range named after it (PARTS), and the
 step is free of host syncs so it can be captured as a CUDA graph.
 
-One rank of a deployment with data-parallel attention and expert parallelism over
-`cfg.expert_parallel` ranks: attention for the rank's own C requests; the MoE over the tokens of
-all ranks (SGLang gathers them when no all-to-all backend is set), the rank's share of the
-tensor-parallel shared expert, and per-slot GEMVs over every (token, expert) slot, where slots of
-experts on other ranks run on local expert 0 and are zeroed; then the reduce-scatter back
-(dsv4opt/workload/collectives.py). By default one process plays rank 0 alone: the other ranks'
-tokens are copies of its own, nothing is communicated, and its own tokens are routed to resident
-expert set e mod R so the step computes their whole MoE. Given the ranks of a torch.distributed
-group (`comm`), each process is one real rank: it holds experts [rank * E/N, (rank + 1) * E/N), its
-slice of every rank's requests and of the shared expert, and gathers and combines for real.
+One rank of a deployment (dsv4opt/workload/layout.py). Tensor parallel (`tp4`, SGLang's sm_120
+recipe; `tp8`): the rank holds every request, computes its slice of the query heads and pads q back
+to the model's heads for the sparse decode kernel, holds its output groups, every expert sliced along
+its intermediate width and its slice of the shared expert; `wo_b`'s output and the MoE's are
+all-reduced. Data-parallel attention with expert parallelism (`dp-ep`): attention for the rank's
+own C requests; the MoE over the tokens of all ranks (SGLang gathers them when no all-to-all
+backend is set), the rank's share of the tensor-parallel shared expert, and per-slot GEMVs over
+every (token, expert) slot, where slots of experts on other ranks run on local expert 0 and are
+zeroed; then the reduce-scatter back (dsv4opt/workload/collectives.py).
+
+By default one process plays rank 0 alone and runs no collective: under dp-ep the other ranks'
+tokens are copies of its own and its own tokens are routed to resident expert set e mod R, so the
+step computes their whole MoE; under tensor parallelism the all-reduces are left out (each would
+sum the ranks' partial outputs). Given the ranks of a torch.distributed group (`comm`), each
+process is one real rank and communicates for real.
+
+The index rows of the sparse attention and the indexer's page table are as wide as SGLang's
+CUDA-graph decode metadata when `graph_context` is given (deepseek_v4_backend.py:498: sized to the
+model's context length, whatever the batch's lengths), else as wide as the drawn contexts need.
 
 Everything random is drawn so that it does not depend on how the deployment is split: every rank
-draws the requests of all ranks and keeps its own, draws the whole shared expert and keeps its
-shard, and draws each expert from a generator of its own. N ranks of C requests therefore hold
-exactly the state of one process with N * C requests and every expert (`with_expert_parallel(1)`).
+draws the requests of all ranks and keeps its own, draws each sharded weight whole and keeps its
+slice, and draws each expert whole from a generator of its own. Under dp-ep N ranks of C requests
+therefore hold exactly the state of one process with N * C requests and every expert
+(`with_expert_parallel(1)`).
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from dsv4opt.workload.kernels.moe import moe_gate, silu_mul_clamp
 from dsv4opt.workload.kernels.norm import rms_norm
 from dsv4opt.workload.kernels.rope import kv_norm_rope_store, q_norm_rope, rope_inplace
 from dsv4opt.workload.kvcache import BF16_LAYOUT, FP8_LAYOUT, IndexKeyCache, KVCache, KVLayout
+from dsv4opt.workload.layout import DEFAULT_LAYOUT, Layout
 from dsv4opt.workload.slots import with_overrides
 from dsv4opt.workload.weights import Fp8Linear, Mxfp4Experts, derived_seed
 
@@ -94,14 +105,19 @@ class DecodeWorkload:
         max_new_tokens: int = 256,
         on_layer: Callable[[int], None] | None = None,
         comm: ModelledRanks | ProcessGroupRanks | None = None,
+        layout: str = DEFAULT_LAYOUT,
+        graph_context: int | None = None,
     ):
         if concurrency < 1 or context < 1:
             raise DsvOptError("concurrency and context must be at least 1")
         if kv not in (FP8_LAYOUT, BF16_LAYOUT):
             raise DsvOptError(f"unknown KV layout {kv!r}; use fp8 or bf16")
-        self.comm = comm or ModelledRanks(cfg.expert_parallel)
-        if self.comm.real:
-            cfg = cfg.with_expert_parallel(self.comm.ranks)
+        real = comm is not None and comm.real
+        self.deploy = dep = Layout.from_name(layout).deploy(cfg, comm.ranks if real else None)
+        self.tensor_parallel = tp = dep.tensor_parallel
+        if not tp:
+            cfg = cfg.with_expert_parallel(dep.ranks)
+        self.comm = comm or ModelledRanks(dep.ranks)
         self.cfg = cfg = cfg.with_layers(layers)
         self.concurrency = C = concurrency
         self.context = context
@@ -109,17 +125,22 @@ class DecodeWorkload:
         self.dtype = dtype
         self.kv_layout = kv
         self.seed = seed
-        self.experts_resident = R = experts_resident or cfg.experts_resident_default
+        self.experts_resident = R = experts_resident or dep.experts
+        if tp and R != dep.experts:
+            raise DsvOptError(f"under the {dep.layout} layout every rank holds all {dep.experts} experts (sliced); "
+                              "leave --experts-resident out")
         if not 1 <= R <= cfg.experts:
             raise DsvOptError(f"--experts-resident must be within 1..{cfg.experts}")
-        if self.comm.real and R != cfg.experts_resident_default:
-            raise DsvOptError(f"with {self.comm.ranks} ranks each holds {cfg.experts_resident_default} experts; "
+        if real and R != dep.experts:
+            raise DsvOptError(f"with {self.comm.ranks} ranks each holds {dep.experts} experts; "
                               "leave --experts-resident out")
         self.impls = with_overrides(IMPLEMENTATIONS, impls or {})
-        # The requests of every rank are drawn and this rank's kept (rank-major); the global ids of
-        # the experts whose weights this rank holds.
-        self._drawn, self._first = (C * self.comm.ranks, C * self.comm.rank) if self.comm.real else (C, 0)
-        first_expert = R * self.comm.rank if self.comm.real else 0
+        # Under DP attention every rank draws the requests of all ranks and keeps its own (rank-major);
+        # under tensor parallelism every rank holds them all. The slice of heads, groups, expert and
+        # shared-expert widths a rank holds is its rank's (0 when one process plays the rank).
+        self._drawn, self._first = (C * self.comm.ranks, C * self.comm.rank) if real and not tp else (C, 0)
+        self.shard = self.comm.rank
+        first_expert = R * self.comm.rank if real and not tp else 0
         self.resident_experts = range(first_expert, first_expert + R)
 
         host = torch.Generator().manual_seed(seed)
@@ -127,6 +148,10 @@ class DecodeWorkload:
         drawn = torch.randint(lo, hi + 1, (self._drawn,), generator=host)  # tokens already seen
         self.contexts = self._mine(drawn)
         self.max_context = int(drawn.max()) + max_new_tokens  # every rank's caches have the same geometry
+        if graph_context is not None and graph_context < self.max_context:
+            raise DsvOptError(f"--graph-context {graph_context} is shorter than the longest request can grow "
+                              f"({self.max_context} tokens at --context {context}); raise it or lower --context")
+        self.graph_context = graph_context  # None: index rows as wide as the drawn contexts need
         self.pos = self.contexts.to(self.device, copy=True)  # position of the token each request decodes next
         self.rows = torch.arange(C, device=self.device)
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
@@ -143,13 +168,14 @@ class DecodeWorkload:
         self.hc_head_base = torch.zeros(cfg.hc, device=self.device)
         self.final_norm = self._norm_weight(cfg.hidden)
         self.lm_head = self._randn(cfg.vocab, cfg.hidden)  # bf16 in production as well
-        # Global expert -> local weight set, by the rank whose token a gathered row is; -1 (an expert
-        # elsewhere) the slot kernels run on local expert 0 and zero. Real ranks: SGLang's
+        # dp-ep: global expert -> local weight set, by the rank whose token a gathered row is; -1 (an
+        # expert elsewhere) the slot kernels run on local expert 0 and zero. Real ranks: SGLang's
         # local_expert_mapping for every row. One process alone: its own rows route to resident set
-        # e mod R, the rows standing for other ranks' tokens to -1.
-        E, EP = cfg.experts, cfg.expert_parallel
+        # e mod R, the rows standing for other ranks' tokens to -1. Tensor parallelism has no map
+        # (SGLang builds one only with EP): every expert is local.
+        E, EP = cfg.experts, dep.ranks
         owner = torch.full((EP, E), -1, dtype=torch.int32, device=self.device)
-        if self.comm.real:
+        if real:
             owner[:, first_expert : first_expert + R] = torch.arange(R, device=self.device, dtype=torch.int32)
         else:
             owner[0] = torch.arange(E, device=self.device, dtype=torch.int32) % R
@@ -171,6 +197,12 @@ class DecodeWorkload:
     def _norm_weight(self, n: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         return 1.0 + self._randn(n, dtype=dtype or self.dtype, scale=0.1)
 
+    def _padded_sink(self, sink: torch.Tensor) -> torch.Tensor:
+        """The per-head sink as the sparse decode kernel gets it: this rank's heads, then zeros for
+        the padded heads (deepseek_v4.py:915-926 builds it once, so no launch per step)."""
+        mine = self._sliced(sink, 0)
+        return torch.cat([mine, mine.new_zeros(self.deploy.padded_heads - mine.shape[0])])
+
     def _fp8(self, out_features: int, in_features: int) -> Fp8Linear:
         return Fp8Linear(self._randn(out_features, in_features), self.cfg.fp8_block)
 
@@ -191,16 +223,32 @@ class DecodeWorkload:
         """This rank's shard of the tensor-parallel shared expert (gate and up rows, down columns),
         cut from the whole expert, which every rank draws."""
         cfg = self.cfg
-        width, shard = cfg.expert_width * cfg.shared_experts, cfg.shared_width
+        width, shard = cfg.expert_width * cfg.shared_experts, self.deploy.shared_width
         w13, w2 = self._randn(2 * width, cfg.hidden), self._randn(cfg.hidden, width)
-        cols = slice(self.comm.rank * shard, (self.comm.rank + 1) * shard)
+        cols = slice(self.shard * shard, (self.shard + 1) * shard)
         gate_up = torch.cat([w13[:width][cols], w13[width:][cols]])
         return Fp8Linear(gate_up, cfg.fp8_block), Fp8Linear(w2[:, cols].contiguous(), cfg.fp8_block)
 
     def _experts(self, layer: int, name: str, out_features: int, in_features: int) -> Mxfp4Experts:
-        """The resident experts' weight sets, each from a generator seeded by (seed, layer, name, expert)."""
+        """The resident experts' weight sets, each from a generator seeded by (seed, layer, name, expert);
+        under tensor parallelism each drawn whole and cut to this rank's slice of the intermediate
+        width (w13: its gate rows and its up rows; w2: its columns)."""
         seeds = [derived_seed(self.seed, layer, name, e) for e in self.resident_experts]
-        return Mxfp4Experts.drawn(seeds, out_features, in_features, self.device)
+        if not self.tensor_parallel:
+            return Mxfp4Experts.drawn(seeds, out_features, in_features, self.device)
+        width, part = self.cfg.expert_width, self.deploy.expert_width
+        mine = slice(self.shard * part, (self.shard + 1) * part)
+        if name == "w13":
+            rows = [mine, slice(width + mine.start, width + mine.stop)]
+            return Mxfp4Experts.drawn(seeds, out_features, in_features, self.device, rows=rows)
+        return Mxfp4Experts.drawn(seeds, out_features, in_features, self.device, cols=mine)
+
+    def _sliced(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's 1 / ranks of a weight drawn whole, along `dim` (all of it under DP attention)."""
+        if not self.tensor_parallel:
+            return t
+        n = t.shape[dim] // self.deploy.ranks
+        return t.narrow(dim, self.shard * n, n).contiguous()
 
     def _rope_tables(self) -> None:
         """cos/sin [positions, rope/2] fp32 for every position the run can reach (SGLang's freqs_cis)."""
@@ -224,11 +272,14 @@ class DecodeWorkload:
             "attn_norm": self._norm_weight(d),
             "wqkv_a": self._fp8(cfg.q_lora + D, d),  # wq_a and wkv fused (SGLANG_OPT_FUSE_WQA_WKV)
             "q_norm": self._norm_weight(cfg.q_lora),
-            "wq_b": self._fp8(H * D, cfg.q_lora),
+            # column-parallel: this rank's heads (all of them under DP attention)
+            "wq_b": Fp8Linear(self._sliced(self._randn(H * D, cfg.q_lora), 0), cfg.fp8_block),
             "kv_norm": self._norm_weight(D),
-            "sink": self._randn(H, dtype=torch.float32, scale=1.0),
-            "wo_a": self._randn(G, cfg.o_lora, H // G * D),  # bf16 (FP8_WO_A_GEMM is off on sm_120)
-            "wo_b": self._fp8(d, G * cfg.o_lora),
+            "sink": self._padded_sink(self._randn(H, dtype=torch.float32, scale=1.0)),
+            # bf16 (FP8_WO_A_GEMM is off on sm_120); this rank's output groups
+            "wo_a": self._sliced(self._randn(G, cfg.o_lora, H // G * D), 0),
+            # row-parallel: the columns of this rank's groups; the partial outputs are all-reduced
+            "wo_b": Fp8Linear(self._sliced(self._randn(d, G * cfg.o_lora), 1), cfg.fp8_block),
             "ffn_norm": self._norm_weight(d),
             "router": self._randn(cfg.experts, d),
             "router_bias": self._randn(cfg.experts, dtype=torch.float32, scale=0.1),
@@ -327,7 +378,8 @@ class DecodeWorkload:
             "swa_loc": rows * page + pos % page,
             "swa_indices": torch.where(back >= 0, rows[:, None] * page + back % page, -1).int(),
             "swa_lengths": torch.clamp(pos + 1, max=W).int(),
-            "gathered_tokens": self.comm.all_gather(tokens),  # for hash routing, once per step
+            # for hash routing, once per step: the MoE's rows (every rank's under DP attention)
+            "gathered_tokens": tokens if self.tensor_parallel else self.comm.all_gather(tokens),
         }
         for layer in self.layers:  # one compressed geometry per kind
             if layer.kind == WINDOW or layer.kind in meta:
@@ -339,15 +391,29 @@ class DecodeWorkload:
                 geo["lengths"] = done.clamp(min=1, max=cfg.index_topk).int()
                 ispan = layer.index_pages * cfg.index_page
                 geo["index_loc"] = rows * ispan + (done - 1).clamp(min=0)
-                geo["page_table"] = (rows[:, None] * layer.index_pages
-                                     + torch.arange(layer.index_pages, device=self.device)[None, :]).int()
+                # SGLang's page table reads req_to_token up to the graph's width: past a request's
+                # own pages its entries are 0, so the torch fallback gathers page 0 there.
+                j = torch.arange(self._index_pages_width(layer), device=self.device)[None, :]
+                geo["page_table"] = torch.where(j < layer.index_pages, rows[:, None] * layer.index_pages + j, 0).int()
             else:
-                width = -(-layer.slots // INDEX_ALIGN) * INDEX_ALIGN
-                j = torch.arange(width, device=self.device)[None, :]
+                j = torch.arange(self._hca_width(layer), device=self.device)[None, :]
                 geo["indices"] = torch.where(j < done[:, None], geo["base"][:, None] + j, -1).int()
                 geo["lengths"] = done.clamp(min=1).int()
             meta[layer.kind] = geo
         return meta
+
+    def _hca_width(self, layer: Layer) -> int:
+        """Slots of an HCA layer's compressed index row: the graph's width (SGLang's
+        c128_page_indices, metadata_kernel.py:60-86, 125-130), else what the drawn contexts need."""
+        entries = -(-self.graph_context // self.cfg.ratio(layer.kind)) if self.graph_context else layer.slots
+        return -(-entries // INDEX_ALIGN) * INDEX_ALIGN
+
+    def _index_pages_width(self, layer: Layer) -> int:
+        """Pages of a CSA layer's indexer page table: the graph's width in KV pages
+        (deepseek_v4_backend.py:1699-1702; dsv4/metadata.py:153-154), else the request's own."""
+        if not self.graph_context:
+            return layer.index_pages
+        return -(-self.graph_context // (self.cfg.index_page * self.cfg.csa_ratio))
 
     def _hc_pre(self, layer: Layer, sub: str, h: torch.Tensor):
         """The hyper-connection pre-mix (SGLang's hc_pre with TILELANG_MHC_PRE off, deepseek_v4.py:1234-1332)."""
@@ -367,7 +433,7 @@ class DecodeWorkload:
         with record_function("qkv"):
             qkv_a = w["wqkv_a"](x)
             q_lora = rms_norm(qkv_a[:, : cfg.q_lora], w["q_norm"], cfg.norm_eps)
-            q = q_norm_rope(w["wq_b"](q_lora).view(C, H, D), cfg.norm_eps, self.cos, self.sin, pos, R, cfg.kv_tile)
+            q = self._query(w["wq_b"](q_lora), pos)
             kv_norm_rope_store(qkv_a[:, cfg.q_lora :], w["kv_norm"], cfg.norm_eps, self.cos, self.sin, pos,
                                layer.swa, meta["swa_loc"])
         extra, extra_indices, extra_lengths = None, None, None
@@ -380,7 +446,7 @@ class DecodeWorkload:
                                                          self.cos, self.sin, pos, Hi, R)
                 self._compress(layer, x, "idx", geo["index_loc"])
                 logits = self.impls["indexer_logits"](q8, head_w, layer.index_keys, geo["done"], geo["page_table"],
-                                                      layer.index_pages * cfg.index_page)
+                                                      geo["page_table"].shape[1] * cfg.index_page)
                 extra_indices = topk_transform(logits, geo["done"], geo["base"], cfg.index_topk)
                 extra_lengths = geo["lengths"]
         elif layer.kind == HCA:
@@ -391,12 +457,27 @@ class DecodeWorkload:
         with record_function("attn"):
             o, _ = self.impls["attention"](q, layer.swa, meta["swa_indices"], meta["swa_lengths"], extra,
                                            extra_indices, extra_lengths, w["sink"], D**-0.5)
+            o = o[:, : self.deploy.heads]  # this rank's heads (a view; the padded ones are dropped)
             rope_inplace(o, self.cos, self.sin, pos, R, inverse=True)
         with record_function("o_proj"):
-            low = torch.einsum("tgd,grd->tgr", o.view(C, cfg.o_groups, -1), w["wo_a"])
+            low = torch.einsum("tgd,grd->tgr", o.view(C, self.deploy.groups, -1), w["wo_a"])
             y = w["wo_b"](low.flatten(1))
+            if self.tensor_parallel:
+                y = self.comm.all_reduce(y)  # row-parallel wo_b (reduce_results=attn_tp_size > 1)
         with record_function("mhc_post"):
             return hc_post(y, h, post, comb)
+
+    def _query(self, q: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """q [C, heads * D] -> per-head norm + rope, [C, padded heads, D]: under tensor parallelism
+        written into the first heads of an uninitialised buffer of the model's head count, as SGLang
+        pads it for the sparse decode kernel (deepseek_v4.py:909-926, q_padded = x.new_empty)."""
+        cfg, C, dep = self.cfg, self.concurrency, self.deploy
+        q = q.view(C, dep.heads, cfg.head_dim)
+        if dep.padded_heads == dep.heads:
+            return q_norm_rope(q, cfg.norm_eps, self.cos, self.sin, pos, cfg.rope_dim, cfg.kv_tile)
+        padded = q.new_empty(C, dep.padded_heads, cfg.head_dim)
+        q_norm_rope(q, cfg.norm_eps, self.cos, self.sin, pos, cfg.rope_dim, cfg.kv_tile, out=padded[:, : dep.heads])
+        return padded
 
     def _compress(self, layer: Layer, x: torch.Tensor, prefix: str, loc: torch.Tensor) -> None:
         """One compressor: kv/score projection (fp32 out), state update and pooling, norm+rope+store."""
@@ -421,16 +502,20 @@ class DecodeWorkload:
             return hc_post(y, h, post, comb)
 
     def _moe(self, layer: Layer, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """SGLang's DeepseekV2MoE on sm_120 with DP attention and EP (deepseek_v2.py:875-958)."""
+        """SGLang's DeepseekV2MoE on sm_120 (deepseek_v2.py:875-958): under tensor parallelism on the
+        rank's own tokens, every expert local, then the all-reduce; under DP attention with EP on
+        every rank's gathered tokens through the local-expert map, then the reduce-scatter."""
         cfg, w = self.cfg, layer.w
-        xg = self.comm.all_gather(x)  # dispatch: every rank's tokens (alone: copies of this rank's)
+        xg = x if self.tensor_parallel else self.comm.all_gather(x)  # dispatch (alone: copies of this rank's)
         shared = w["shared_w2"](silu_mul_clamp(w["shared_w13"](xg), cfg.swiglu_limit))
         logits = mm_out_fp32(xg, w["router"])
         table = w.get("hash_experts")
         ids, gates = moe_gate(logits, w["router_bias"], cfg.experts_per_token, tokens if table is not None else None, table)
-        local = self.impls["moe_local"](ids, self.local_expert, self.row_rank)
+        local = ids if self.tensor_parallel else self.impls["moe_local"](ids, self.local_expert, self.row_rank)
         routed = self.impls["routed_experts"](xg, local, gates, w["w13"], w["w2"], cfg.swiglu_limit, cfg.routed_scale)
         shared.add_(routed, alpha=cfg.routed_scale)
+        if self.tensor_parallel:
+            return self.comm.all_reduce(shared)  # the partial sums of every rank's expert slices
         return self.comm.reduce_scatter(shared)  # combine: this rank's rows, summed over the ranks
 
     # ---- accounting ---------------------------------------------------------------------------

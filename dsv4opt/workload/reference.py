@@ -21,7 +21,8 @@ F64 = torch.float64
 
 
 def decode_step_ref(wl, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens: [C] -> (logits [C, vocab], final hidden [C, hidden]), float64 on the CPU."""
+    """tokens: [C] -> (logits [C, vocab], final hidden [C, hidden]), float64 on the CPU: what one
+    process playing rank 0 alone computes (under tensor parallelism its slices, no all-reduce)."""
     outs = [_Request(wl, b, int(tokens[b]), int(wl.pos[b])).run() for b in range(wl.concurrency)]
     return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
 
@@ -85,7 +86,8 @@ class _Request:
 
     def attention(self, layer, x_in: torch.Tensor) -> torch.Tensor:
         cfg, w, b, p = self.cfg, layer.w, self.b, self.p
-        H, D, W = cfg.heads, cfg.head_dim, cfg.window
+        D, W = cfg.head_dim, cfg.window
+        H = w["wq_b"].out_features // D  # this rank's heads
         x = _rms(x_in, w["attn_norm"], cfg.norm_eps)
         qkv_a = _fp8_linear(w["wqkv_a"], x)
         q_lora = _rms(qkv_a[: cfg.q_lora], w["q_norm"], cfg.norm_eps)
@@ -103,12 +105,12 @@ class _Request:
                 comp = comp[self.indexer_selection(layer, x, q_lora)]
             entries = torch.cat([comp, entries])
         logits = (q @ entries.t()) * D**-0.5  # [H, K]
-        sink = _f64(w["sink"])
+        sink = _f64(w["sink"])[:H]  # the padded heads' zeros dropped
         top = torch.maximum(logits.max(-1).values, sink)
         prob = torch.exp(logits - top[:, None])
         o = prob @ entries / (torch.exp(sink - top) + prob.sum(-1))[:, None]
         o = self.rope(o, p, inverse=True)
-        G = cfg.o_groups
+        G = w["wo_a"].shape[0]  # this rank's output groups
         low = torch.einsum("gk,glk->gl", o.reshape(G, -1), _f64(w["wo_a"]))
         return _fp8_linear(w["wo_b"], low.reshape(-1))
 
@@ -166,7 +168,7 @@ class _Request:
         gates = scores[ids] / scores[ids].sum()
         routed = torch.zeros_like(x)
         for e, g in zip(ids.tolist(), gates):
-            r = e % wl.experts_resident
+            r = e if wl.tensor_parallel else e % wl.experts_resident  # the rank's slice of e, or its stand-in
             act = naive.silu_mul_clamp(w["w13"].dense(r) @ x, limit)
             routed = routed + g * (w["w2"].dense(r) @ act)
         # SGLang's sm_120 path scales the routed sum inside its MoE kernel and again when it adds

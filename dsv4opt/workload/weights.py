@@ -7,6 +7,7 @@ import hashlib
 import torch
 
 from dsv4opt.workload import quant
+from dsv4opt.workload.quant import MXFP4_GROUP
 from dsv4opt.workload.kernels.linear import block_fp8_matmul, group_quant_fp8
 
 
@@ -43,11 +44,24 @@ class Mxfp4Experts:
         self.packed, self.scales = quant.random_mxfp4((sets, out_features, in_features), in_features, generator, device)
 
     @classmethod
-    def drawn(cls, seeds: list[int], out_features: int, in_features: int, device) -> "Mxfp4Experts":
+    def drawn(cls, seeds: list[int], out_features: int, in_features: int, device,
+              rows: list[slice] | None = None, cols: slice | None = None) -> "Mxfp4Experts":
         """Random sets, one per seed, each from a generator of its own: a set depends on its seed only,
-        so a rank holding some experts has exactly the sets a process holding all of them has."""
-        sets = [quant.random_mxfp4((out_features, in_features), in_features,
-                                   torch.Generator(device=device).manual_seed(s), device) for s in seeds]
+        so a rank holding some experts has exactly the sets a process holding all of them has. Each
+        set is drawn whole and cut to `rows` (slices of the output features, concatenated) or `cols`
+        (a slice of the input features, whole MXFP4 groups): a rank's tensor-parallel slice."""
+        assert cols is None or (cols.start % MXFP4_GROUP == 0 and cols.stop % MXFP4_GROUP == 0), cols
+
+        def cut(packed: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            if rows is not None:
+                packed, scales = torch.cat([packed[r] for r in rows]), torch.cat([scales[r] for r in rows])
+            if cols is not None:
+                packed = packed[:, cols.start // 2 : cols.stop // 2]
+                scales = scales[:, cols.start // MXFP4_GROUP : cols.stop // MXFP4_GROUP]
+            return packed.contiguous(), scales.contiguous()
+
+        sets = [cut(*quant.random_mxfp4((out_features, in_features), in_features,
+                                        torch.Generator(device=device).manual_seed(s), device)) for s in seeds]
         experts = cls.__new__(cls)
         experts.packed, experts.scales = torch.stack([p for p, _ in sets]), torch.stack([q for _, q in sets])
         return experts

@@ -60,6 +60,8 @@ def test_ranks_sharing_a_host_are_refused_together(monkeypatch):
         embedded.refuse_if_too_big(plan, settings, ranks=4, sharing=4)
 
 
-def _plan(cfg, device: str, dtype) -> embedded.RunPlan:
+def _plan(cfg, device: str, dtype, layout: str = "tp4", graph_context: int = 0) -> embedded.RunPlan:
+    from dsv4opt.workload.layout import Layout
+
     return embedded.RunPlan(device=torch.device(device), config_name=cfg.name, cfg=cfg, dtype=dtype, max_new=64,
-                            use_graph=False)
+                            use_graph=False, deploy=Layout.from_name(layout).deploy(cfg), graph_context=graph_context)

@@ -23,7 +23,7 @@ from tests.helpers import REPO, merged_intervals
 
 runner = CliRunner()
 RUN = ["profile", "--config", "dsv4-tiny", "--device", "cpu", "--concurrency", "2", "--context", "24",
-       "--steps", "1", "--warmup", "0", "--repeat", "2"]
+       "--steps", "1", "--warmup", "0", "--repeat", "2", "--layout", "dp-ep"]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_two_ranks_write_one_profile_of_two_ranks(two_ranks):
     assert abs(t["tokens_per_s_per_rank"] - 2 * 1000 / t["ms_per_step"]) < 1e-6
     assert [r.rank for r in prof.ranks] == [0, 1]
     assert prof.category_share("communication") > 0
-    for line in ("2 ranks over gloo", "per rank", "slowest rank"):
+    for line in ("2 ranks of dp-ep over gloo", "per rank", "slowest rank"):
         assert line in result.output
 
 
@@ -119,18 +119,40 @@ def test_rank_balance_matches_plain_sums_over_the_traces(two_ranks):
 @pytest.mark.slow
 def test_four_ranks_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    r = runner.invoke(app, RUN[:-4] + ["--steps", "1", "--warmup", "0", "--repeat", "1", "--layers", "4", "--ranks", "4"])
+    r = runner.invoke(app, RUN[:-6] + ["--steps", "1", "--warmup", "0", "--repeat", "1", "--layers", "4", "--ranks", "4",
+                                       "--layout", "dp-ep"])
     assert r.exit_code == 0, r.output
     prof = Profile.load(next((tmp_path / "profiles").glob("*-r4-*.json")))
     assert [row.rank for row in prof.ranks] == [0, 1, 2, 3]
     assert prof.meta["expert_parallel"] == 4 and prof.rank_balance.comm_share > 0
 
 
+@pytest.mark.slow
+def test_four_tp4_ranks_all_reduce_and_step_the_same_requests(tmp_path, monkeypatch):
+    """tp4 as four processes: SGLang's TP trace names, all-reduces in every rank's trace, one set of
+    contexts, and tokens/s of the deployment equal to one rank's (every rank decodes all C)."""
+    monkeypatch.chdir(tmp_path)
+    run = [a for a in RUN[:-2]] + ["--layout", "tp4", "--ranks", "4", "--repeat", "1", "--trace-dir", str(tmp_path)]
+    run[run.index("--repeat") + 1] = "1"
+    r = runner.invoke(app, run)
+    assert r.exit_code == 0, r.output
+    prof = Profile.load(next((tmp_path / "profiles").glob("*-r4-*.json")))
+    meta, t = prof.meta, prof.throughput
+    assert (meta["layout"], meta["expert_parallel"], len(meta["contexts"])) == ("tp4", None, 2)
+    assert abs(t["tokens_per_s"] - t["tokens_per_s_per_rank"]) < 1e-9
+    files = sorted(tmp_path.glob("*.trace.json.gz"))
+    assert [f.name.rsplit("-TP-", 1)[1] for f in files] == [f"{i}.trace.json.gz" for i in range(4)]
+    for f in files:
+        names = {e.get("name") for e in json.loads(gzip.open(f).read())["traceEvents"]}
+        assert "c10d::allreduce_" in names and "c10d::_allgather_base_" not in names
+
+
 @pytest.mark.parametrize("extra, said", [
     (["--ranks", "3"], "--ranks 3: use one of 1, 2, 4, 8"),
-    (["--ranks", "8"], "dsv4-tiny cannot be spread over 8 ranks"),
+    (["--ranks", "8", "--layout", "tp8"], "dsv4-tiny cannot run the tp8 layout"),
     (["--ranks", "2", "--experts-resident", "4"], "leave --experts-resident out"),
     (["--ranks", "2", "--target", "sglang"], "--ranks is for the embedded target"),
+    (["--ranks", "2", "--layout", "tp4"], "the tp4 layout has 4 ranks; run --ranks 4 or leave it out"),
 ])
 def test_bad_ranks_are_one_line(extra, said, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -165,7 +187,8 @@ def test_a_rank_killed_mid_run_ends_the_command_with_one_line(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "0", "DSV4OPT_STATE": str(tmp_path / "state.json"), "TMPDIR": str(tmp_path),
            # the checkout first, absolute: run from its tree (PYTHONPATH=.) the cwd below would hide it
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
-    cli = subprocess.Popen([sys.executable, "-m", "dsv4opt", *RUN[:-6], "--steps", "200", "--warmup", "200", "--ranks", "2"],
+    cli = subprocess.Popen([sys.executable, "-m", "dsv4opt", *RUN[:-6], "--steps", "200", "--warmup", "200", "--ranks", "2",
+                            "--layout", "dp-ep"],
                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline, ranks, family = time.monotonic() + 120, [], []  # a loaded machine (pytest -n 12) is slow to start them

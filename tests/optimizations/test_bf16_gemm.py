@@ -66,6 +66,22 @@ def test_indexer_kernel_matches_float64(B, H, D, S):
     assert err.ok(1e-5), err
 
 
+@interpreted
+def test_indexer_kernel_at_graph_width_writes_minus_inf_past_each_request():
+    """SGLang's page table is as wide as the model's context: pages past a request's own are page 0
+    and its logits there -inf (the kernel skips those blocks without reading them)."""
+    inp = _indexer_inputs(3, 8, 32, 70)
+    narrow = _reference(inp)
+    table = inp["page_table"]
+    wide = dict(inp, page_table=torch.cat([table, torch.zeros(table.shape[0], 40, dtype=table.dtype)], 1))
+    wide["max_len"] = wide["page_table"].shape[1] * inp["cache"].page_size
+    out = kernel.indexer_logits(*check_module._to(wide, torch.device("cpu")))
+    assert out.shape == (3, wide["max_len"])
+    err = error_report(out[:, : narrow.shape[1]], narrow)
+    assert err.ok(1e-5), err
+    assert torch.isneginf(out[:, narrow.shape[1] :]).all()
+
+
 @pytest.mark.parametrize("B,H,D,S", INDEXER_SHAPES)
 def test_indexer_emulation_and_baseline_match_float64(B, H, D, S):
     """e4m3 products are exact in fp32, so only fp32 summation error remains, on either path."""

@@ -18,7 +18,7 @@ NO_KERNEL = {
     "view", "_unsafe_view", "reshape", "expand", "slice", "select", "as_strided", "t", "transpose",
     "unsqueeze", "squeeze", "detach", "alias", "permute", "unflatten", "flatten", "view_as", "empty",
     "empty_like", "empty_strided", "lift_fresh", "split", "chunk", "unbind", "_to_copy_noop", "set_",
-    "is_same_size", "lift_fresh_copy", "resolve_conj", "resolve_neg", "_reshape_alias", "diagonal",
+    "is_same_size", "lift_fresh_copy", "resolve_conj", "resolve_neg", "_reshape_alias", "diagonal", "new_empty",
 }
 
 

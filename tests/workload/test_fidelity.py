@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
+from dsv4opt.workload.layout import Layout
 from dsv4opt.workload.model import DecodeWorkload
 from tests.workload.launch_count import count_step
 
@@ -39,27 +40,38 @@ PER_LAYER = {
     # SGLang adds a reduce-scatter, which one GPU does not run
     "moe": 31,
 }
+# Tensor parallelism (tp4, tp8) changes two parts: no all-gather and no local-expert map in the MoE
+# (SGLang builds the map only with EP, token_dispatcher/standard.py:169-212); the all-reduces after
+# wo_b and after the MoE are SGLang's, not run by one rank alone. q is written into the padded
+# buffer by the norm+rope kernel itself (q_out), so padding adds no launch.
+TP_PER_LAYER = {**PER_LAYER, "moe": 29}
+# the collectives SGLang adds per layer, which one rank alone does not run
+SGLANG_COLLECTIVES = {"dp-ep": {"moe": 1}, "tp4": {"o_proj": 1, "moe": 1}}
 
 
-def expected(cfg: ModelConfig) -> dict[str, int]:
+def expected(cfg: ModelConfig, layout: str = "dp-ep") -> dict[str, int]:
     kinds = [cfg.layer_kind(i) for i in range(cfg.layers)]
+    table = PER_LAYER if layout == "dp-ep" else TP_PER_LAYER
+    if Layout.from_name(layout).deploy(cfg).groups == 1:  # one group's o_a output needs no copy to flatten
+        table = {**table, "o_proj": table["o_proj"] - 1}
     out = {}
-    for part, per in PER_LAYER.items():
+    for part, per in table.items():
         out[part] = sum(per if isinstance(per, int) else per.get(kind, 0) for kind in kinds)
     return out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="counts Triton launches through the CPU interpreter")
 @pytest.mark.slow
-def test_launches_per_part_match_sglangs_sm120_path(monkeypatch):
+@pytest.mark.parametrize("layout", ["tp4", "dp-ep"])
+def test_launches_per_part_match_sglangs_sm120_path(monkeypatch, layout):
     from tests.conftest import _empty, _empty_like
 
     # the NaN poison (tests/conftest.py) fills every new tensor: a launch the model does not make
     monkeypatch.setattr(torch, "empty", _empty)
     monkeypatch.setattr(torch, "empty_like", _empty_like)
-    wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.bfloat16, seed=0)
+    wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.bfloat16, seed=0, layout=layout)
     counted = count_step(wl, torch.tensor([3, 9]), monkeypatch)
-    want = expected(TINY)
+    want = expected(TINY, layout)
     got = {part: counted.counts[part] for part in want}
     assert got == want, {p: (got[p], want[p], counted.ops[p][: got[p] // TINY.layers + 3]) for p in want if got[p] != want[p]}
     # the per-step parts: embedding and index metadata, the head
@@ -71,3 +83,12 @@ def test_expected_table_totals_near_sglangs_per_layer_count():
     flash = ModelConfig.from_name("dsv4-flash")
     per_layer = sum(expected(flash).values()) / flash.layers
     assert 0.8 * 113 <= per_layer <= 1.2 * 113, per_layer
+
+
+def test_tp4_table_totals_near_sglangs_per_layer_count():
+    """Under tp4 SGLang's layer launches two fewer (no all-gather, no local map) and one more (a
+    second all-reduce): about 112 a layer."""
+    flash = ModelConfig.from_name("dsv4-flash")
+    ours = sum(expected(flash, "tp4").values()) / flash.layers
+    sglang = ours + sum(SGLANG_COLLECTIVES["tp4"].values())
+    assert 0.8 * 112 <= sglang <= 1.2 * 112, sglang

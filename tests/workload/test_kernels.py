@@ -228,6 +228,21 @@ def test_index_logits_torch_path_and_topk(seq_lens):
         assert chosen == expect
 
 
+def test_topk_over_a_graph_wide_row_reads_each_requests_entries_only():
+    """At SGLang's graph width a logits row is far wider than the request's entries; what lies past
+    seq_lens (here large finite values, not the contract's -inf) must never be selected."""
+    B, S = 3, 4096
+    sl = torch.tensor([700, 5, 0], device=DEV, dtype=torch.int32)
+    logits = torch.randn(B, S, device=DEV)
+    logits[torch.arange(S, device=DEV)[None, :] >= sl[:, None]] = 1e6
+    base = torch.tensor([0, 10_000, 20_000], device=DEV, dtype=torch.int32)
+    top = indexer.topk_transform(logits, sl, base, 6).cpu()
+    for b, n in enumerate(sl.tolist()):
+        chosen = sorted(int(i) - int(base[b]) for i in top[b] if i >= 0)
+        assert chosen == sorted(logits[b, :n].cpu().topk(min(6, n)).indices.tolist())
+        assert (top[b, min(6, n):] == -1).all()
+
+
 def test_routed_experts_baseline_matches_its_definition_and_skips_other_ranks_slots():
     """SGLang's per-slot path (the baseline slot) against the slot's float64 definition, with slots
     of other ranks (-1) that must contribute nothing."""

@@ -31,7 +31,7 @@ def _tokens(ranks: int) -> list[torch.Tensor]:
 
 def _single_process(ranks: int, tokens: list[torch.Tensor]) -> list[torch.Tensor]:
     wl = DecodeWorkload(TINY.with_expert_parallel(1), concurrency=ranks * C, context=CONTEXT, dtype=torch.float32,
-                        seed=SEED)
+                        seed=SEED, layout="dp-ep")
     return [wl.step(t) for t in tokens]
 
 
@@ -39,6 +39,12 @@ def _ranks(ranks: int, tokens: list[torch.Tensor], comm: str, workdir) -> list[t
     outs = run_ranks(rank_entries.step_logits, ranks, "gloo", workdir,
                      args=("dsv4-tiny", C, CONTEXT, tokens, SEED, comm), preload=PRELOAD)
     return [torch.cat([out[s] for out in outs]) for s in range(len(tokens))]
+
+
+def _tp_ranks(tokens: list[torch.Tensor], comm: str, workdir) -> list[list[torch.Tensor]]:
+    """Each tp4 rank's logits per step (every rank runs all 2C requests)."""
+    return run_ranks(rank_entries.step_logits, 4, "gloo", workdir,
+                     args=("dsv4-tiny", 2 * C, CONTEXT, tokens, SEED, comm, "tp4"), preload=PRELOAD)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -58,10 +64,30 @@ def test_a_dispatch_or_combine_that_loses_other_ranks_fails_the_comparison(broke
     assert not report.ok(10 * REL_TOL), report
 
 
+def test_tp4_ranks_together_equal_one_process_with_every_head_and_expert(tmp_path, torch_path):
+    """Four tensor-parallel ranks, each with a quarter of the heads, groups, expert and shared-expert
+    widths, all-reducing wo_b's and the MoE's partial outputs: every rank ends with the logits of
+    one process holding every head and whole expert (dp-ep over one rank draws the same weights)."""
+    tokens = _tokens(2)  # 2C requests, the same on every rank
+    single = _single_process(2, tokens)
+    for rank_out in _tp_ranks(tokens, "real", tmp_path):
+        for got, want in zip(rank_out, single):
+            report = error_report(got, want)
+            assert report.ok(REL_TOL), report
+
+
+def test_tp_ranks_that_skip_the_all_reduce_fail_the_comparison(tmp_path, torch_path):
+    tokens = _tokens(2)[:1]
+    got = _tp_ranks(tokens, "no-all-reduce", tmp_path)[0][0]
+    report = error_report(got, _single_process(2, tokens)[0])
+    assert not report.ok(10 * REL_TOL), report
+
+
 def test_one_process_with_every_expert_matches_the_float64_reference(torch_path):
     """The single process the ranks are held to is itself right: its whole MoE against the reference."""
-    wl = DecodeWorkload(TINY.with_expert_parallel(1), concurrency=3, context=CONTEXT, dtype=torch.float32, seed=SEED)
-    assert wl.experts_resident == TINY.experts and wl.cfg.shared_width == TINY.expert_width
+    wl = DecodeWorkload(TINY.with_expert_parallel(1), concurrency=3, context=CONTEXT, dtype=torch.float32, seed=SEED,
+                        layout="dp-ep")
+    assert wl.experts_resident == TINY.experts and wl.deploy.shared_width == TINY.expert_width
     tokens = torch.tensor([4, 77, 200])
     ref, _ = decode_step_ref(wl, tokens)
     report = error_report(wl.step(tokens), ref)
@@ -75,8 +101,10 @@ def test_a_rank_holds_its_slice_of_the_whole(torch_path):
     class Rank1Of2:
         real, rank, ranks = True, 1, 2
 
-    whole = DecodeWorkload(TINY.with_expert_parallel(1), concurrency=4, context=CONTEXT, dtype=torch.float32, seed=SEED)
-    part = DecodeWorkload(TINY, concurrency=2, context=CONTEXT, dtype=torch.float32, seed=SEED, comm=Rank1Of2())
+    whole = DecodeWorkload(TINY.with_expert_parallel(1), concurrency=4, context=CONTEXT, dtype=torch.float32, seed=SEED,
+                           layout="dp-ep")
+    part = DecodeWorkload(TINY, concurrency=2, context=CONTEXT, dtype=torch.float32, seed=SEED, comm=Rank1Of2(),
+                          layout="dp-ep")
     assert torch.equal(part.contexts, whole.contexts[2:]) and part.max_context == whole.max_context
     half = TINY.experts // 2
     assert list(part.resident_experts) == list(range(half, TINY.experts))

@@ -40,6 +40,11 @@ def _indexer_logits_kernel(
     m_d = o_d < D
     n = tl.load(p_len + i_b)
     m_s = o_s < max_len
+    if i_s * BLOCK_S >= n:
+        # Past the request's entries: at SGLang's graph width that is most of the row, so write
+        # the -inf the contract asks for and read nothing.
+        tl.store(p_out + i_b * stride_ob + o_s, tl.full([BLOCK_S], float("-inf"), tl.float32), mask=m_s)
+        return
     page = tl.load(p_pages + i_b * stride_pb + o_s // page_size, mask=m_s, other=0).to(tl.int64)
     slot = (o_s % page_size).to(tl.int64)
     at = page * page_bytes + slot * D  # [BS] first byte of each entry's key

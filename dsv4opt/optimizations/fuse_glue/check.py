@@ -33,6 +33,7 @@ FP32_OUT_TOL = 1e-4  # post and comb, fp32 whatever the activations: 20 Sinkhorn
 # FP8 activation quantisation that moves a block by about 1e-2 at most. A wrong region (a lost
 # scale, a slot of another rank let through) moves it by O(0.1) or more.
 BLOCK_TOL = 5e-2
+LAYOUTS = ("tp4", "dp-ep")  # the model-level part runs in both: the MoE's glue differs between them
 
 
 @dataclass(frozen=True)
@@ -124,22 +125,24 @@ def run_case(case: GlueCase, impl: Callable, device: torch.device, dtype: torch.
 
 
 def block_figures(settings: ModelSettings, device: torch.device, impls: dict[str, Callable]) -> dict[str, float]:
-    """Decode `steps` tokens; every block also runs with `impls` on the same input and state."""
+    """Decode `steps` tokens in each layout (the local-expert map and other ranks' slots run under
+    dp-ep only); every block also runs with `impls` on the same input and state."""
     from dsv4opt.workload.config import ModelConfig
     from dsv4opt.workload.model import DecodeWorkload
 
     cfg = ModelConfig.from_name(settings.config)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    wl = DecodeWorkload(cfg, concurrency=settings.concurrency, context=settings.context, device=device,
-                        layers=settings.layers, seed=0, dtype=dtype)
     reports = []
-    wl.compare_impls = dict(impls)
-    wl.on_block = lambda block, i, out, other: reports.append(error_report(other, out))
-    tokens = torch.randint(0, cfg.vocab, (settings.concurrency,), generator=torch.Generator().manual_seed(1))
-    tokens = tokens.to(device)
-    with torch.no_grad():
-        for _ in range(settings.steps):
-            tokens = wl.step(tokens).argmax(-1)
+    for layout in LAYOUTS:
+        wl = DecodeWorkload(cfg, concurrency=settings.concurrency, context=settings.context, device=device,
+                            layers=settings.layers, seed=0, dtype=dtype, layout=layout)
+        wl.compare_impls = dict(impls)
+        wl.on_block = lambda block, i, out, other: reports.append(error_report(other, out))
+        tokens = torch.randint(0, cfg.vocab, (settings.concurrency,), generator=torch.Generator().manual_seed(1))
+        tokens = tokens.to(device)
+        with torch.no_grad():
+            for _ in range(settings.steps):
+                tokens = wl.step(tokens).argmax(-1)
     return {"block_rel_worst": max(r.rel for r in reports), "block_rel_mean": sum(r.rel for r in reports) / len(reports),
             "block_nonfinite": float(sum(r.nonfinite for r in reports)), "blocks": float(len(reports))}
 

@@ -94,7 +94,7 @@ def _sort_key(x):
 
 @triton.jit
 def _topk_transform_kernel(p_logits, p_len, p_base, p_out, stride_l, stride_o,
-                           S: tl.constexpr, TOPK: tl.constexpr, K_P: tl.constexpr, BLOCK: tl.constexpr):
+                           TOPK: tl.constexpr, K_P: tl.constexpr, BLOCK: tl.constexpr):
     i_b = tl.program_id(0).to(tl.int64)
     n = tl.load(p_len + i_b)
     base = tl.load(p_base + i_b).to(tl.int32)
@@ -105,29 +105,31 @@ def _topk_transform_kernel(p_logits, p_len, p_base, p_out, stride_l, stride_o,
         tl.store(p_dst + o_k, tl.where(o_k < n, base + o_k, -1), mask=o_k < TOPK)
     else:
         # Radix select: from the top bit down keep a bit set while at least TOPK of the request's
-        # entries have keys at or above the prefix; it ends at the TOPK-th largest key.
+        # entries have keys at or above the prefix; it ends at the TOPK-th largest key. Every pass
+        # reads the request's n entries only, not the row's S (SGLang's radix_topk loops to the
+        # request's length, topk_v1.cuh:110-142): at the graph's width most of the row is unused.
         one = tl.full([], 1, tl.uint32)
         prefix = tl.full([], 0, tl.uint32)
         for bit in range(31, -1, -1):
             trial = prefix | (one << bit)
             count = tl.zeros([], tl.int32)
-            for s0 in range(0, S, BLOCK):
+            for s0 in range(0, n, BLOCK):
                 o_s = s0 + tl.arange(0, BLOCK)
-                key = _sort_key(tl.load(p_row + o_s, mask=o_s < S, other=float("-inf")))
+                key = _sort_key(tl.load(p_row + o_s, mask=o_s < n, other=float("-inf")))
                 count += tl.sum(((key >= trial) & (o_s < n)).to(tl.int32), axis=0)
             prefix = tl.where(count >= TOPK, trial, prefix)
         # The entries above the threshold, then entries at it until TOPK are placed.
         placed = tl.zeros([], tl.int32)
-        for s0 in range(0, S, BLOCK):
+        for s0 in range(0, n, BLOCK):
             o_s = s0 + tl.arange(0, BLOCK)
-            key = _sort_key(tl.load(p_row + o_s, mask=o_s < S, other=float("-inf")))
+            key = _sort_key(tl.load(p_row + o_s, mask=o_s < n, other=float("-inf")))
             take = (key > prefix) & (o_s < n)
             at = placed + tl.cumsum(take.to(tl.int32), axis=0) - 1
             tl.store(p_dst + at, base + o_s, mask=take)
             placed += tl.sum(take.to(tl.int32), axis=0)
-        for s0 in range(0, S, BLOCK):
+        for s0 in range(0, n, BLOCK):
             o_s = s0 + tl.arange(0, BLOCK)
-            key = _sort_key(tl.load(p_row + o_s, mask=o_s < S, other=float("-inf")))
+            key = _sort_key(tl.load(p_row + o_s, mask=o_s < n, other=float("-inf")))
             tie = (key == prefix) & (o_s < n)
             at = placed + tl.cumsum(tie.to(tl.int32), axis=0) - 1
             tl.store(p_dst + at, base + o_s, mask=tie & (at < TOPK))
@@ -150,7 +152,7 @@ def topk_transform(logits: torch.Tensor, seq_lens: torch.Tensor, base: torch.Ten
     out = torch.empty(B, topk, device=logits.device, dtype=torch.int32)
     if B:
         _topk_transform_kernel[(B,)](p_logits=logits, p_len=seq_lens, p_base=base, p_out=out,
-                                     stride_l=logits.stride(0), stride_o=out.stride(0), S=S, TOPK=topk,
+                                     stride_l=logits.stride(0), stride_o=out.stride(0), TOPK=topk,
                                      K_P=triton.next_power_of_2(topk), BLOCK=min(1024, triton.next_power_of_2(S)),
                                      num_warps=8)
     return out

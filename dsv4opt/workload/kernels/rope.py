@@ -154,13 +154,17 @@ def _q_norm_rope_kernel(p_q, p_out, p_cos, p_sin, p_pos, stride_qb, stride_qh, s
 
 
 def q_norm_rope(q: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
-                rope: int, tile: int) -> torch.Tensor:
-    """q: [B, H, D] -> per-head RMS norm (no weight), rope on the last `rope` dims: [B, H, D]."""
+                rope: int, tile: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [B, H, D] -> per-head RMS norm (no weight), rope on the last `rope` dims: [B, H, D],
+    into `out` when given (any head stride: the first heads of a padded buffer)."""
     if not runs_triton(q):
-        return naive.rope(naive.rms_norm(q, None, eps), cos, sin, pos)
+        y = naive.rope(naive.rms_norm(q, None, eps), cos, sin, pos)
+        return y if out is None else out.copy_(y)
     B, H, D = q.shape
     assert q.stride(2) == 1 and rope % 2 == 0
-    out = torch.empty(B, H, D, device=q.device, dtype=q.dtype)
+    if out is None:
+        out = torch.empty(B, H, D, device=q.device, dtype=q.dtype)
+    assert out.shape == q.shape and out.stride(2) == 1
     dn = D - rope
     if B:
         _q_norm_rope_kernel[(B, H)](p_q=q, p_out=out, p_cos=cos, p_sin=sin, p_pos=pos,
