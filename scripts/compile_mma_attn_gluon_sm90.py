@@ -1,11 +1,13 @@
 """Compile mma-attn's Gluon main loops for sm_90a without a GPU and print what ptxas says.
 
-    python3 scripts/compile_mma_attn_gluon_sm90.py [--kernel fp8,fp8-merge,bf16|both|all] [--batch 64] [--dump DIR] [--json OUT]
+    python3 scripts/compile_mma_attn_gluon_sm90.py [--kernel fp8,fp8-merge,bf16|both|all] [--batch 64] [--kx 512]
+        [--dump DIR] [--json OUT]
 
 Needs Triton 3.6 (the version the Gluon loops are gated on) and no GPU: the launch's signature
 and constexprs are written out here for the dsv4-flash shapes (64 heads of 512, K 512 + window
-128, the FP8 layout's page geometry), with the chunking kernel.choose_tiles/split_chunks give for
---batch on a 132-SM H200. Prints registers, spill bytes (ptxas -v on the PTX Triton produced),
+128, or --kx compressed slots: 8192 for SGLang's graph-width HCA rows; the FP8 layout's page
+geometry), with the splits kernel.choose_tiles/split_chunks give for --batch on a 132-SM H200
+(each program's share of the used slots is worked out in the kernel from the lengths). Prints registers, spill bytes (ptxas -v on the PTX Triton produced),
 Triton's shared memory, and what the PTX holds (cp.async by width, zero-filling ones, wgmma).
 """
 
@@ -45,23 +47,27 @@ def _signature(fn, types: dict, constexprs: dict) -> tuple[dict, dict]:
 DIVISIBLE = {"stride_qb", "stride_ob", "stride_oh", "stride_kv", "stride_ib", "stride_iw", "stride_ix", "H", "x_delta", "idx_x_delta", "len_x_delta"}
 
 
+KX = ModelConfig.from_name("dsv4-flash").index_topk  # compressed slots a row (--kx)
+
+
 def _chunking(batch: int) -> tuple[int, int]:
+    """(slots per split with every slot used, splits) at `batch`."""
     cfg = ModelConfig.from_name("dsv4-flash")
-    t = kernel.choose_tiles(max(batch, kernel.SMALL_BATCH_MAX + 1), cfg.heads, cfg.index_topk + cfg.window,
+    t = kernel.choose_tiles(max(batch, kernel.SMALL_BATCH_MAX + 1), cfg.heads, KX + cfg.window,
                             torch.device("cpu"), cfg.head_dim, fp8=True)
     if batch <= kernel.SMALL_BATCH_MAX:  # the Gluon loops use the whole-width family at every B
         t = kernel.Tiles(64, 64, max(1, round(132 / batch)), 8, 2)
-    return kernel.split_chunks(cfg.index_topk + cfg.window, t.block_k, t.nsplit)
+    return kernel.split_chunks(KX + cfg.window, t.block_k, t.nsplit)
 
 
 def _fp8_launch(batch: int) -> tuple[dict, dict]:
     """Constexprs and argument types both FP8 loops share: the dsv4-flash shapes and page geometry,
     the chunking for `batch` on a 132-SM H200."""
     cfg = ModelConfig.from_name("dsv4-flash")
-    chunk, nsplit = _chunking(batch)
+    _, nsplit = _chunking(batch)
     lw = KVLayout(True, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, cfg.window_page)
     lx = KVLayout(True, cfg.head_dim - cfg.rope_dim, cfg.rope_dim, cfg.kv_tile, cfg.extra_page("csa"))
-    constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, PS_W=lw.page_size,
+    constexprs = dict(KW=cfg.window, KX=KX, NSPLIT=nsplit, PS_W=lw.page_size,
                       PB_W=lw.page_bytes, PS_X=lx.page_size, PB_X=lx.page_bytes, D=cfg.head_dim, BH=cfg.heads)
     types = dict(p_q="*bf16", p_kv8="*u8", p_kv16="*bf16", p_kv32="*i32", p_idx="*i32", p_len="*i32",
                  p_o_part="*fp32", p_lse_part="*fp32", stride_qb="i32", stride_iw="i32", stride_ix="i32", H="i32",
@@ -78,7 +84,7 @@ def fp8_source(batch: int, merge: bool = False):
     sig, attrs = _signature(g.gluon_fp8_sparse_decode_kernel, types, constexprs)
     name = "FP8 loop + merge" if merge else "FP8 loop"
     return GluonASTSource(g.gluon_fp8_sparse_decode_kernel, sig, constexprs, attrs), \
-        f"{name}, B {batch}: chunk {constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
+        f"{name}, B {batch}, K {KX}: {constexprs['NSPLIT']} splits"
 
 
 # the warp-specialised loops' merge arguments (read only with MERGE)
@@ -97,15 +103,15 @@ def fp8_ws_source(batch: int, staged: bool = False, part: str = "fp32", merge: b
     how = f", {part} partials{' staged' if staged else ''}" if staged or part != "fp32" else ""
     how += ", merged in the last program" if merge else ""
     return GluonASTSource(g.gluon_fp8_ws_sparse_decode_kernel, sig, constexprs, attrs), \
-        f"FP8 warp-specialised{how}, B {batch}: chunk {constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
+        f"FP8 warp-specialised{how}, B {batch}, K {KX}: {constexprs['NSPLIT']} splits"
 
 
 def _bf16_ws_launch(batch: int, staged: bool, part: str, merge: bool) -> tuple[dict, dict]:
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
 
     cfg = ModelConfig.from_name("dsv4-flash")
-    chunk, nsplit = _chunking(batch)
-    constexprs = dict(KW=cfg.window, KX=cfg.index_topk, CHUNK=chunk, NSPLIT=nsplit, D=cfg.head_dim, BH=cfg.heads,
+    _, nsplit = _chunking(batch)
+    constexprs = dict(KW=cfg.window, KX=KX, NSPLIT=nsplit, D=cfg.head_dim, BH=cfg.heads,
                       BK=ws.BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, MERGE=merge, ABLATE_=ws.ABLATE)
     types = dict(p_q="*bf16", p_kv="*bf16", p_idx="*i32", p_len="*i32", p_o_part=f"*{part}", p_lse_part="*fp32",
                  stride_qb="i32", stride_kv="i32", stride_iw="i32", stride_ix="i32", H="i32", qk_scale_log2="fp32",
@@ -121,21 +127,20 @@ def bf16_ws_source(batch: int, staged: bool = False, part: str = "fp32", merge: 
     sig, attrs = _signature(fn, types, constexprs)
     return GluonASTSource(fn, sig, constexprs, attrs), \
         f"bf16 warp-specialised, {part} partials{' staged' if staged else ''}{', merged' if merge else ''}, " \
-        f"B {batch}: chunk " \
-        f"{constexprs['CHUNK']}, {constexprs['NSPLIT']} splits"
+        f"B {batch}, K {KX}: {constexprs['NSPLIT']} splits"
 
 
 def bf16_source(batch: int):
     from dsv4opt.optimizations.mma_attn import kernel_gluon as g
 
     cfg = ModelConfig.from_name("dsv4-flash")
-    chunk, nsplit = kernel.split_chunks(cfg.index_topk, 64, max(2, round(132 / batch)))
+    _, nsplit = kernel.split_chunks(KX, 64, max(2, round(132 / batch)))
     fn = g.gluon_sparse_decode_kernel
-    constexprs = dict(K=cfg.index_topk, CHUNK=chunk, SPLIT_BASE=0, NS_TOTAL=nsplit, D=cfg.head_dim, BH=cfg.heads, BK=64)
+    constexprs = dict(K=KX, NSPLIT=nsplit, SPLIT_BASE=0, NS_TOTAL=nsplit, D=cfg.head_dim, BH=cfg.heads, BK=64)
     types = dict(p_q="*bf16", p_kv="*bf16", p_idx="*i32", p_len="*i32", p_o_part="*fp32", p_lse_part="*fp32",
                  stride_qb="i32", stride_kv="i32", stride_ib="i32", H="i32", qk_scale_log2="fp32")
     sig, attrs = _signature(fn, types, constexprs)
-    return GluonASTSource(fn, sig, constexprs, attrs), f"bf16 loop (compressed cache), B {batch}: chunk {chunk}, {nsplit} splits"
+    return GluonASTSource(fn, sig, constexprs, attrs), f"bf16 loop (compressed cache), B {batch}, K {KX}: {nsplit} splits"
 
 
 # what --kernel names: the main loops, each a source for a batch size
@@ -192,13 +197,16 @@ def report(src, label: str, dump: Path | None, num_warps: int = 8) -> dict:
 
 
 def main() -> None:
+    global KX
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", default="both",
                     help=f"comma-separated, of {', '.join(VARIANTS)}; both: fp8,bf16; all: every one")
     ap.add_argument("--batch", default="64")
+    ap.add_argument("--kx", type=int, default=KX, help="compressed-cache slots a row (8192: SGLang's graph width)")
     ap.add_argument("--dump", type=Path, help="write the TTGIR, LLVM IR and PTX here")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    KX = args.kx
     print(f"Triton {triton.__version__}, target sm_90a")
     names = {"both": ["fp8", "bf16"], "all": list(VARIANTS)}.get(args.kernel, args.kernel.split(","))
     unknown = [n for n in names if n not in VARIANTS]

@@ -2,9 +2,11 @@
 
     python scripts/fidelity_table.py profiles/embedded-dsv4-flash-c32-ctx8192-baseline.json
 
-SGLang's column is counted from its source at sgl-project/sglang@37ef295c7 (docs/workload.md; the
-MoE row as traced for DP attention + EP8 without an all-to-all backend). Ours is read from the profile: launches of the part's
-record_function range per step, over the config's layers.
+SGLang's column is counted from its source at sgl-project/sglang@37ef295c7 (docs/workload.md), for the
+profile's layout: the o_proj and MoE rows differ between tensor parallelism (tp4, tp8: all-reduces, no
+gather or expert map) and DP attention + EP8 without an all-to-all backend (dp-ep; older profiles).
+Ours is read from the profile: launches of the part's record_function range per step, over the
+config's layers (one rank alone runs no collective).
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ SGLANG = {
     ("o_proj",): (4, "o_a bmm, the copy flattening its output, wo_b (2)"),
     ("moe",): (32, "all-gather, shared expert (5), router, gate, local map, per-slot MXFP4 path (21), add, reduce-scatter"),
 }
+# what tensor parallelism changes (deepseek_v4.py:439-448, deepseek_v2.py:948-953; standard.py:169-212)
+SGLANG_TP = {
+    **SGLANG,
+    ("o_proj",): (5, "o_a bmm, the copy flattening its output, wo_b (2), all-reduce"),
+    ("moe",): (30, "shared expert (5), router, gate, per-slot MXFP4 path (21), add, all-reduce"),
+}
 
 
 def main(path: str) -> None:
@@ -35,12 +43,15 @@ def main(path: str) -> None:
     steps = prof.steps["count"]
     layers = prof.meta["layers"]
     parts = {p.part: p for p in prof.parts or []}
-    print(f"From `{path}` ({prof.meta['device']}, C = {prof.meta['concurrency']}, context {prof.meta['context']}, "
-          f"commit {prof.meta.get('commit')}): launches per step {prof.steps['launches_per_step']:.0f}.\n")
+    layout = prof.meta.get("layout") or "dp-ep"
+    table = SGLANG if layout == "dp-ep" else SGLANG_TP
+    print(f"From `{path}` ({prof.meta['device']}, layout {layout}, C = {prof.meta['concurrency']}, context "
+          f"{prof.meta['context']}, commit {prof.meta.get('commit')}): launches per step "
+          f"{prof.steps['launches_per_step']:.0f}.\n")
     print("| part | ours (H200, per layer) | SGLang sm_120 (per layer) | ours / SGLang | SGLang's launches |")
     print("|---|---:|---:|---:|---|")
     total_ours = total_sgl = 0.0
-    for names, (sgl, what) in SGLANG.items():
+    for names, (sgl, what) in table.items():
         ours = sum(parts[n].count for n in names if n in parts) / steps / layers
         total_ours += ours
         total_sgl += sgl

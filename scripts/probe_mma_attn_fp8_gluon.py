@@ -20,10 +20,12 @@ Variants (--variants, comma-separated; each is the dispatch's switches for the c
 1. Correctness, per variant: mma_attention with the variant's switches on and the whole-width
    64-row tiles at every B, against the float64 reference over B {1, 3, 32, 64} x top-k {1, 100,
    512, 640} (+ the 128-slot window) x {all slots used, half -1, one request with no used slot,
-   contexts shorter than K}, window-only rows, and the compressed cache lying below the window
-   cache in memory; bf16, outputs NaN-poisoned, relative error bound 1e-2 (the gate's). One line a
-   case; FAIL lines say which output, the error, the worst element and the non-finite count. With
-   merge and ws-merge, the per-request counts must be back at zero after the table.
+   contexts shorter than K}, window-only rows, the compressed cache lying below the window
+   cache in memory, and rows at SGLang's graph width (8192 slots, at most 128 used, holes, the
+   last request with none; B 8 and 32: most of B = 8's 16 splits idle); bf16, outputs
+   NaN-poisoned, relative error bound 1e-2 (the gate's). One line a case; FAIL lines say which
+   output, the error, the worst element and the non-finite count. With merge and ws-merge, the
+   per-request counts must be back at zero after the table.
 2. Timing, only of the variants whose every case passed: B {1, 16, 32, 64}, K 512 + window 128,
    FP8 layout, CUDA-graph medians over rotating input sets (bench.py's helpers): the production
    path as dispatched today against each variant (loop: also the loop alone, without the combine);
@@ -50,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsv4opt.numerics import error_report, nan_poisoned_allocations  # noqa: E402
 from dsv4opt.optimizations.mma_attn import bench as B  # noqa: E402
 from dsv4opt.optimizations.mma_attn import kernel  # noqa: E402
-from dsv4opt.optimizations.mma_attn.cases import PATTERNS, AttnCase, AttnInputs, make_inputs  # noqa: E402
+from dsv4opt.optimizations.mma_attn.cases import GRAPH, PATTERNS, AttnCase, AttnInputs, make_inputs  # noqa: E402
 from dsv4opt.optimizations.mma_attn.check import REL_TOL  # noqa: E402
 from dsv4opt.workload.attention import sparse_attention_ref  # noqa: E402
 from dsv4opt.workload.kvcache import KVCache  # noqa: E402
@@ -171,6 +173,7 @@ def gate_cases() -> list[tuple[str, AttnCase, bool]]:
     cases = [(case(b, k, p).name, case(b, k, p), False) for b in GATE_B for k in GATE_TOPK for p in PATTERNS]
     cases += [(case(b, 0, p).name, case(b, 0, p), False) for b in (1, 64) for p in ("all", "short")]
     cases += [(case(b, 512, "half_unused").name + "-extra-below", case(b, 512, "half_unused"), True) for b in (3, 64)]
+    cases += [(case(b, 8192, GRAPH).name, case(b, 8192, GRAPH), False) for b in (8, 32)]
     return cases
 
 
@@ -236,8 +239,7 @@ def partials_only(tiles: kernel.Tiles, sets: list[tuple], swa, extra, scale: flo
 
     def fn(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale):
         with ws_config(variant):
-            launch(q, swa, swa_idx, swa_len, extra, idx, lengths, o_part, lse_part, p.chunk, p.nsplit, scale,
-                   **extra_args)
+            launch(q, swa, swa_idx, swa_len, extra, idx, lengths, o_part, lse_part, p.nsplit, scale, **extra_args)
 
     return B.rotating(fn, swa, extra, sets, scale)
 

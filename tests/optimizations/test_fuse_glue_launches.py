@@ -18,7 +18,7 @@ import torch
 
 from dsv4opt.workload.config import ModelConfig
 from tests.helpers import DATA, REPO
-from tests.workload.test_fidelity import PER_LAYER
+from tests.workload.test_fidelity import expected
 
 TINY = ModelConfig.from_name("dsv4-tiny")
 EAGER_TRACE = DATA / "h200-dsv4flash-faithful-l4-c32-eager.trace.json.gz"
@@ -29,12 +29,16 @@ TARGET = 2500
 # linear, RMS scaling, Sinkhorn, weighted sum 3), of which the last five become one launch; the MoE
 # 31, of which the local-expert map (1) and the per-slot path's 19 eager operations become four
 # launches (the map, the set-up, the activation, the combine); the scaled add stays.
+# Under tensor parallelism (tp4) the MoE is 29 with no local-expert map: its 19 eager operations
+# become three launches.
 FUSED_PER_LAYER = {"mhc_pre": 2 * (7 - 5 + 1), "moe": 31 - (1 + 19) + 4}
+FUSED_PER_LAYER_TP = {**FUSED_PER_LAYER, "moe": 29 - 19 + 3}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="counts Triton launches through the CPU interpreter")
 @pytest.mark.slow
-def test_fuse_glue_launches_per_part_on_the_tiny_config(monkeypatch):
+@pytest.mark.parametrize("layout", ["dp-ep", "tp4"])
+def test_fuse_glue_launches_per_part_on_the_tiny_config(monkeypatch, layout):
     from dsv4opt.optimizations.registry import implementations
     from dsv4opt.workload.model import DecodeWorkload
     from tests.conftest import _empty, _empty_like
@@ -44,12 +48,14 @@ def test_fuse_glue_launches_per_part_on_the_tiny_config(monkeypatch):
     monkeypatch.setattr(torch, "empty_like", _empty_like)
     layers = 2  # per-layer counts of these parts do not depend on the layer's kind
     wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.float16, seed=0, layers=layers,
-                        impls=implementations(["fuse-glue"]))
+                        impls=implementations(["fuse-glue"]), layout=layout)
     counted = count_step(wl, torch.tensor([3, 9]), monkeypatch)
+    fused = FUSED_PER_LAYER if layout == "dp-ep" else FUSED_PER_LAYER_TP
     for part in ("mhc_pre", "moe"):
-        assert counted.counts[part] == layers * FUSED_PER_LAYER[part], (part, counted.ops[part])
+        assert counted.counts[part] == layers * fused[part], (part, counted.ops[part])
+    unchanged = expected(TINY, layout)
     for part in ("attn_norm", "ffn_norm", "qkv", "o_proj", "mhc_post"):
-        assert counted.counts[part] == layers * PER_LAYER[part], part
+        assert counted.counts[part] == layers * unchanged[part] // TINY.layers, part
 
 
 def _region_sizes() -> dict[str, list[int]]:

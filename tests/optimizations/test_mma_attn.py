@@ -11,16 +11,19 @@ import importlib
 from dataclasses import replace
 import pytest
 import torch
+import triton
+import triton.language as tl
 from rich.console import Console
 from typer.testing import CliRunner
 
 from dsv4opt.cli import app
 from dsv4opt.numerics import error_report
-from dsv4opt.optimizations.mma_attn import kernel
+from dsv4opt.optimizations.mma_attn import cases, kernel
 from dsv4opt.optimizations.mma_attn.cases import AttnCase, interpreter_cases, make_inputs
 from dsv4opt.optimizations.registry import get
 from dsv4opt.report.decision import print_check
 from dsv4opt.workload.attention import sparse_attention_ref
+from dsv4opt.workload.attention.naive import used_slots
 from dsv4opt.workload.kvcache import KVCache
 from tests.helpers import needs_gpu
 
@@ -59,6 +62,112 @@ def test_tile_variants_match_reference(tiles, layout):
     ref_o, ref_lse = sparse_attention_ref(*x.args())
     assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
     assert error_report(lse, ref_lse).ok(1e-5), error_report(lse, ref_lse)
+
+
+# SGLang's graph-width rows (cases.GRAPH): 8192 compressed-cache slots a request, at most 128 used
+GRAPH_SMALL = dict(heads=8, dim=64, rope_dim=16, tile=16, window=16)
+
+
+@on_cpu
+@pytest.mark.parametrize(
+    "tiles",
+    [
+        None,
+        kernel.Tiles(16, 16, 33, 4, 1),
+        kernel.Tiles(16, 32, 5, 4, 1, block_v=32, reload_v=True),
+        kernel.Tiles(16, 64, 1, 4, 1),
+    ],
+    ids=["planned", "split33-bk16", "split5-vsplit2", "single-pass"],
+)
+@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize("layout", ["fp8", "bf16"])
+def test_graph_width_rows_match_reference(layout, batch, tiles):
+    """Rows 8192 slots wide with a few used ones (mixed lengths, holes of -1 inside the used prefix,
+    real tokens past it, the last request with no compressed slot used; outputs NaN-poisoned),
+    against the float64 reference, with the planned tiles and with splits mostly idle (33 splits
+    over at most 128 + 16 slots), a value split and a single pass."""
+    case = AttnCase(batch, 8192, cases.GRAPH, layout=layout, **GRAPH_SMALL)
+    x = make_inputs(case, "cpu", torch.float16, seed=11 + batch)
+    assert int(x.extra_lengths.max()) <= 2 * cases.GRAPH_VALID and (x.extra_indices >= 0).sum() > 8000 * batch
+    if batch > 1:
+        assert int(x.extra_lengths[-1]) == 0
+    used = used_slots(x.extra_indices, x.extra_lengths)
+    assert ((x.extra_indices < 0) & (torch.arange(8192) < x.extra_lengths[:, None])).any()  # holes inside
+    o, lse = kernel.mma_attention(*x.args(), tiles=tiles)
+    ref_o, ref_lse = sparse_attention_ref(*x.args())
+    assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
+    assert error_report(lse, ref_lse).ok(1e-5), error_report(lse, ref_lse)
+    assert used.sum() < 2 * cases.GRAPH_VALID * batch
+
+
+@on_cpu
+@pytest.mark.parametrize("layout", ["fp8", "bf16"])
+def test_graph_width_request_with_nothing_used_gets_the_sink_alone(layout):
+    """B = 1, no slot of either cache used (lengths 0, rows of real tokens): o = 0, lse = the sink."""
+    x = make_inputs(AttnCase(1, 8192, cases.GRAPH, layout=layout, **GRAPH_SMALL), "cpu", torch.float16, seed=2)
+    x.swa_lengths.zero_()
+    x.extra_lengths.zero_()
+    for tiles in (None, kernel.Tiles(16, 16, 7, 4, 1), kernel.Tiles(16, 16, 1, 4, 1)):
+        o, lse = kernel.mma_attention(*x.args(), tiles=tiles)
+        assert torch.equal(o, torch.zeros_like(o)), tiles
+        assert torch.allclose(lse, x.sink[None, :], rtol=0, atol=1e-6), tiles
+
+
+@triton.jit
+def _split_ranges_kernel(p_len, p_out, len_x_delta, KW: tl.constexpr, KX: tl.constexpr, NSPLIT: tl.constexpr,
+                         BK: tl.constexpr):
+    """(n_w, start, end) of every (request, split), as kernel.split_slots gives them to the kernels."""
+    i_b = tl.program_id(0)
+    i_s = tl.program_id(1)
+    n_w, start, end = kernel.split_slots(p_len, i_b, i_s, len_x_delta, KW, KX, NSPLIT, BK)
+    at = (i_b * NSPLIT + i_s) * 3
+    tl.store(p_out + at, n_w)
+    tl.store(p_out + at + 1, start)
+    tl.store(p_out + at + 2, end)
+
+
+def _split_ranges(lengths_w, lengths_x, kw, kx, nsplit, bk):
+    B = len(lengths_w)
+    lengths = torch.tensor(list(lengths_w) + list(lengths_x), dtype=torch.int32)
+    out = torch.full((B, nsplit, 3), -7, dtype=torch.int32)
+    _split_ranges_kernel[(B, nsplit)](lengths, out, B, KW=kw, KX=kx, NSPLIT=nsplit, BK=bk)
+    return out.tolist()
+
+
+@on_cpu
+def test_each_split_runs_whole_tiles_of_the_used_slots_only_whatever_the_rows_width():
+    """The splits of a request cover its used slots (window then compressed, lengths clamped to the
+    widths) exactly once, in whole tiles but the last, no split more than its share; the same
+    lengths give the same trip counts at width 512 and at SGLang's graph width."""
+    lengths_w = [128, 128, 0, 100, 128, 128]
+    lengths_x = [64, 0, 0, 37, 512, 900]  # the last is longer than a 512-wide row: clamped
+    for nsplit, bk in ((1, 64), (2, 64), (5, 32), (33, 16)):
+        narrow = _split_ranges(lengths_w, lengths_x, 128, 512, nsplit, bk)
+        wide = _split_ranges(lengths_w, [min(n, 512) for n in lengths_x], 128, 8192, nsplit, bk)
+        assert narrow == wide, (nsplit, bk)
+        for b, splits in enumerate(narrow):
+            n_w, n = min(lengths_w[b], 128), min(lengths_w[b], 128) + min(lengths_x[b], 512)
+            share = -(-(-(-n // nsplit)) // bk) * bk
+            covered = []
+            for got_w, start, end in splits:
+                assert got_w == n_w
+                covered += range(start, end)
+                assert end - start <= share and start % bk == 0
+            assert covered == list(range(n)), (nsplit, bk, b, splits)
+
+
+@on_cpu
+def test_no_split_runs_more_than_the_plans_chunk_so_one_tile_chunks_need_no_loop():
+    """The kernel runs a split as one straight tile where the plan's chunk (the rows all used) is one
+    tile: that holds only if no lengths give a split more than the chunk, at any width."""
+    for kw, kx, bk, asked in ((16, 1, 32, 33), (128, 512, 32, 20), (128, 512, 64, 2), (128, 8192, 64, 4),
+                              (128, 8192, 32, 33), (16, 100, 16, 3)):
+        chunk, nsplit = kernel.split_chunks(kw + kx, bk, asked)
+        gen = torch.Generator().manual_seed(kx + asked)
+        lengths_w = [kw, 0, kw // 2] + torch.randint(0, kw + 1, (5,), generator=gen).tolist()
+        lengths_x = [kx, kx, 0] + torch.randint(0, kx + 1, (5,), generator=gen).tolist()
+        for _, start, end in (r for splits in _split_ranges(lengths_w, lengths_x, kw, kx, nsplit, bk) for r in splits):
+            assert end - start <= chunk, (kw, kx, bk, asked, chunk, start, end)
 
 
 def _carve(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -517,7 +626,7 @@ def test_mma_attention_hands_a_merging_loop_its_outputs_and_launches_no_combine(
     monkeypatch.setattr(kernel, "combine_splits", lambda *a: combined.append(a))
     o, lse = kernel.mma_attention(*x.args())
     (args, kw), = launched
-    assert args[7].shape == (2, 2, 64, 512) and args[9:11] == (320, 2)  # o_part, chunk, splits
+    assert args[7].shape == (2, 2, 64, 512) and args[9] == 2  # o_part, splits
     assert args[7].dtype == (torch.bfloat16 if merge else torch.float32)
     if merge:
         sink, o_given, lse_given, counts = kw["merge"]
@@ -547,7 +656,7 @@ def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
     with pytest.raises(AttributeError):
         with probe.switches(GLUON_FP8_MERGE_IN_KERNELS=True):
             pass
-    assert len(probe.gate_cases()) == 70
+    assert len(probe.gate_cases()) == 72
 
 
 def test_merge_counts_are_zeroed_once_per_batch_outside_a_capture(monkeypatch):
@@ -581,17 +690,20 @@ def test_merge_counts_are_zeroed_once_per_batch_outside_a_capture(monkeypatch):
 
 @pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),
                     reason="the Gluon loops are compiled and gated on Triton 3.6 only")
-@pytest.mark.parametrize("kernels,batches", [("fp8,fp8-merge", "1,32,64"), ("fp8-ws", "1,32,64"),
-                                             ("fp8-ws-staged,fp8-ws-bf16", "1,32,64"), ("bf16-ws,bf16-ws-bf16", "1,32,64"),
-                                             ("fp8-ws-merge,bf16-ws-merge", "64")])
-def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batches):
+@pytest.mark.parametrize("kernels,batches,kx", [("fp8,fp8-merge", "1,32,64", 512), ("fp8-ws", "1,32,64", 512),
+                                                ("fp8-ws-staged,fp8-ws-bf16", "1,32,64", 512),
+                                                ("bf16-ws,bf16-ws-bf16", "1,32,64", 512),
+                                                ("fp8-ws-merge,bf16-ws-merge", "64", 512),
+                                                ("fp8-ws-bf16,bf16-ws-bf16,fp8,bf16", "1,32,64", 8192)])
+def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batches, kx):
     """Compiled ahead of time for an H200 (no GPU needed): the FP8 Gluon loop with and without the
     in-kernel merge, the warp-specialised loops (FP8 and bf16 rows, fp32 partials straight or
-    staged, bf16 partials; at B = 1 a tile a program: Triton 3.6 crashed on the folded loop's dead
-    branch until the guard went static), and those merging in their last program at two splits
-    (the only count the dispatch gives them, kernel.WS_MERGE_MAX_SPLITS). No spills, within 227 KB
-    of shared memory, every gather a cp.async that zero-fills masked rows, 16 bytes wide for the
-    data records; the warp-specialised loops with their register budgets set per partition."""
+    staged, bf16 partials), and those merging in their last program at two splits (the only count
+    the dispatch gives them, kernel.WS_MERGE_MAX_SPLITS); the production loops and the per-cache
+    ones also with rows at SGLang's graph width (8192 compressed slots: the loops' index staging is a
+    ring, so shared memory does not grow with it). No spills, within 227 KB of shared memory, every
+    gather a cp.async that zero-fills masked rows, 16 bytes wide for the data records; the
+    warp-specialised loops with their register budgets set per partition."""
     import json
     import os
     import subprocess
@@ -603,15 +715,15 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batc
     env["PYTHONPATH"] = str(root)
     out = tmp_path / "compile.json"
     done = subprocess.run([sys.executable, str(root / "scripts/compile_mma_attn_gluon_sm90.py"), "--kernel", kernels,
-                           "--batch", batches, "--json", str(out)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=str(root))
+                           "--batch", batches, "--kx", str(kx), "--json", str(out)], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=str(root))
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == len(batches.split(",")) * len(kernels.split(","))
     for row in rows:
         assert row["spill_store_bytes"] == 0 and row["spill_load_bytes"] == 0, row
         assert row["fits_227KB"], row
-        if "ws" in kernels:
+        if "warp-specialised" in row["kernel"]:
             assert {"208", "88"} <= set(row["setmaxnreg"]), row  # consumers 208, producer 88 registers
         widths = row["cp_async_by_width"]
         # a merging loop also copies one other split's 64 KiB partial, unmasked: 16 x 16 bytes a thread
@@ -789,14 +901,14 @@ def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monk
     o_part = torch.empty(2, 3, 64, 512)
     lse_part = torch.empty(2, 3, 64)
     args = (x.q, x.swa, x.swa_indices, x.swa_lengths, x.extra, x.extra_indices, x.extra_lengths, o_part, lse_part,
-            256, 3, 0.5)
+            3, 0.5)
     ws = loop != "fp8"
     o, lse, counts = torch.empty(2, 64, 512), torch.empty(2, 64), torch.zeros(2, 2, dtype=torch.int32)
     merge = (torch.zeros(64), o, lse, counts) if loop.endswith("-merge") else None
     launcher(*args, **{**options, **({"merge": merge, "staged": False} if merge else {})})
     (grid, kw), = launches
     unit = x.swa.data.element_size()  # bytes of FP8 pages, elements of bf16 rows
-    assert grid == (2, 1, 3) and kw["CHUNK"] == 256 and kw["NSPLIT"] == 3
+    assert grid == (2, 1, 3) and kw["NSPLIT"] == 3 and "CHUNK" not in kw  # each split's slots: from the lengths
     assert (kw["KW"], kw["KX"]) == (128, 512) and kw["stride_ix"] == 512
     assert kw["x_delta"] * unit == x.extra.data.data_ptr() - x.swa.data.data_ptr()
     assert kw["idx_x_delta"] * 4 == x.extra_indices.data_ptr() - x.swa_indices.data_ptr()

@@ -50,3 +50,52 @@ def test_pool_and_window_caches_have_the_benchs_geometry():
         assert rows.std(dim=1).min() > 0.5  # no row left unwritten (zeros)
         swa = bench.window_cache(kv, 3, gen, device="cpu")
         assert swa.tokens == 3 * bench.WINDOW_PAGE and swa.layout.page_size == bench.WINDOW_PAGE
+
+
+def _graph_rows():
+    """Rows shaped as graph_width_rows writes them; the figures are made up to exercise the layout
+    (wide values in every column), not measurements."""
+    from dsv4opt.optimizations.mma_attn.bench import GraphWidthRow, WINDOW
+
+    rows = []
+    for batch, (b128, b8192, m128, m8192) in {1: (78.4, 2275.2, 9.1, 9.6), 32: (493.0, 28215.4, 14.2, 15.3),
+                                              64: (981.7, 56123.9, 20.4, 22.0)}.items():
+        slots = batch * (64 + WINDOW)
+        for width, base, mma in ((128, b128, m128), (8192, b8192, m8192)):
+            rows.append(GraphWidthRow(batch, width, 64, "gluon-fp8-ws" if batch > 4 else "triton", base, mma,
+                                      base * 1e3 / slots, mma * 1e3 / slots))
+    return rows
+
+
+def test_the_graph_width_table_fits_80_columns_and_compares_each_width_with_the_narrow_rows():
+    from dsv4opt.optimizations.mma_attn.bench import render_graph_width
+
+    rows = _graph_rows()
+    console = Console(record=True, width=80)
+    console.print(render_graph_width(rows, "fp8"))
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "…" not in text, text
+    for r in rows:
+        narrow = next(n for n in rows if n.batch == r.batch and n.width == 128)
+        line = next(ln for ln in text.splitlines() if ln.split()[:3] == [str(r.batch), str(r.width), r.main_loop])
+        cells = line.split()
+        assert cells[3:] == [f"{r.baseline_us:.1f}", f"{r.baseline_ns_per_slot:.2f}",
+                             f"{r.baseline_us / narrow.baseline_us:.1f}", f"{r.mma_us:.1f}", f"{r.mma_ns_per_slot:.3f}",
+                             f"{r.mma_us / narrow.mma_us:.2f}", f"{r.baseline_us / r.mma_us:.0f}"], line
+
+
+def test_the_bench_prints_the_graph_width_table_under_the_main_one_only_when_it_ran():
+    data = json.loads((DOCS / "mma_attn_h200_bench_fp8.json").read_text())
+    rows = [BenchRow(**r) for r in data["rows"]]
+    result = BenchResult(CheckResult(**data["check"]), data["device"], data["copy_gbps"], data["matmul_tflops"],
+                         rows, "fp8")
+    console = Console(record=True, width=80)
+    console.print(render(result))
+    assert "graph width" not in console.export_text()
+    result.graph_rows = _graph_rows()
+    console = Console(record=True, width=80)
+    console.print(render(result))
+    text = console.export_text()
+    assert text.index("check:") < text.index("graph width: HCA-like rows")
+    assert result.as_json()["graph_width"][0]["width"] == 128

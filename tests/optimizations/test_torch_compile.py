@@ -100,7 +100,9 @@ def test_an_optimisations_slots_are_opaque_ops_in_the_graph(torch_path):
         seen.update(str(n.target).removesuffix(".default") for n in gm.graph.nodes if n.op == "call_function")
         return gm.forward
 
-    settings = GateSettings(config="dsv4-tiny", concurrency=2, context=24, steps=1, layers=3, bf16_report=False)
+    # dp-ep: the local-expert map runs only there
+    settings = GateSettings(config="dsv4-tiny", concurrency=2, context=24, steps=1, layers=3, bf16_report=False,
+                            layout="dp-ep")
     others = implementations(["bf16-gemm", "grouped-moe", "fuse-glue"])
     r = run_check(torch.device("cpu"), {**others, "regions": CompiledRegions(recording)}, settings)
     assert r.passed and r.figures["graph_breaks"] == 0, r.summary

@@ -1,6 +1,8 @@
 """`dsv4opt bench mma-attn`: mma-attn against the floor, SGLang's sm_120 path and a torch path.
 
 Runs the correctness gate first; when it fails, nothing is timed and no speed-up is printed.
+Then the graph-width case (`graph_width_rows`): SGLang's baseline kernel and mma-attn on HCA-like
+rows sized as SGLang's CUDA-graph decode sizes them, against the same used slots in narrow rows.
 Times are medians of CUDA-graph replays; the KV pool is much larger than L2, each request selects
 distinct random rows, and consecutive calls cycle through enough independent input sets that what
 one call reads is out of L2 by the time the set comes round again (a replay of the same indices
@@ -34,6 +36,13 @@ EXTRA_PAGE = _CFG.extra_page("csa")
 BATCHES = (1, 16, 32, 64)
 POOL_GB = 4.0
 _median_graph_ms = median_graph_ms
+# The graph-width case: SGLang's CUDA-graph decode sizes the HCA layers' compressed-cache index
+# rows to context_len / 128 (1,048,576 / 128 = 8192 slots at the model's maximum context, the
+# recipe's default); at an 8K context 64 of them are used. The same 64 used slots in rows 128 wide
+# beside them show whether a kernel's time follows the used slots or the rows' width.
+GRAPH_BATCHES = (1, 32, 64)
+GRAPH_WIDTHS = (128, 1_048_576 // _CFG.hca_ratio)
+GRAPH_USED = 64
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,22 @@ class BenchRow:
     input_sets: int = 1  # independent input sets the timed calls cycle through
 
 
+@dataclass(frozen=True)
+class GraphWidthRow:
+    """One batch size at one row width: both kernels over `used` compressed slots a request (plus
+    the full window) in rows `width` slots wide, -1 past the used ones as SGLang's metadata has it."""
+
+    batch: int
+    width: int  # compressed-cache slots a row
+    used: int  # of them used per request (lengths)
+    main_loop: str  # mma-attn's engine
+    baseline_us: float  # SGLang's sm_120 path (dsv4opt/workload/attention/sm120.py over simt.py)
+    mma_us: float
+    baseline_ns_per_slot: float  # per used slot of the call: B x (used + window)
+    mma_ns_per_slot: float
+    input_sets: int = 1
+
+
 @dataclass
 class BenchResult:
     check: CheckResult
@@ -61,6 +86,7 @@ class BenchResult:
     matmul_tflops: float = 0.0
     rows: list[BenchRow] = field(default_factory=list)
     kv: str = "fp8"
+    graph_rows: list[GraphWidthRow] = field(default_factory=list)
 
     def as_json(self) -> dict:
         check = asdict(self.check)
@@ -73,6 +99,7 @@ class BenchResult:
             "matmul_tflops": self.matmul_tflops,
             "check": check,
             "rows": [asdict(r) for r in self.rows],
+            "graph_width": [asdict(r) for r in self.graph_rows],
         }
 
 
@@ -133,6 +160,45 @@ def input_sets(batch: int, swa, extra, gen: torch.Generator) -> list[tuple]:
     return sets
 
 
+def graph_inputs(batch: int, width: int, used: int, swa, extra, gen: torch.Generator):
+    """bench_inputs' window, and compressed-cache rows `width` wide of which the first `used` hold
+    distinct random tokens and the rest -1 (SGLang's graph-width metadata), lengths `used`."""
+    q, swa_idx, swa_len, idx, _, sink = bench_inputs(batch, swa, extra, gen)
+    rows = torch.full((batch, width), -1, device="cuda", dtype=torch.int32)
+    rows[:, :used] = idx[:, :used]
+    return q, swa_idx, swa_len, rows, torch.full((batch,), used, device="cuda", dtype=torch.int32), sink
+
+
+def graph_width_rows(batches: Sequence[int], swa_for: Callable[[int], object], extra, gen: torch.Generator,
+                     widths: Sequence[int] = GRAPH_WIDTHS, used: int = GRAPH_USED,
+                     on_step: Callable[[str], None] = lambda _msg: None) -> list[GraphWidthRow]:
+    """Time SGLang's baseline kernel and mma-attn at each batch size and row width, in the same run
+    (CUDA-graph medians, input sets rotated as in run_bench, sized by the used slots' bytes)."""
+    from dsv4opt.optimizations.mma_attn.kernel import mma_attention, plan
+    from dsv4opt.workload.attention import sparse_decode_sm120
+
+    rows, scale = [], DIM**-0.5
+    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
+    for batch in batches:
+        swa = swa_for(batch)
+        for width in widths:
+            on_step(f"graph width: B = {batch}, rows {width} wide, {used} used")
+            per_call = batch * (used + WINDOW) * extra.layout.token_bytes
+            sets = [graph_inputs(batch, width, used, swa, extra, gen) for _ in range(sets_needed(per_call, l2_bytes))]
+            torch.cuda.synchronize()  # as input_sets: the timing stream does not wait for randperm
+            base_ms = _median_graph_ms(rotating(sparse_decode_sm120, swa, extra, sets, scale))
+            mma_ms = _median_graph_ms(rotating(mma_attention, swa, extra, sets, scale))
+            q, swa_idx, _, idx = sets[0][:4]
+            slots = batch * (used + WINDOW)
+            rows.append(GraphWidthRow(
+                batch=batch, width=width, used=used, main_loop=plan(q, swa, swa_idx, extra, idx).engine,
+                baseline_us=base_ms * 1e3, mma_us=mma_ms * 1e3, baseline_ns_per_slot=base_ms * 1e6 / slots,
+                mma_ns_per_slot=mma_ms * 1e6 / slots, input_sets=len(sets),
+            ))
+            del sets
+    return rows
+
+
 def rotating(fn: Callable, swa, extra, sets: list[tuple], scale: float) -> Callable[[], object]:
     """A call of fn on the next input set each time; a graph captured over many calls keeps the
     order, so its replays cycle through the sets too."""
@@ -160,8 +226,10 @@ def run_bench(
     pool_gb: float = POOL_GB,
     kv: str = "fp8",
     on_step: Callable[[str], None] = lambda _msg: None,
+    graph_batches: Sequence[int] = GRAPH_BATCHES,
 ) -> BenchResult:
-    """Check, then time mma-attn, the baseline and the torch path for each batch size."""
+    """Check, then time mma-attn, the baseline and the torch path for each batch size; then the
+    graph-width case at `graph_batches` (none: skipped)."""
     if not torch.cuda.is_available():
         raise DsvOptError("dsv4opt bench mma-attn needs a CUDA GPU (on a CPU only the correctness check runs, under Triton's interpreter)")
     if kv not in ("fp8", "bf16"):
@@ -210,13 +278,51 @@ def run_bench(
                 input_sets=len(sets),
             )
         )
+        del sets
+    result.graph_rows = graph_width_rows(graph_batches, lambda b: window_cache(kv, b, gen), extra, gen, on_step=on_step)
     return result
 
 
 def render(result: BenchResult):
-    """A rich table of the rows (or of the failed check), each row's launch configuration under it."""
+    """A rich table of the rows (or of the failed check), each row's launch configuration under it;
+    the graph-width table under it where that case ran."""
     from dsv4opt.display import narrow_table
 
+    if result.check.passed and result.graph_rows:
+        from rich.console import Group
+
+        return Group(_render_rows(result, narrow_table), "", render_graph_width(result.graph_rows, result.kv))
+    return _render_rows(result, narrow_table)
+
+
+def render_graph_width(rows: Sequence[GraphWidthRow], kv: str):
+    """Both kernels at each row width, with the time per used slot and the ratio to the narrowest
+    rows' time at the same B: a kernel whose ratio stays near 1 pays for the used slots."""
+    from dsv4opt.display import narrow_table
+
+    narrowest = {}
+    for r in rows:
+        if r.batch not in narrowest or r.width < narrowest[r.batch].width:
+            narrowest[r.batch] = r
+    used = sorted({r.used for r in rows})
+    table = narrow_table(
+        f"graph width: HCA-like rows, {'/'.join(map(str, used))} of the compressed slots used + window {WINDOW}, "
+        f"{kv} KV", padding=0,
+        caption="ns/slot: per used slot of the call, B x (used + window); x narrow: time over the same B's "
+                "narrowest rows", caption_justify="left",
+    )
+    for col in ("B", "row\nslots", "mma-attn\nloop", "SGLang\nµs", "SGLang\nns/slot", "x\nnarrow", "mma\nµs",
+                "mma\nns/slot", "x\nnarrow", "x\nSGLang"):
+        table.add_column(col, justify="left" if col.endswith("loop") else "right", no_wrap=True)
+    for r in rows:
+        base = narrowest[r.batch]
+        table.add_row(str(r.batch), str(r.width), r.main_loop, f"{r.baseline_us:.1f}", f"{r.baseline_ns_per_slot:.2f}",
+                      f"{r.baseline_us / base.baseline_us:.1f}", f"{r.mma_us:.1f}", f"{r.mma_ns_per_slot:.3f}",
+                      f"{r.mma_us / base.mma_us:.2f}", f"{r.baseline_us / r.mma_us:.0f}")
+    return table
+
+
+def _render_rows(result: BenchResult, narrow_table):
     if not result.check.passed:
         from dsv4opt.optimizations.gate_table import failed_table
 

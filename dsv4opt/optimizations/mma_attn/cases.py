@@ -13,6 +13,13 @@ import torch
 from dsv4opt.workload.kvcache import KVCache, KVLayout
 
 PATTERNS = ("all", "half_unused", "one_empty", "short")
+# SGLang's CUDA-graph decode sizes the compressed cache's index rows to the model's context (8192
+# slots on an HCA layer at 1M), valid only up to each request's length: "graph" rows are `topk`
+# wide with at most 2 x GRAPH_VALID used slots (64: an 8K context's HCA entries), holes of -1 among
+# them, every slot past the length holding a real token (read it and the result is wrong), and the
+# last request with none used; the window rows are short, with holes.
+GRAPH = "graph"
+GRAPH_VALID = 64
 
 
 @dataclass(frozen=True)
@@ -22,7 +29,7 @@ class AttnCase:
 
     batch: int
     topk: int
-    pattern: str  # one of PATTERNS
+    pattern: str  # one of PATTERNS, or GRAPH
     window: int = 128
     heads: int = 64
     dim: int = 512
@@ -41,6 +48,9 @@ def gpu_cases() -> list[AttnCase]:
     cases = [AttnCase(b, k, p) for b in (1, 3, 32, 64) for k in (1, 100, 512) for p in PATTERNS]
     cases += [AttnCase(b, 0, p) for b in (1, 64) for p in ("all", "short")]
     cases += [AttnCase(b, 512, p, layout="bf16") for b in (3, 64) for p in ("all", "short")]
+    # graph width: B = 1 on the block-level kernel, B = 32 on a warp-specialised loop with some of its
+    # four splits idle (the float64 reference decodes every slot of the rows: 2.2 GB of float64 at B = 64)
+    cases += [AttnCase(b, 8192, GRAPH) for b in (1, 32)] + [AttnCase(32, 8192, GRAPH, layout="bf16")]
     return cases
 
 
@@ -50,7 +60,7 @@ def interpreter_cases() -> list[AttnCase]:
     small = dict(heads=8, dim=64, rope_dim=16, tile=16, window=16)
     cases = [AttnCase(b, k, p, **small) for b, k in ((1, 1), (3, 37)) for p in PATTERNS]
     cases += [AttnCase(3, 0, "short", **small), AttnCase(3, 37, "half_unused", layout="bf16", **small)]
-    cases += [AttnCase(2, 40, "half_unused", heads=16, window=16)]
+    cases += [AttnCase(2, 40, "half_unused", heads=16, window=16), AttnCase(3, 256, GRAPH, **small)]
     return cases
 
 
@@ -82,7 +92,15 @@ def _slots(case: AttnCase, width: int, pool: int, gen) -> tuple[torch.Tensor, to
     B = case.batch
     indices = torch.stack([torch.randperm(pool, generator=gen)[:width] for _ in range(B)]).to(torch.int32)
     lengths = torch.full((B,), width, dtype=torch.int32)
-    if case.pattern == "half_unused":
+    if case.pattern == GRAPH:
+        if width == case.window:  # the window: mostly full
+            lengths = torch.randint(width // 2, width + 1, (B,), generator=gen, dtype=torch.int32)
+        else:
+            lengths = torch.randint(1, min(width // 4, 2 * GRAPH_VALID) + 1, (B,), generator=gen, dtype=torch.int32)
+            lengths[-1] = 0 if B > 1 else lengths[-1]
+        holes = torch.rand(B, width, generator=gen) < 0.125
+        indices[holes & (torch.arange(width) < lengths[:, None])] = -1  # only inside the used prefix
+    elif case.pattern == "half_unused":
         indices[torch.rand(B, width, generator=gen) < 0.5] = -1
     elif case.pattern == "one_empty":
         indices[0] = -1

@@ -76,14 +76,59 @@ def _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, W: tl.co
 
 
 @triton.jit
-def _tile_slots(p_idx, o_k, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix, end, KW: tl.constexpr, KX: tl.constexpr):
-    """Token numbers [BK] of slots o_k (window slots first, then the compressed cache's; -1 where
-    unused or at/past `end`) and which of them are in the compressed cache."""
-    in_x = o_k >= KW
-    o_kx = o_k - KW
-    m_k = (o_k < end) & (o_k < KW + KX) & tl.where(in_x, o_kx < n_x, o_k < n_w)
-    o_i = tl.where(in_x, idx_x_delta + i_b * stride_ix + o_kx, i_b * stride_iw + o_k)
-    return tl.load(p_idx + o_i, mask=m_k, other=-1), in_x
+def split_slots(p_len, i_b, i_s, len_x_delta, KW: tl.constexpr, KX: tl.constexpr, NSPLIT: tl.constexpr,
+                BK: tl.constexpr):
+    """Split i_s's share of request i_b's used slots: (n_w, start, end). The used slots are the
+    window's [0, n_w) then the compressed cache's [0, n_x) (lengths clamped to the rows' widths KW,
+    KX), numbered 0 .. n_w + n_x as one range; NSPLIT splits take whole BK-slot tiles of it in
+    turn, so a program's trip count follows its request's lengths, not the rows' width, and a
+    split past the end gets start >= end (nothing to do). Read on the device: no host sync."""
+    n_w = tl.minimum(tl.maximum(tl.load(p_len + i_b), 0), KW)
+    n = n_w
+    if KX > 0:
+        n += tl.minimum(tl.maximum(tl.load(p_len + len_x_delta + i_b), 0), KX)
+    per = tl.cdiv(tl.cdiv(n, NSPLIT), BK) * BK
+    start = i_s * per
+    return n_w, start, tl.minimum(start + per, n)
+
+
+@triton.jit
+def _tile_slots(p_idx, o_k, i_b, n_w, end, idx_x_delta, stride_iw, stride_ix):
+    """Token numbers [BK] of used-slot numbers o_k (below n_w the window's slot o_k, from n_w the
+    compressed cache's slot o_k - n_w; -1 at or past `end`, or where the row says -1) and which of
+    them are in the compressed cache."""
+    in_x = o_k >= n_w
+    o_i = tl.where(in_x, idx_x_delta + i_b * stride_ix + (o_k - n_w), i_b * stride_iw + o_k)
+    return tl.load(p_idx + o_i, mask=o_k < end, other=-1), in_x
+
+
+@triton.jit
+def _tile_step(p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end, idx_x_delta,
+               stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W: tl.constexpr, PB_W: tl.constexpr,
+               PS_X: tl.constexpr, PB_X: tl.constexpr, DN: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
+               FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
+               BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, RELOAD_V: tl.constexpr):
+    """One tile of used slots k0 .. k0 + BK: gather the rows, S = q K^T, the online softmax step
+    (base 2, masked slots at -inf), acc = acc * alpha + P V. Returns (m, l, acc)."""
+    o_k = k0 + tl.arange(0, BK)
+    b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, end, idx_x_delta, stride_iw, stride_ix)  # [BK]
+    m_row = b_idx >= 0
+    tok = tl.where(m_row, b_idx, 0).to(tl.int64)  # caches can exceed 2^31 bytes
+    at, at_s = _row_offsets(tok, in_x, x_delta, stride_kv, PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
+    b_k = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, 0, D_P, DN, D, FP8, TILE)  # [BK, D_P]
+    if RELOAD_V or NV > 1:
+        # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
+        b_v = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, i_v * BV, BV, DN, D, FP8, TILE)  # [BK, BV]
+    else:
+        b_v = b_k
+    b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
+    b_s = tl.where(m_row[None, :], b_s, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
+    b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
+    b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
+    b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+    b_acc = tl.dot(b_p.to(b_v.dtype), b_v, acc=b_acc * b_alpha[:, None])  # [BH, BV]
+    return b_m_new, b_l, b_acc
 
 
 @triton.jit
@@ -91,18 +136,20 @@ def _mma_sparse_decode_kernel(
     p_q, p_kv, p_kv8, p_kv32, p_kv16, p_idx, p_len, p_sink, p_o, p_lse, p_o_part, p_lse_part,
     stride_qb, stride_qh, stride_kv, stride_iw, stride_ix, stride_ob, stride_oh,
     H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
-    KW: tl.constexpr, KX: tl.constexpr, CHUNK: tl.constexpr, NSPLIT: tl.constexpr,
+    KW: tl.constexpr, KX: tl.constexpr, NSPLIT: tl.constexpr,
     PS_W: tl.constexpr, PB_W: tl.constexpr, PS_X: tl.constexpr, PB_X: tl.constexpr,
     DN: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
     FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
-    BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr,
+    BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr, WHILE_LOOP: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):
-    """One program: request i_b, heads [i_h*BH, +BH), value columns [i_v*BV, +BV), slots
-    [i_s*CHUNK, +CHUNK) of the KW window slots followed by the KX compressed-cache slots.
+    """One program: request i_b, heads [i_h*BH, +BH), value columns [i_v*BV, +BV), split i_s of the
+    request's used slots (`split_slots`: the window's then the compressed cache's, as one range).
 
     Both caches go through one launch: the compressed cache's rows, indices and lengths are read
-    at fixed offsets (x_delta, idx_x_delta, len_x_delta) from the window cache's, so a chunk may
-    cover slots of both. Scores always use the whole latent row; with BV < D_P the value columns
+    at fixed offsets (x_delta, idx_x_delta, len_x_delta) from the window cache's, so a split may
+    cover slots of both. Its loop runs over its used slots only (a run-time trip count): rows
+    sized wider than the lengths (SGLang's graph-width metadata) cost nothing past them. Scores always use the whole latent row; with BV < D_P the value columns
     are split over programs (smaller accumulator, more programs per SM; the rows they share come
     from L2). NSPLIT == 1 writes o and lse directly, sink included; otherwise fp32 partials (o
     normalised by its own denominator, base-2 lse) into split i_s, which
@@ -119,39 +166,39 @@ def _mma_sparse_decode_kernel(
     m_d = o_d < D
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < D
+    n_w, start, end = split_slots(p_len, i_b, i_s, len_x_delta, KW, KX, NSPLIT, BK)
     p_q_tile = p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :]
-    b_q = tl.load(p_q_tile, mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]
-    n_w = tl.load(p_len + i_b)
-    n_x = 0
-    if KX > 0:
-        n_x = tl.load(p_len + len_x_delta + i_b)
+    m_busy = (o_h * 0 + start) < end  # [BH] (a tensor compare: a scalar one makes an int32 mask)
+    b_q = tl.load(p_q_tile, mask=(m_h & m_busy)[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]; none if idle
 
     b_m = tl.full([BH], _NO_SCORE, tl.float32)  # [BH] running max, base 2
     b_l = tl.zeros([BH], tl.float32)  # [BH]
     b_acc = tl.zeros([BH, BV], tl.float32)  # [BH, BV]
-    # Compile-time loop bounds (the interpreter cannot loop to a run-time scalar); slots past the
-    # context or marked -1 are masked, so their rows are never read.
-    end = i_s * CHUNK + CHUNK
-    for k0 in range(0, CHUNK, BK):
-        o_k = i_s * CHUNK + k0 + tl.arange(0, BK)
-        b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, n_x, idx_x_delta, stride_iw, stride_ix, end, KW, KX)  # [BK]
-        m_row = b_idx >= 0
-        tok = tl.where(m_row, b_idx, 0).to(tl.int64)  # caches can exceed 2^31 bytes
-        at, at_s = _row_offsets(tok, in_x, x_delta, stride_kv, PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
-        b_k = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, 0, D_P, DN, D, FP8, TILE)  # [BK, D_P]
-        if RELOAD_V or NV > 1:
-            # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
-            b_v = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, i_v * BV, BV, DN, D, FP8, TILE)  # [BK, BV]
-        else:
-            b_v = b_k
-        b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
-        b_s = tl.where(m_row[None, :], b_s, float("-inf"))
-        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
-        b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
-        b_p = tl.exp2(b_s - b_m_new[:, None])  # [BH, BK]
-        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_acc = tl.dot(b_p.to(b_v.dtype), b_v, acc=b_acc * b_alpha[:, None])  # [BH, BV]
-        b_m = b_m_new
+    # Run-time bounds: tiles past the split's used slots are never issued; -1 slots inside are masked.
+    # A for loop is what Triton pipelines (num_stages); Triton 3.6's interpreter cannot run one to
+    # a run-time bound (3.9's can), a while loop runs in both. ONE_TILE (no split can hold more
+    # than one tile, whatever the lengths: the narrow rows at B <= 4): the tile straight, masked
+    # where the split is idle, as the compile-time loop compiled (a run-time loop there is
+    # software-pipelined for nothing: 1,380 B spilled against 212, ptxas for sm_90a, Triton 3.6).
+    if ONE_TILE:
+        b_m, b_l, b_acc = _tile_step(
+            p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, start, i_b, i_v, n_w, end, idx_x_delta,
+            stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN, D, D_P, FP8,
+            TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V)
+    elif WHILE_LOOP:
+        k0 = start
+        while k0 < end:
+            b_m, b_l, b_acc = _tile_step(
+                p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end, idx_x_delta,
+                stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN, D, D_P, FP8,
+                TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V)
+            k0 += BK
+    else:
+        for k0 in range(start, end, BK):
+            b_m, b_l, b_acc = _tile_step(
+                p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end, idx_x_delta,
+                stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN, D, D_P, FP8,
+                TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V)
 
     m_o = m_h[:, None] & m_v[None, :]
     # every value slice computes the same lse; one writes it (a tensor compare: a scalar one makes
@@ -171,7 +218,8 @@ def _mma_sparse_decode_kernel(
         b_o = b_acc / tl.where(m_any, b_l, 1.0)[:, None]
         b_lse2 = tl.where(m_any, b_m + tl.log2(tl.where(m_any, b_l, 1.0)), float("-inf"))
         row_part = (i_b * NSPLIT + i_s).to(tl.int64) * H + o_h  # [BH] rows of [B*NSPLIT*H]
-        tl.store(p_o_part + row_part[:, None] * D + o_v[None, :], b_o, mask=m_o)
+        # no o where nothing was used (an idle split): its lse is -inf and the combine skips it
+        tl.store(p_o_part + row_part[:, None] * D + o_v[None, :], b_o, mask=m_o & m_any[:, None])
         tl.store(p_lse_part + row_part, b_lse2, mask=m_lse)
 
 
@@ -200,14 +248,18 @@ def _attn_combine_splits_kernel(
     b_top = tl.maximum(tl.max(b_lse2, axis=0), b_sink)
     b_w = tl.exp2(b_lse2 - b_top)  # [NS_P], 0 for empty splits
     b_den = tl.sum(b_w, axis=0) + tl.exp2(b_sink - b_top)
+    # an empty split's o is never read: the block-level kernel leaves it unwritten
     if SPLIT_LOOP:
         b_o = tl.zeros([D_P], dtype=tl.float32)
         row0 = (i_b * NSPLIT).to(tl.int64) * H + i_h
         for s in tl.static_range(NSPLIT):  # unrolled: the splits' loads go out together
-            b_ws = tl.exp2(tl.load(p_lse_part + row0 + s * H) - b_top)
-            b_o += b_ws * tl.load(p_o_part + (row0 + s * H) * D + o_d, mask=m_d, other=0.0).to(tl.float32)
+            b_lse_s = tl.load(p_lse_part + row0 + s * H)
+            m_used = m_d & ((tl.zeros([D_P], tl.float32) + b_lse_s) > float("-inf"))  # a tensor compare (interpreter)
+            b_part = tl.load(p_o_part + (row0 + s * H) * D + o_d, mask=m_used, other=0.0).to(tl.float32)
+            b_o += tl.exp2(b_lse_s - b_top) * b_part
     else:
-        b_part = tl.load(p_o_part + row_part[:, None] * D + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0)
+        m_part = (m_s & (b_lse2 > float("-inf")))[:, None] & m_d[None, :]
+        b_part = tl.load(p_o_part + row_part[:, None] * D + o_d[None, :], mask=m_part, other=0.0)
         b_o = tl.sum(b_part * b_w[:, None], axis=0)  # [D_P]
     tl.store(p_o + i_b * stride_ob + i_h * stride_oh + o_d, (b_o / b_den).to(p_o.dtype.element_ty), mask=m_d)
     tl.store(p_lse + i_b * H + i_h, (b_top + tl.log2(b_den)) * LN2_)
@@ -255,7 +307,10 @@ def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: i
                  itemsize: int = 2) -> Tiles:
     """Tiles from B, H and K (all the slots one launch covers): 64-head tiles (Hopper's MMA wants
     64 rows), then split the slots until about `split_factor` programs per SM; at large B a single
-    pass needs no partials. `itemsize`: bytes per element of q (the dtype the products run in)."""
+    pass needs no partials. K only caps the splits at one tile each: rows sized to SGLang's graph
+    width (K ~ 8,320) get the splits the SM count asks for, and each split's share of the used
+    slots is worked out in the kernel from the lengths (`split_slots`). `itemsize`: bytes per
+    element of q (the dtype the products run in)."""
     small = batch <= SMALL_BATCH_MAX
     d = (FP8_SMALL_BATCH_TILES if small else FP8_TILES) if fp8 else (SMALL_BATCH_TILES if small else TILE_DEFAULTS)
     if itemsize > 2:
@@ -274,7 +329,9 @@ def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: i
 
 def split_chunks(topk: int, block_k: int, nsplit: int) -> tuple[int, int]:
     """(slots per split, splits) for `nsplit` requested splits of `topk` slots: whole tiles per
-    split, and no split left with an empty range."""
+    split, and no split left with an empty range when every slot is used. The kernels split each
+    request's used slots the same way at run time (`split_slots`), so with every slot used they
+    run exactly these chunks; with fewer, less."""
     nsplit = max(1, min(nsplit, triton.cdiv(topk, block_k)))
     chunk = triton.cdiv(triton.cdiv(topk, nsplit), block_k) * block_k
     return chunk, triton.cdiv(topk, chunk)
@@ -449,9 +506,11 @@ WS_ENGINES = ("gluon-fp8-ws", "gluon-ws")
 class Plan:
     """How one call runs: "triton" is one launch of this file's kernel over the slots of both
     caches (window first); "gluon-fp8" is one launch of kernel_gluon_fp8.py over the same slots and
-    chunks (FP8 caches), "gluon-fp8-ws" the same of kernel_gluon_fp8_ws.py, "gluon-ws" of
+    splits (FP8 caches), "gluon-fp8-ws" the same of kernel_gluon_fp8_ws.py, "gluon-ws" of
     kernel_gluon_bf16_ws.py (bf16 caches); "gluon" is kernel_gluon.py once per cache (`per_cache`:
-    chunk and splits of each). The Gluon loops write partials, merged by the combine."""
+    chunk and splits of each). The Gluon loops write partials, merged by the combine. `chunk`:
+    the slots a split runs when every slot of the rows is used (the most it can run); each launch
+    splits each request's used slots over the `nsplit` programs on the device (`split_slots`)."""
 
     engine: str
     tiles: Tiles
@@ -562,10 +621,11 @@ def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_iw=swa_indices.stride(0),
         stride_ix=stride_ix, stride_ob=o.stride(0), stride_oh=o.stride(1),
         H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
-        KW=swa_indices.shape[1], KX=kx, CHUNK=p.chunk, NSPLIT=p.nsplit,
+        KW=swa_indices.shape[1], KX=kx, NSPLIT=p.nsplit,
         PS_W=L.page_size, PB_W=L.page_bytes if L.fp8 else 0, PS_X=LX.page_size, PB_X=LX.page_bytes if L.fp8 else 0,
         DN=L.nope, D=D, D_P=d_p, FP8=L.fp8, TILE=L.tile, DATA_BYTES=L.data_bytes, SCALE_BYTES=L.scale_bytes,
-        BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v,
+        BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v, WHILE_LOOP=_INTERPRETED,
+        ONE_TILE=p.chunk <= t.block_k,  # with every slot used a split runs p.chunk slots, the most it can
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
 
@@ -613,8 +673,8 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
 
         base = 0
         caches = [(swa, swa_indices, swa_lengths), (extra, extra_indices, extra_lengths)]
-        for (cache, indices, lengths), (_, chunk, nsplit) in zip(caches, p.per_cache):
-            gluon_sparse_decode_partials(q, cache.data, indices, lengths, o_part, lse_part, chunk, nsplit, scale,
+        for (cache, indices, lengths), (_, _, nsplit) in zip(caches, p.per_cache):
+            gluon_sparse_decode_partials(q, cache.data, indices, lengths, o_part, lse_part, nsplit, scale,
                                          split_base=base, ns_total=ns_total)
             base += nsplit
     elif p.engine in WS_ENGINES:
@@ -624,14 +684,14 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         fp8 = p.engine == "gluon-fp8-ws"
         launch = gluon_fp8_ws_sparse_decode_partials if fp8 else gluon_bf16_ws_sparse_decode_partials
         merge = (sink, o, lse, merge_counts(B, q.device, rows=2)) if p.merge_in_kernel else None
-        launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, o_part, lse_part, p.chunk,
-               p.nsplit, scale, staged=staged, merge=merge)
+        launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, o_part, lse_part, p.nsplit,
+               scale, staged=staged, merge=merge)
     elif p.engine == "gluon-fp8":
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
 
         merge = (sink, o, lse, merge_counts(B, q.device)) if p.merge_in_kernel else None
         gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                         o_part, lse_part, p.chunk, p.nsplit, scale, merge=merge)
+                                         o_part, lse_part, p.nsplit, scale, merge=merge)
     else:
         _launch_fused(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p,
                       o, lse, o_part, lse_part)

@@ -2,7 +2,8 @@
 
 The block-level kernel (kernel.py) dequantises FP8 rows in registers on their way to the tensor
 cores, and Triton's pipeliner keeps one tile in flight for that gather -> dequantise -> MMA chain.
-Here the schedule is written out. The chunk's indices are read into shared memory once; the raw
+Here the schedule is written out. The indices are read into a ring of tile rows in shared memory
+a few tiles ahead (so no gather address waits on a global load, whatever the rows' width); the raw
 bytes of each selected row (448 e4m3 nope bytes, 128 rope bytes, the 8-byte scale record) are
 gathered by cp.async into two staging buffers: tile t + 1's are in flight while tile t is
 dequantised, tiles t + 1's and t + 2's while it is multiplied. Per tile: staged bytes -> registers -> bf16 (e4m3 times 2^(exp - 127), exact: the
@@ -12,9 +13,11 @@ t + NBUF as soon as every warp has read it, before the MMAs, so the gather of tw
 the products of one.
 
 One launch covers both caches, as kernel.py's main kernel does (the compressed cache's rows,
-indices and lengths at fixed offsets from the window cache's), with the same chunks; it writes the
-same fp32 partials (o normalised by its chunk's denominator, base-2 lse; -inf for a chunk with no
-used slot), which kernel.py's combine merges with the sink. With MERGE (kernel.GLUON_FP8_MERGE_IN_KERNEL,
+indices and lengths at fixed offsets from the window cache's), with the same splits of each
+request's used slots (`split_slots`, kernel.py's on the device: run-time trip counts, so rows sized
+to SGLang's graph width cost per used slot); it writes the same fp32 partials (o normalised by its
+split's denominator, base-2 lse; o = 0 and lse -inf for a split with no used slot), which
+kernel.py's combine merges with the sink. With MERGE (kernel.GLUON_FP8_MERGE_IN_KERNEL,
 off until a GPU run validates it) each request's last program to finish does that merge itself,
 found by an atomic count per request, so one launch writes o and lse.
 
@@ -42,6 +45,10 @@ SCALE_BYTES = 8
 HEADS = 64  # one warpgroup's MMA rows
 BLOCK_K = 64
 NUM_BUF = 2  # staging buffers: q 64 KB + bf16 tile 64 KB + 2 x 36.5 KB of FP8 bytes fit 227 KB; 3 do not
+# Tile rows of indices in shared memory, a ring (1 KiB): the loops read tile t's row (scores' mask)
+# and issue tile t + 2's gather, and refill the row of a tile every warp is past with one read
+# ahead into registers, so the staging does not grow with the rows' width.
+IDX_RING = 4
 
 # the chunk's indices in shared memory, flat, viewed as rows of a tile (or of a sub-tile)
 IDX_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
@@ -53,18 +60,49 @@ _DATA_BYTES = gl.constexpr(DATA_BYTES)
 _SCALE_BYTES = gl.constexpr(SCALE_BYTES)
 LOG2E_ = gl.constexpr(LOG2E)
 LN2_ = gl.constexpr(LN2)
+IDX_RING_ = gl.constexpr(IDX_RING)
 
 
 @gluon.jit
-def _tile_rows(idx_smem, t, start, x_delta, ROWS: gl.constexpr, KW: gl.constexpr, PS_W: gl.constexpr,
+def split_slots(p_len, i_b, i_s, len_x_delta, KW: gl.constexpr, KX: gl.constexpr, NSPLIT: gl.constexpr,
+                BK: gl.constexpr):
+    """kernel.split_slots in Gluon (the same sums; that one is tested on the CPU): split i_s's share
+    of request i_b's used slots, the window's [0, n_w) then the compressed cache's (lengths clamped
+    to the widths KW, KX) numbered as one range, in whole BK-slot tiles. Returns (n_w, start, end,
+    its tiles); a split past the end has none."""
+    n_w = gl.minimum(gl.maximum(gl.load(p_len + i_b), 0), KW)
+    n = n_w
+    if KX > 0:
+        n += gl.minimum(gl.maximum(gl.load(p_len + len_x_delta + i_b), 0), KX)
+    per = gl.cdiv(gl.cdiv(n, NSPLIT), BK) * BK
+    start = i_s * per
+    end = gl.minimum(start + per, n)
+    return n_w, start, end, gl.cdiv(gl.maximum(end - start, 0), BK)
+
+
+@gluon.jit
+def tile_indices(p_idx, i_b, pos0, end, n_w, stride_iw, stride_ix, idx_x_delta, N: gl.constexpr,
+                 L: gl.constexpr):
+    """Token numbers [N] (layout L) of request i_b's used slots pos0 .. pos0 + N: below n_w the
+    window's slot, from n_w the compressed cache's slot - n_w (its indices idx_x_delta past the
+    window's); -1 at or past `end` and where the row says -1."""
+    o_k = pos0 + gl.arange(0, N, layout=L)
+    in_x = o_k >= n_w
+    o_i = gl.where(in_x, idx_x_delta + i_b * stride_ix + (o_k - n_w), i_b * stride_iw + o_k)
+    return gl.load(p_idx + o_i, mask=o_k < end, other=-1)
+
+
+@gluon.jit
+def _tile_rows(idx_rows, row, pos0, n_w, x_delta, ROWS: gl.constexpr, PS_W: gl.constexpr,
                PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr, BK: gl.constexpr):
-    """Byte offsets [BK] (int64, from the window cache's first byte) of tile t's data and scale
-    records, and which rows are used, in layout ROWS. Slots at or past KW are the compressed
-    cache's, whose bytes start x_delta past the window cache's."""
-    b_idx = idx_smem.index(t).load(ROWS)  # [BK]
+    """Byte offsets [BK] (int64, from the window cache's first byte) of the data and scale records
+    of the tokens in row `row` of idx_rows (used slots pos0 .. pos0 + BK), and which rows are used,
+    in layout ROWS. Used slots from n_w on are the compressed cache's, whose bytes start x_delta
+    past the window cache's."""
+    b_idx = idx_rows.index(row).load(ROWS)  # [BK]
     m_row = b_idx >= 0
     tok = gl.where(m_row, b_idx, 0).to(gl.int64)  # caches can exceed 2^31 bytes
-    in_x = (start + t * BK + gl.arange(0, BK, layout=ROWS)) >= KW
+    in_x = (pos0 + gl.arange(0, BK, layout=ROWS)) >= n_w
     page_w = tok // PS_W
     slot_w = tok % PS_W
     page_x = tok // PS_X
@@ -76,24 +114,25 @@ def _tile_rows(idx_smem, t, start, x_delta, ROWS: gl.constexpr, KW: gl.constexpr
 
 
 @gluon.jit
-def _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, t, buf, start, x_delta,
-                KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
+def _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, t, buf, start, n_w, x_delta,
+                PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
                 BK: gl.constexpr, L_NOPE: gl.constexpr, L_ROPE: gl.constexpr, L_SCALE: gl.constexpr):
     """cp.async tile t's raw bytes into staging buffer `buf`: nope tile j of every row into
     st_nope[buf * 7 + j] [BK, 64] u8, the rope into st_rope[buf] [BK, 64] bf16, the scale record's
     two 32-bit words into st_scale[buf] [2, BK] i32. Unused rows (index -1) read nothing; cp.async
     zero-fills them, so they dequantise to 0 and their masked scores multiply finite values."""
-    at, _, m_row = _tile_rows(idx_smem, t, start, x_delta, gl.SliceLayout(1, L_NOPE), KW, PS_W, PB_W, PS_X, PB_X, BK)
+    row, pos0 = t % IDX_RING_, start + t * BK  # tile t's row of the index ring, its first used slot
+    at, _, m_row = _tile_rows(idx_smem, row, pos0, n_w, x_delta, gl.SliceLayout(1, L_NOPE), PS_W, PB_W, PS_X, PB_X, BK)
     o_c = gl.arange(0, _TILE, layout=gl.SliceLayout(0, L_NOPE))
     for j in gl.static_range(_NOPE_TILES):
         # 16 bytes a thread, 4 KB of one nope tile a call: contiguous in shared memory, no bank conflict
         cp.async_copy_global_to_shared(st_nope.index(buf * _NOPE_TILES + j), p_kv8 + (at + j * _TILE)[:, None] + o_c[None, :],
                                        mask=m_row[:, None])
-    at_r, _, m_r = _tile_rows(idx_smem, t, start, x_delta, gl.SliceLayout(1, L_ROPE), KW, PS_W, PB_W, PS_X, PB_X, BK)
+    at_r, _, m_r = _tile_rows(idx_smem, row, pos0, n_w, x_delta, gl.SliceLayout(1, L_ROPE), PS_W, PB_W, PS_X, PB_X, BK)
     o_r = gl.arange(0, _ROPE, layout=gl.SliceLayout(0, L_ROPE))
     cp.async_copy_global_to_shared(st_rope.index(buf), p_kv16 + ((at_r + _NOPE_TILES * _TILE) >> 1)[:, None] + o_r[None, :],
                                    mask=m_r[:, None])
-    _, at_s, m_s = _tile_rows(idx_smem, t, start, x_delta, gl.SliceLayout(0, L_SCALE), KW, PS_W, PB_W, PS_X, PB_X, BK)
+    _, at_s, m_s = _tile_rows(idx_smem, row, pos0, n_w, x_delta, gl.SliceLayout(0, L_SCALE), PS_W, PB_W, PS_X, PB_X, BK)
     o_w = gl.arange(0, 2, layout=gl.SliceLayout(1, L_SCALE))
     ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     st_words = st_scale.index(buf)._reinterpret(gl.int32, [2, BK], ROW2)  # [2, BK]: word w of every row
@@ -123,36 +162,15 @@ def _dequant_tile(kv_smem, st_nope, st_rope, st_scale, buf, L_NOPE: gl.constexpr
 
 
 @gluon.jit
-def _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW: gl.constexpr,
-                   KX: gl.constexpr, CHUNK: gl.constexpr, N: gl.constexpr):
-    """The indices of slots [start, start + N) of request i_b, once, into shared memory ([N] int32;
-    no gather address and no score mask then waits on a global load): the KW window slots, then
-    the KX compressed-cache slots (indices and lengths at fixed offsets from the window's); -1 for
-    slots past the chunk, past either cache's slots, past the request's length, or unused."""
-    L: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    n_w = gl.load(p_len + i_b)
-    n_x = 0
-    if KX > 0:
-        n_x = gl.load(p_len + len_x_delta + i_b)
-    o_k = start + gl.arange(0, N, layout=L)
-    in_x = o_k >= KW
-    o_kx = o_k - KW
-    m_k = (o_k < start + CHUNK) & (o_k < KW + KX) & gl.where(in_x, o_kx < n_x, o_k < n_w)
-    o_i = gl.where(in_x, idx_x_delta + i_b * stride_ix + o_kx, i_b * stride_iw + o_k)
-    b_idx = gl.load(p_idx + o_i, mask=m_k, other=-1)  # [N]
-    return gl.allocate_shared_memory(gl.int32, [N], IDX_SMEM, b_idx)
-
-
-@gluon.jit
-def _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH: gl.constexpr, BK: gl.constexpr):
+def _tile_products(q_smem, kv_t, idx_smem, row, b_m, b_l, b_acc, qk_scale_log2, BH: gl.constexpr, BK: gl.constexpr):
     """One bf16 tile kv_t [BK, 512] of both warpgroups: S = q K^T, the online softmax (base 2, masked
-    slots at -inf, tile t's indices from idx_smem), acc = acc * alpha + P V. Returns (m, l, acc)."""
+    slots at -inf, the tile's indices in row `row` of idx_smem), acc = acc * alpha + P V. Returns (m, l, acc)."""
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     P_DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_MMA, k_width=2)
     s_zero = gl.zeros([BH, BK], gl.float32, layout=S_MMA)
     b_s = warpgroup_mma(q_smem, kv_t.permute((1, 0)), s_zero, use_acc=False)  # [BH, BK]
-    b_m_new, b_l, b_alpha, b_p = _online_softmax(b_s, idx_smem, t, b_m, b_l, qk_scale_log2)
+    b_m_new, b_l, b_alpha, b_p = _online_softmax(b_s, idx_smem, row, b_m, b_l, qk_scale_log2)
     b_alpha_o = gl.convert_layout(b_alpha, gl.SliceLayout(1, O_MMA))
     p_dot = gl.convert_layout(b_p.to(gl.bfloat16), P_DOT)
     b_acc = warpgroup_mma(p_dot, kv_t, b_acc * b_alpha_o[:, None])  # [BH, D]; waits for its completion
@@ -160,11 +178,11 @@ def _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH
 
 
 @gluon.jit
-def _online_softmax(b_s, idx_smem, t, b_m, b_l, qk_scale_log2):
+def _online_softmax(b_s, idx_smem, row, b_m, b_l, qk_scale_log2):
     """One tile's step of the online softmax on scores b_s [BH, BK] (in their MMA layout), base 2:
-    slots whose index (tile t's row of idx_smem) is -1 at -inf. Returns the new running max and
+    slots whose index (row `row` of idx_smem) is -1 at -inf. Returns the new running max and
     sum, the rescale of what came before (alpha) and the tile's unnormalised P."""
-    b_idx = idx_smem.index(t).load(gl.SliceLayout(0, b_s.type.layout))  # [BK]
+    b_idx = idx_smem.index(row).load(gl.SliceLayout(0, b_s.type.layout))  # [BK]
     b_s = gl.where((b_idx >= 0)[None, :], b_s * qk_scale_log2, float("-inf"))
     b_m_new = gl.maximum(b_m, gl.max(b_s, axis=1))
     b_alpha = gl.exp2(b_m - b_m_new)  # [BH]
@@ -190,16 +208,18 @@ def _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr
 
 @gluon.jit
 def _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr, BH: gl.constexpr,
-                    D: gl.constexpr, BK: gl.constexpr):
+                    D: gl.constexpr, BK: gl.constexpr, store_o):
     """Split i_s's o (normalised by its own denominator) into o_part [B, NSPLIT, H, D] (fp32 here;
     the warp-specialised loops' bf16 partials go through kernel_gluon_fp8_ws._store_partials_staged),
-    straight from the accumulator's layout, and its base-2 lse into lse_part [B, NSPLIT, H]."""
+    straight from the accumulator's layout, where `store_o` (an idle split's o is never read by
+    kernel.py's combine), and its base-2 lse into lse_part [B, NSPLIT, H] always."""
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     b_o = _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, BK)  # [BH, D]
-    o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
-    o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
-    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
-    gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
+    if store_o:
+        o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
+        o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
+        row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
+        gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_o)
 
 
 @gluon.jit
@@ -250,12 +270,12 @@ def _merge_if_last(p_o_part, p_lse_part, p_sink, p_o, p_lse, p_count, i_b, strid
 def gluon_fp8_sparse_decode_kernel(
     p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_count,
     stride_qb, stride_iw, stride_ix, stride_ob, stride_oh, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
-    KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
+    KW: gl.constexpr, KX: gl.constexpr, NSPLIT: gl.constexpr,
     PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
     D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, NBUF: gl.constexpr, MERGE: gl.constexpr,
 ):
-    """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
-    followed by the KX compressed-cache slots; writes split i_s of o_part [B, NSPLIT, H, D] fp32
+    """One program: request i_b, all BH heads, split i_s of the request's used slots (`split_slots`:
+    of the KW window slots then the KX compressed-cache slots, as far as the lengths say); writes split i_s of o_part [B, NSPLIT, H, D] fp32
     and lse_part [B, NSPLIT, H] (base 2). MERGE: the request's last program to finish also merges
     its NSPLIT partials with the sink [H] into o [B, H, D] bf16 and lse [B, H] (natural log), as
     kernel.py's combine does, counting finished programs in p_count [B] int32 (0 on entry, left 0).
@@ -277,22 +297,26 @@ def gluon_fp8_sparse_decode_kernel(
 
     i_b = gl.program_id(0)
     i_s = gl.program_id(2)
-    start = i_s * CHUNK
+    n_w, start, end, n_tiles = split_slots(p_len, i_b, i_s, len_x_delta, KW, KX, NSPLIT, BK)
 
-    # The chunk's indices, with NBUF tiles of run-out past the chunk for the gathers issued ahead.
-    N_TILES: gl.constexpr = CHUNK // BK
-    IDX_ROWS: gl.constexpr = triton.next_power_of_2(N_TILES + NBUF)
-    idx_flat = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
-                              CHUNK, IDX_ROWS * BK)
-    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_SMEM)  # row t: tile t's indices
+    # The index ring: tiles 0 .. NBUF in its rows, tile NBUF + 1 in registers (stored in the loop).
+    gl.static_assert(IDX_RING_ >= NBUF + 2)
+    IDX_L: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    idx_flat = gl.allocate_shared_memory(gl.int32, [IDX_RING_ * BK], IDX_SMEM)
+    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_RING_, BK], IDX_SMEM)  # row t % IDX_RING: tile t's indices
+    for i in gl.static_range(NBUF + 1):
+        idx_smem.index(i).store(tile_indices(p_idx, i_b, start + i * BK, end, n_w, stride_iw, stride_ix, idx_x_delta,
+                                             BK, IDX_L))
+    b_idx_next = tile_indices(p_idx, i_b, start + (NBUF + 1) * BK, end, n_w, stride_iw, stride_ix, idx_x_delta, BK,
+                              IDX_L)
     gl.thread_barrier()
 
     st_nope = gl.allocate_shared_memory(gl.uint8, [NBUF * _NOPE_TILES, BK, _TILE], ROW2)
     st_rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BK, _ROPE], ROW2)
     st_scale = gl.allocate_shared_memory(gl.int32, [NBUF, 2 * BK], ROW1)
-    for i in gl.static_range(NBUF):
-        _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, i, i, start, x_delta,
-                    KW, PS_W, PB_W, PS_X, PB_X, BK, L_NOPE, L_ROPE, L_SCALE)
+    for i in gl.static_range(NBUF):  # tiles past the split have no used row: their copies read nothing
+        _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, i, i, start, n_w, x_delta,
+                    PS_W, PB_W, PS_X, PB_X, BK, L_NOPE, L_ROPE, L_SCALE)
         cp.commit_group()
 
     o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, LOAD))
@@ -304,32 +328,39 @@ def gluon_fp8_sparse_decode_kernel(
     b_m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH] running max, base 2
     b_l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH]
     b_acc = gl.zeros([BH, D], gl.float32, layout=O_MMA)  # [BH, D]
-    for t in range(N_TILES):
+    for t in range(n_tiles):  # the split's tiles only (run-time): none past its used slots
         buf = t % NBUF
         cp.wait_group(NBUF - 1)  # tile t landed (the NBUF - 1 tiles after it may still be in flight)
         gl.thread_barrier()  # ... for every thread's copies
         _dequant_tile(kv_smem, st_nope, st_rope, st_scale, buf, L_NOPE, L_ROPE)
         fence_async_shared()  # this thread's stores, before the wgmma reads them through the async proxy
         gl.thread_barrier()  # every warp's part of the tile stored, every warp done with staging buffer buf
-        if N_TILES > NBUF:  # static: a chunk of NBUF tiles or fewer was issued whole before the loop
-            if t + NBUF < N_TILES:
-                _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, t + NBUF, buf, start,
-                            x_delta, KW, PS_W, PB_W, PS_X, PB_X, BK, L_NOPE, L_ROPE, L_SCALE)
-        cp.commit_group()  # an empty group past the chunk keeps wait_group's count per tile
-        b_m, b_l, b_acc = _tile_products(q_smem, kv_smem, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH, BK)
-        gl.thread_barrier()  # both warpgroups done with kv_smem before the next tile overwrites it
+        # tile t - 1's ring row (every warp is past its products) takes tile t + NBUF + 1's indices
+        idx_smem.index((t + NBUF + 1) % IDX_RING_).store(b_idx_next)
+        b_idx_next = tile_indices(p_idx, i_b, start + (t + NBUF + 2) * BK, end, n_w, stride_iw, stride_ix,
+                                  idx_x_delta, BK, IDX_L)
+        if t + NBUF < n_tiles:
+            _issue_tile(st_nope, st_rope, st_scale, p_kv8, p_kv16, p_kv32, idx_smem, t + NBUF, buf, start, n_w,
+                        x_delta, PS_W, PB_W, PS_X, PB_X, BK, L_NOPE, L_ROPE, L_SCALE)
+        cp.commit_group()  # an empty group past the split keeps wait_group's count per tile
+        b_m, b_l, b_acc = _tile_products(q_smem, kv_smem, idx_smem, t % IDX_RING_, b_m, b_l, b_acc, qk_scale_log2,
+                                         BH, BK)
+        gl.thread_barrier()  # both warpgroups done with kv_smem (and its ring row) before the next tile
     cp.wait_group(0)
 
-    _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+    if MERGE:  # the merge reads every split's o
+        _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK, True)
+    else:
+        _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK, n_tiles > 0)
     if MERGE:
         _merge_if_last(p_o_part, p_lse_part, p_sink, p_o, p_lse, p_count, i_b, stride_ob, stride_oh, H,
                        NSPLIT, D, BH)
 
 
 def gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                     o_part, lse_part, chunk: int, nsplit: int, scale: float,
+                                     o_part, lse_part, nsplit: int, scale: float,
                                      merge: tuple | None = None) -> None:
-    """Fill o_part [B, nsplit, H, D] fp32 (o over each chunk of the window slots then the
+    """Fill o_part [B, nsplit, H, D] fp32 (o over each split of the used window slots then the used
     compressed-cache slots, normalised) and lse_part [B, nsplit, H] (base 2) for q [B, 64, 512] bf16
     (rows contiguous) over the FP8 caches swa and extra (KVCache; extra may be None), indices
     [B, W] / [B, K] int32 with unit stride. The caches must pass kernel.gluon_fp8_operands_ok.
@@ -356,7 +387,7 @@ def gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, ex
         stride_qb=q.stride(0), stride_iw=swa_indices.stride(0), stride_ix=stride_ix,
         stride_ob=o.stride(0), stride_oh=o.stride(1), H=H,
         qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta, len_x_delta=len_x_delta,
-        KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit,
+        KW=swa_indices.shape[1], KX=kx, NSPLIT=nsplit,
         PS_W=L.page_size, PB_W=L.page_bytes, PS_X=LX.page_size, PB_X=LX.page_bytes,
         D=D, BH=H, BK=BLOCK_K, NBUF=NUM_BUF, MERGE=merge is not None, num_warps=8,
     )

@@ -24,9 +24,12 @@ before every store (and cp.async) into an allocation another one wrote since the
 whatever the slices; seven 64-column stores and copies a sub-tile gave 86 bar.sync and no gain
 over kernel_gluon_fp8.py on the H200, the wide form 34 and 1.08x at B = 64.
 
-Shared memory 227,748 B: q 64 KiB + two bf16 tiles 128 KiB + three 8.1 KiB staging buffers + the
-chunk's indices + the softmax's scratch; a 64-row staging buffer would not fit beside two bf16
-tiles, hence the sub-tiles. Same launch and chunks as kernel_gluon_fp8.py; the partials fp32 or bf16, straight or staged
+Shared memory: q 64 KiB + two bf16 tiles 128 KiB + three 8.1 KiB staging buffers + a ring of four
+tile rows of indices (1 KiB, whatever the rows' width) + the softmax's scratch; a 64-row staging
+buffer would not fit beside two bf16 tiles, hence the sub-tiles. Each program runs its split of
+its request's used slots (kernel_gluon_fp8.split_slots: both partitions loop over a run-time
+number of tiles, so rows sized to SGLang's graph width cost per used slot); the producer keeps
+the index ring filled (`_producer`). Same launch and splits as kernel_gluon_fp8.py; the partials fp32 or bf16, straight or staged
 through the ring (kernel.py's switches; its combine merges them); GPU and Triton 3.6 only,
 switched by kernel.GLUON_FP8_WS.
 Measurements and what bounds it: docs/kernels/mma_attn.md.
@@ -40,8 +43,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import (
-    BLOCK_K, HEADS, IDX_SMEM, LN2_, LOG2E_, _NOPE_TILES, _ROPE, _TILE, _chunk_indices, _split_result, _store_partials,
-    _tile_products, _tile_rows,
+    BLOCK_K, HEADS, IDX_RING_, IDX_SMEM, LN2_, LOG2E_, _NOPE_TILES, _ROPE, _TILE, _split_result, _store_partials,
+    _tile_products, _tile_rows, split_slots, tile_indices,
 )
 from dsv4opt.tritonlib import LOG2E
 
@@ -56,16 +59,18 @@ ABLATE = 0
 
 
 @gluon.jit
-def _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, x_delta,
-               KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
+def _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, n_w, x_delta,
+               PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
                SUB_: gl.constexpr, L_D: gl.constexpr, L_SC: gl.constexpr):
     """cp.async sub-tile u's 448 nope bytes into st_data[buf] [SUB, 512] u8 (one op, 16 bytes a
-    thread; columns 448-511 masked, so zero-filled and not read) and its scale words."""
-    at, _, m_row = _tile_rows(idx_sub, u, start, x_delta, gl.SliceLayout(1, L_D), KW, PS_W, PB_W, PS_X, PB_X, SUB_)
+    thread; columns 448-511 masked, so zero-filled and not read) and its scale words. Its indices
+    are row u % (rows of idx_sub) of the index ring, seen as SUB-slot rows."""
+    row, pos0 = u % idx_sub.shape[0], start + u * SUB_
+    at, _, m_row = _tile_rows(idx_sub, row, pos0, n_w, x_delta, gl.SliceLayout(1, L_D), PS_W, PB_W, PS_X, PB_X, SUB_)
     o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, L_D))
     cp.async_copy_global_to_shared(st_data.index(buf), p_kv8 + at[:, None] + o_c[None, :],
                                    mask=m_row[:, None] & (o_c < _NOPE_TILES * _TILE)[None, :])
-    _, at_s, m_s = _tile_rows(idx_sub, u, start, x_delta, gl.SliceLayout(0, L_SC), KW, PS_W, PB_W, PS_X, PB_X, SUB_)
+    _, at_s, m_s = _tile_rows(idx_sub, row, pos0, n_w, x_delta, gl.SliceLayout(0, L_SC), PS_W, PB_W, PS_X, PB_X, SUB_)
     o_w = gl.arange(0, 2, layout=gl.SliceLayout(1, L_SC))
     ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     st_words = st_scale.index(buf)._reinterpret(gl.int32, [2, SUB_], ROW2)
@@ -97,36 +102,62 @@ def _dequant_sub(dst, st_data, st_scale, buf, SUB_: gl.constexpr):
 
 
 @gluon.jit
-def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
-              N_TILES: gl.constexpr, KW: gl.constexpr, PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr,
-              PB_X: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr, ABLATE_: gl.constexpr):
+def _fill_index_ring(idx_smem, p_idx, i_b, start, end, n_w, stride_iw, stride_ix, idx_x_delta, ROWS: gl.constexpr,
+                     BK: gl.constexpr, L: gl.constexpr):
+    """Rows 0 .. ROWS - 1 of the index ring get tiles 0 .. ROWS - 1's indices; returns tile ROWS's,
+    read into registers (layout L) for the producer to store a tile later."""
+    for i in gl.static_range(ROWS):
+        idx_smem.index(i).store(tile_indices(p_idx, i_b, start + i * BK, end, n_w, stride_iw, stride_ix, idx_x_delta,
+                                             BK, L))
+    return tile_indices(p_idx, i_b, start + ROWS * BK, end, n_w, stride_iw, stride_ix, idx_x_delta, BK, L)
+
+
+@gluon.jit
+def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_idx, p_kv8, p_kv16, p_kv32, i_b, start, end,
+              n_w, n_tiles, stride_iw, stride_ix, idx_x_delta, x_delta, PS_W: gl.constexpr, PB_W: gl.constexpr,
+              PS_X: gl.constexpr, PB_X: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr,
+              ABLATE_: gl.constexpr):
     """Fills ring slot t % 2 with tile t once the consumers released it: the rope by cp.async
     straight into its last 64 columns, the nope columns dequantised sub-tile by sub-tile from
     staging; then `full`. Sub-tile u + NST - 1 is issued as soon as every producer thread is past
     sub-tile u - 1 (whose buffer it reuses), so NST - 1 sub-tiles are in flight during each
-    dequantisation."""
+    dequantisation. n_tiles (run-time) tiles: the split's used slots and no more.
+
+    The index ring (IDX_RING rows): the producer reads tiles t and t + 1 (sub-tiles issued ahead),
+    the consumers tile t's row for the scores' mask. Once the consumers released tile t - 2 (the
+    `empty` wait of tile t), its row takes tile t + 2's indices, read a tile earlier into
+    registers; the `full` arrivals carry the rows to the consumers as they carry the tiles."""
     L_D: gl.constexpr = gl.BlockedLayout([1, 16], [2, 16], [4, 1], [1, 0])  # [16, 512] u8, 16 bytes a thread
     L_SC: gl.constexpr = gl.BlockedLayout([1, 1], [2, 16], [1, 4], [1, 0])  # [2, 16] i32 words
     L_R: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])  # [64, 64] bf16, 16 bytes a thread
+    L_I: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # [BK] indices
     NSUB: gl.constexpr = BK // SUB_
-    NU: gl.constexpr = N_TILES * NSUB
     gl.static_assert(NST - 1 <= NSUB)
+    gl.static_assert(IDX_RING_ >= 4)
+    NU = n_tiles * NSUB
+    b_idx_next = _fill_index_ring(idx_smem, p_idx, i_b, start, end, n_w, stride_iw, stride_ix, idx_x_delta, 2, BK,
+                                  L_I)
+    gl.thread_barrier()  # rows 0 and 1 stored, before any producer thread reads them
     if ABLATE_ & 2:  # diagnostic: hand over the tiles untouched
-        for t in range(N_TILES):
+        for t in range(n_tiles):
             mbarrier.wait(empty.index(t % 2), ((t // 2) & 1) ^ 1)
             mbarrier.arrive(full.index(t % 2))
         return
     for i in gl.static_range(NST - 1):
         if i < NU:
-            _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, i, i, start, x_delta, KW, PS_W, PB_W, PS_X, PB_X,
+            _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, i, i, start, n_w, x_delta, PS_W, PB_W, PS_X, PB_X,
                        SUB_, L_D, L_SC)
         cp.commit_group()
     o_r = gl.arange(0, _ROPE, layout=gl.SliceLayout(0, L_R))
-    for t in range(N_TILES):
+    for t in range(n_tiles):
         slot = t % 2
         mbarrier.wait(empty.index(slot), ((t // 2) & 1) ^ 1)  # the first wait on each slot passes
+        idx_smem.index((t + 2) % IDX_RING_).store(b_idx_next)  # tile t - 2's row: released, read by no thread
+        b_idx_next = tile_indices(p_idx, i_b, start + (t + 3) * BK, end, n_w, stride_iw, stride_ix, idx_x_delta, BK,
+                                  L_I)
         tile = ring.index(slot)
-        at_r, _, m_r = _tile_rows(idx_smem, t, start, x_delta, gl.SliceLayout(1, L_R), KW, PS_W, PB_W, PS_X, PB_X, BK)
+        at_r, _, m_r = _tile_rows(idx_smem, t % IDX_RING_, start + t * BK, n_w, x_delta, gl.SliceLayout(1, L_R), PS_W,
+                                  PB_W, PS_X, PB_X, BK)
         cp.async_copy_global_to_shared(tile.slice(_NOPE_TILES * _TILE, _ROPE, dim=1),
                                        p_kv16 + ((at_r + _NOPE_TILES * _TILE) >> 1)[:, None] + o_r[None, :],
                                        mask=m_r[:, None])
@@ -140,14 +171,10 @@ def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_
                 cp.wait_group(NST - 2)  # also the rope's group: complete from here on
             gl.thread_barrier()  # sub-tile u's scale words landed for every thread; all past sub-tile u - 1
             nxt = u + NST - 1
-            if N_TILES == 1:  # static: Triton 3.6 fails to lower the folded one-tile loop's dead branch
-                if q + NST - 1 < NU:
-                    _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W,
-                               PB_W, PS_X, PB_X, SUB_, L_D, L_SC)
-            elif nxt < NU:
-                _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, x_delta, KW, PS_W, PB_W,
+            if nxt < NU:
+                _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, nxt, nxt % NST, start, n_w, x_delta, PS_W, PB_W,
                            PS_X, PB_X, SUB_, L_D, L_SC)
-            cp.commit_group()  # an empty group past the chunk keeps the counts per sub-tile
+            cp.commit_group()  # an empty group past the split keeps the counts per sub-tile
             _dequant_sub(tile.slice(q * SUB_, SUB_, dim=0), st_data, st_scale, u % NST, SUB_)
         fence_async_shared()  # this thread's stores and copies, before the consumers' wgmma reads them
         mbarrier.arrive(full.index(slot))
@@ -156,10 +183,13 @@ def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_
 
 @gluon.jit
 def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done,
-              i_b, i_s, stride_qb, stride_ob, stride_oh, H, qk_scale_log2, N_TILES: gl.constexpr, NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr,
-              BK: gl.constexpr, STAGED: gl.constexpr, MERGE: gl.constexpr, ABLATE_: gl.constexpr):
-    """q into shared memory, then per ring tile QK, the online softmax (base 2, masked slots at
-    -inf) and PV as in kernel_gluon_fp8.py; writes split i_s's partials (in o_part's dtype; with
+              i_b, i_s, n_tiles, stride_qb, stride_ob, stride_oh, H, qk_scale_log2, NSPLIT: gl.constexpr,
+              D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, STAGED: gl.constexpr, MERGE: gl.constexpr,
+              ABLATE_: gl.constexpr):
+    """q into shared memory (not for a split with no tile), then per ring tile (n_tiles, run-time)
+    QK, the online softmax (base 2, masked slots at -inf; tile t's indices in row t % IDX_RING of
+    idx_smem, which the producer filled before handing the tile over) and PV as in
+    kernel_gluon_fp8.py; writes split i_s's partials (o = 0, lse -inf for a split with no tile) (in o_part's dtype; with
     STAGED through the ring, in whole lines), or with MERGE `_store_or_merge`'s (p_sink to
     stride_oh are read only there). Shared by the FP8 and bf16 warp-specialised loops: only their producers
     differ."""
@@ -169,21 +199,23 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_
     o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, LOAD))
     o_dq = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
     if not (ABLATE_ & 8):
-        q_smem.store(gl.load(p_q + i_b * stride_qb + o_h[:, None] * D + o_dq[None, :]))
+        if n_tiles > 0:  # an idle split reads no q
+            q_smem.store(gl.load(p_q + i_b * stride_qb + o_h[:, None] * D + o_dq[None, :]))
     fence_async_shared()
     gl.thread_barrier()  # every consumer warp's part of q, before either warpgroup's wgmma reads it
 
     b_m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH] running max, base 2
     b_l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH]
     b_acc = gl.zeros([BH, D], gl.float32, layout=O_MMA)  # [BH, D]
-    for t in range(N_TILES):
+    for t in range(n_tiles):
         slot = t % 2
         mbarrier.wait(full.index(slot), (t // 2) & 1)
         kv_t = ring.index(slot)
         if ABLATE_ & 1:  # diagnostic: release the tile unread
             mbarrier.arrive(empty.index(slot))
         else:
-            b_m, b_l, b_acc = _tile_products(q_smem, kv_t, idx_smem, t, b_m, b_l, b_acc, qk_scale_log2, BH, BK)
+            b_m, b_l, b_acc = _tile_products(q_smem, kv_t, idx_smem, t % IDX_RING_, b_m, b_l, b_acc, qk_scale_log2,
+                                             BH, BK)
             mbarrier.arrive(empty.index(slot))
 
     if ABLATE_ & 4:  # diagnostic: one head's row (the products stay live, 1/64 of the bytes)
@@ -194,19 +226,21 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_
     elif MERGE:
         _store_or_merge(ring, q_smem, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done, b_acc, b_m, b_l,
                         i_b, i_s, stride_ob, stride_oh, H, NSPLIT, BH, D, BK)
-    elif STAGED:
-        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+    elif STAGED:  # an idle split's o is left unwritten: its lse is -inf and kernel.py's combine skips it
+        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK,
+                               n_tiles > 0)
     else:
-        _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+        _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK, n_tiles > 0)
 
 
 @gluon.jit
 def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr,
-                           BH: gl.constexpr, D: gl.constexpr, BK: gl.constexpr):
+                           BH: gl.constexpr, D: gl.constexpr, BK: gl.constexpr, store_o):
     """kernel_gluon_fp8._store_partials through shared memory: o (normalised, in o_part's dtype)
     into the ring, free once both warpgroups' last PV is done, then out 16 bytes a thread, a warp
     writing 512 contiguous bytes of one row. Stored straight from the accumulator's layout, a warp
-    instruction writes 32 bytes (fp32) or 16 (bf16) of each of eight rows."""
+    instruction writes 32 bytes (fp32) or 16 (bf16) of each of eight rows. The lse always; o only
+    where `store_o` (the same in every thread)."""
     dt: gl.constexpr = p_o_part.dtype.element_ty
     VEC: gl.constexpr = 128 // dt.primitive_bitwidth  # 16 bytes
     # 16-byte units XOR-swizzled by row: the accumulator's eight rows a warp instruction land on
@@ -215,14 +249,15 @@ def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s
     OUT: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
     gl.static_assert(BH * D * (dt.primitive_bitwidth // 8) <= 2 * BK * D * 2)  # fits the ring
     b_o = _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, BK)  # [BH, D] fp32
-    stage = ring._reinterpret(dt, [BH, D], STAGE)
-    gl.thread_barrier()  # both warpgroups' last PV has read the ring
-    stage.store(b_o.to(dt))
-    gl.thread_barrier()  # every row staged, before any warp reads rows another wrote
-    o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, OUT))
-    o_d = gl.arange(0, D, layout=gl.SliceLayout(0, OUT))
-    row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_h
-    gl.store(p_o_part + row_part[:, None] * D + o_d[None, :], stage.load(OUT))
+    if store_o:
+        stage = ring._reinterpret(dt, [BH, D], STAGE)
+        gl.thread_barrier()  # both warpgroups' last PV has read the ring
+        stage.store(b_o.to(dt))
+        gl.thread_barrier()  # every row staged, before any warp reads rows another wrote
+        o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, OUT))
+        o_d = gl.arange(0, D, layout=gl.SliceLayout(0, OUT))
+        row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_h
+        gl.store(p_o_part + row_part[:, None] * D + o_d[None, :], stage.load(OUT))
 
 
 @gluon.jit
@@ -252,8 +287,8 @@ def _store_or_merge(ring, q_smem, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ti
     gl.static_assert(NSPLIT > 1)
     gl.static_assert(p_o_part.dtype.element_ty == gl.bfloat16)  # one split's partial fits q's buffer
     ticket = gl.atomic_add(p_ticket + i_b, 1, sem="relaxed", scope="gpu")
-    if ticket < NSPLIT - 1:
-        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK)
+    if ticket < NSPLIT - 1:  # every split's o, idle or not: the last program reads them all
+        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK, True)
         gl.thread_barrier()  # every thread's stores, before the release
         gl.atomic_add(p_done + i_b, 1, sem="release", scope="gpu")
     else:
@@ -320,15 +355,12 @@ def _store_or_merge(ring, q_smem, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ti
 
 
 @gluon.jit
-def _ws_buffers(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW: gl.constexpr,
-                KX: gl.constexpr, CHUNK: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, D: gl.constexpr):
-    """What both warp-specialised loops allocate first: the chunk's indices in shared memory, as
-    kernel_gluon_fp8 reads them (flat, and row t: tile t's), q's buffer and the ring of two bf16 tiles."""
+def _ws_buffers(BH: gl.constexpr, BK: gl.constexpr, D: gl.constexpr):
+    """What both warp-specialised loops allocate first: the index ring (flat, and row r: the tile
+    rows its producer fills), q's buffer and the ring of two bf16 tiles."""
     SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    IDX_ROWS: gl.constexpr = triton.next_power_of_2(CHUNK // BK + 1)  # >= 2: a [1, 64] view fails to lower on Triton 3.6
-    idx_flat = _chunk_indices(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta, len_x_delta, KW, KX,
-                              CHUNK, IDX_ROWS * BK)
-    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_ROWS, BK], IDX_SMEM)
+    idx_flat = gl.allocate_shared_memory(gl.int32, [IDX_RING_ * BK], IDX_SMEM)
+    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_RING_, BK], IDX_SMEM)
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, D], SMEM)
     ring = gl.allocate_shared_memory(gl.bfloat16, [2, BK, D], SMEM)
     return idx_flat, idx_smem, q_smem, ring
@@ -350,13 +382,13 @@ def _ring_barriers():
 def gluon_fp8_ws_sparse_decode_kernel(
     p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done,
     stride_qb, stride_iw, stride_ix, stride_ob, stride_oh, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
-    KW: gl.constexpr, KX: gl.constexpr, CHUNK: gl.constexpr, NSPLIT: gl.constexpr,
+    KW: gl.constexpr, KX: gl.constexpr, NSPLIT: gl.constexpr,
     PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
     D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr,
     PRODUCER_REGS_: gl.constexpr, STAGED: gl.constexpr, MERGE: gl.constexpr, ABLATE_: gl.constexpr,
 ):
-    """One program: request i_b, all BH heads, slots [i_s*CHUNK, +CHUNK) of the KW window slots
-    followed by the KX compressed-cache slots (kernel_gluon_fp8's contract); writes split i_s of
+    """One program: request i_b, all BH heads, split i_s of the request's used slots of the KW
+    window slots then the KX compressed-cache slots (kernel_gluon_fp8's contract); writes split i_s of
     o_part [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] fp32 (base 2). MERGE: the
     request's last program merges the splits and the sink [H] into o [B, H, D] and lse [B, H]
     (`_store_or_merge`, counts p_ticket and p_done [B] int32, zero at launch); without it p_sink to
@@ -369,27 +401,27 @@ def gluon_fp8_ws_sparse_decode_kernel(
 
     i_b = gl.program_id(0)
     i_s = gl.program_id(2)
-    start = i_s * CHUNK
-    N_TILES: gl.constexpr = CHUNK // BK
-    idx_flat, idx_smem, q_smem, ring = _ws_buffers(p_idx, p_len, i_b, start, stride_iw, stride_ix, idx_x_delta,
-                                                   len_x_delta, KW, KX, CHUNK, BH, BK, D)
-    idx_sub = idx_flat._reinterpret(gl.int32, [idx_flat.shape[0] // SUB_, SUB_], IDX_SMEM)  # row u: sub-tile u's
+    n_w, start, end, n_tiles = split_slots(p_len, i_b, i_s, len_x_delta, KW, KX, NSPLIT, BK)
+    idx_flat, idx_smem, q_smem, ring = _ws_buffers(BH, BK, D)
+    # row u % rows: sub-tile u's indices (tile t's row holds its sub-tiles' rows in turn)
+    idx_sub = idx_flat._reinterpret(gl.int32, [idx_flat.shape[0] // SUB_, SUB_], IDX_SMEM)
     st_data = gl.allocate_shared_memory(gl.uint8, [NST, SUB_, D], ROW2)  # the nope bytes, 64 masked columns
     st_scale = gl.allocate_shared_memory(gl.int32, [NST, 2 * SUB_], ROW1)
     full, empty = _ring_barriers()
-    gl.thread_barrier()  # the indices and the initialised barriers, before the partitions start
+    gl.thread_barrier()  # the initialised barriers, before the partitions start
 
     gl.warp_specialize(
         [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket,
-                      p_done, i_b, i_s, stride_qb, stride_ob, stride_oh, H, qk_scale_log2, N_TILES, NSPLIT, D, BH, BK,
+                      p_done, i_b, i_s, n_tiles, stride_qb, stride_ob, stride_oh, H, qk_scale_log2, NSPLIT, D, BH, BK,
                       STAGED, MERGE, ABLATE_)),
-         (_producer, (ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_kv8, p_kv16, p_kv32, start, x_delta,
-                      N_TILES, KW, PS_W, PB_W, PS_X, PB_X, BK, SUB_, NST, ABLATE_))],
+         (_producer, (ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_idx, p_kv8, p_kv16, p_kv32, i_b, start,
+                      end, n_w, n_tiles, stride_iw, stride_ix, idx_x_delta, x_delta, PS_W, PB_W, PS_X, PB_X, BK, SUB_,
+                      NST, ABLATE_))],
         [4], [PRODUCER_REGS_])  # the producer: 4 warps
 
 
 def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                        o_part, lse_part, chunk: int, nsplit: int, scale: float,
+                                        o_part, lse_part, nsplit: int, scale: float,
                                         staged: bool = False, merge: tuple | None = None) -> None:
     """kernel_gluon_fp8.gluon_fp8_sparse_decode_partials, warp-specialised; o_part fp32 or bf16,
     `staged`: o written out through shared memory in whole lines. `merge` (sink, o, lse, counts
@@ -398,7 +430,7 @@ def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra,
     from dsv4opt.optimizations.mma_attn.kernel import extra_offsets
 
     B, H, D = q.shape
-    assert H == HEADS and chunk % BLOCK_K == 0, (H, chunk)
+    assert H == HEADS, H
     L = swa.layout
     LX = extra.layout if extra is not None else L
     _, kvu8, kv16 = swa.views()
@@ -408,7 +440,7 @@ def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra,
         p_q=q, p_kv8=kvu8, p_kv16=kv16, p_kv32=kvu8.view(torch.int32), p_idx=swa_indices, p_len=swa_lengths,
         p_o_part=o_part, p_lse_part=lse_part, **merge_args(merge, lse_part), stride_qb=q.stride(0),
         stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta,
-        len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, CHUNK=chunk, NSPLIT=nsplit,
+        len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, NSPLIT=nsplit,
         PS_W=L.page_size, PB_W=L.page_bytes, PS_X=LX.page_size, PB_X=LX.page_bytes,
         D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, STAGED=staged or merge is not None,
         ABLATE_=ABLATE, num_warps=8,

@@ -55,6 +55,7 @@ class GateSettings:
     steps: int
     layers: int  # four layers hold every kind of block: window, CSA (hash-routed FFN), HCA
     bf16_report: bool
+    layout: str = "tp4"  # dp-ep adds the gather, the local-expert map and other ranks' slots
 
 
 def gate_settings(device: torch.device) -> GateSettings:
@@ -118,7 +119,7 @@ def _workload(settings: GateSettings, device, dtype, impls=None):
 
     return DecodeWorkload(ModelConfig.from_name(settings.config), concurrency=settings.concurrency,
                           context=settings.context, device=device, layers=settings.layers, seed=0, dtype=dtype,
-                          impls=impls, max_new_tokens=settings.steps + 2)
+                          impls=impls, max_new_tokens=settings.steps + 2, layout=settings.layout)
 
 
 def _tokens(settings: GateSettings, vocab: int, device) -> torch.Tensor:

@@ -151,6 +151,17 @@ def _(q, eps, cos, sin, pos, rope, tile):
     return q.new_empty(q.shape)
 
 
+@torch.library.custom_op(f"{LIB}::q_norm_rope_into", mutates_args=("out",))
+def q_norm_rope_into_op(q: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor, rope: int, tile: int,
+                        out: Tensor) -> None:
+    q_norm_rope(q, eps, cos, sin, pos, rope, tile, out=out)
+
+
+@q_norm_rope_into_op.register_fake
+def _(q, eps, cos, sin, pos, rope, tile, out):
+    return None
+
+
 @torch.library.custom_op(f"{LIB}::kv_norm_rope_store", mutates_args=("data",))
 def kv_norm_rope_store_op(kv: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor,
                           data: Tensor, fp8: bool, nope: int, rope_dim: int, tile: int, page_size: int,
@@ -307,8 +318,11 @@ def _mm_out_fp32(x, w):
     return torch.ops.dsv4opt.mm_out_fp32(x, w)
 
 
-def _q_norm_rope(q, eps, cos, sin, pos, rope, tile):
-    return torch.ops.dsv4opt.q_norm_rope(q, eps, cos, sin, pos, rope, tile)
+def _q_norm_rope(q, eps, cos, sin, pos, rope, tile, out=None):
+    if out is None:
+        return torch.ops.dsv4opt.q_norm_rope(q, eps, cos, sin, pos, rope, tile)
+    torch.ops.dsv4opt.q_norm_rope_into(q, eps, cos, sin, pos, rope, tile, out)  # the first heads of a padded q
+    return out
 
 
 def _kv_norm_rope_store(kv, weight, eps, cos, sin, pos, cache, loc):
