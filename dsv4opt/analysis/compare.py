@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -389,9 +390,11 @@ def throughput_change(before: Profile, after: Profile) -> ThroughputChange | Non
     if not tb.get("ms_per_step") or not ta.get("ms_per_step"):
         return None
     tokens = None
-    if any(before.meta.get(k) is not None and after.meta.get(k) is not None and before.meta.get(k) != after.meta.get(k)
+    if any(_setting(before, k) is not None and _setting(after, k) is not None and _setting(before, k) != _setting(after, k)
            for k in WORK_KEYS):
         tokens = (_tokens_per_step(tb), _tokens_per_step(ta))
+        if None not in tokens and math.isclose(*tokens, rel_tol=1e-6):
+            tokens = None  # another layout or rank count, the same tokens a step: ms/step still says it
     return ThroughputChange(tb["ms_per_step"], ta["ms_per_step"], tuple(tb.get("ms_per_step_windows") or ()),
                             tuple(ta.get("ms_per_step_windows") or ()), tokens)
 

@@ -75,3 +75,13 @@ def test_across_concurrency_without_tokens_per_s_there_is_no_verdict():
     change = compare_profiles(a, b).change
     assert change.verdict == "not judged" and change.speedup is None and not change.slower
     assert "no verdict" in change.line()
+
+
+def test_another_layout_with_the_same_tokens_a_step_is_judged_on_ms_per_step():
+    """The dp-ep baseline (one rank, 32 requests) against the tp4 one (32 requests): both steps decode
+    32 tokens, so ms/step is the speed and no tokens/s detour is announced."""
+    a = Profile.load(C32_BASELINE)
+    b = Profile.load(PROFILES / "tp4" / "embedded-dsv4-flash-c32-ctx8192-tp4-baseline.json")
+    change = compare_profiles(a, b).change
+    assert not change.on_tokens
+    assert abs(change.speedup - a.throughput["ms_per_step"] / b.throughput["ms_per_step"]) < 1e-12
