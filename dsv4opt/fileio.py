@@ -36,8 +36,9 @@ def check_new_file(path: str | os.PathLike | None, force: bool, option: str) -> 
 
 
 def make_output_folder(path: str | os.PathLike | None, option: str) -> None:
-    """A folder a user names for dsv4opt's files (--out-dir, --trace-dir): created if its parent
-    exists, never with missing parents; the files dsv4opt puts there get names that are free."""
+    """A folder a user names for dsv4opt's files (--out-dir, --trace-dir, sglang's --out): it must
+    exist, as the folder of a file a user names must (check_new_file): a missing one is refused,
+    never created. The files dsv4opt puts there get names that are free."""
     if path is None:
         return
     path = Path(path)
@@ -46,7 +47,7 @@ def make_output_folder(path: str | os.PathLike | None, option: str) -> None:
     if not path.exists():
         if not path.parent.is_dir():
             raise _missing_folder(path, option)
-        path.mkdir()
+        raise DsvOptError(f"folder {path} does not exist; create it first or choose another {option}")
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, make_dirs: bool = True, executable: bool = False) -> Path:

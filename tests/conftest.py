@@ -41,6 +41,13 @@ def torch_path(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def terminal_width(monkeypatch):
+    """Every test sees an 80-column terminal, whatever the shell running the suite has: the consoles
+    read COLUMNS when they print (a test that wants another width passes its own to the runner)."""
+    monkeypatch.setenv("COLUMNS", "80")
+
+
+@pytest.fixture(autouse=True)
 def seeded():
     torch.manual_seed(0)
 

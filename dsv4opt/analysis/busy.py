@@ -60,3 +60,25 @@ def timeline_summary(tl: Timeline | None) -> TimelineSummary | None:
                  lambda k: len(windows))
     return TimelineSummary(len(windows), devices, streams if len(streams) > len(devices) else [],
                            sorted(cats, key=lambda c: -c.busy_us))
+
+
+@dataclass(frozen=True)
+class WholeTrace:
+    """The whole trace's busy, idle and overlap time (every GPU event, inside a step or not), summed
+    over its devices, and how much of that busy time the profiled steps hold."""
+
+    span_us: float
+    busy_us: float
+    idle_us: float
+    overlap_us: float
+    steps: int  # windows of the per-step rows (rank x step)
+    in_steps_busy_us: float  # the per-step busy time summed over every step, not averaged
+
+
+def whole_trace(tl: Timeline | None) -> WholeTrace | None:
+    """None for a profile written before the whole trace was kept."""
+    if tl is None or not tl.whole:
+        return None
+    total = {f: sum(getattr(d, f) for d in tl.whole) for f in ("span_us", "busy_us", "idle_us", "overlap_us")}
+    return WholeTrace(**total, steps=len({(d.rank, d.step) for d in tl.devices}),
+                      in_steps_busy_us=sum(d.busy_us for d in tl.devices))

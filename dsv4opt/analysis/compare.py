@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +44,14 @@ class Comparison:
         out["change"] = self.change.to_dict() if self.change else None
         # gpu_time_us: the name comparison/1 files have always carried total_us under
         return {**out, "gpu_time_us": self.total_us}
+
+    def throughput_line(self) -> str | None:
+        """tokens/s and ms/step before -> after with the verdict against the noise, each figure once."""
+        if self.change is None:
+            return None
+        tps = (self.throughput or {}).get("tokens_per_s")
+        head = f"tokens/s {tps['a']:.2f} -> {tps['b']:.2f}, " if tps and not self.change.on_tokens else ""
+        return head + self.change.line()
 
 
 # Settings two profiles must share to be compared: what was run, where, at what load. Optimisations
@@ -137,16 +146,20 @@ def _brief(k: KernelRow | None) -> dict | None:
 
 
 def _verdict(a: Profile, b: Profile) -> tuple[str, bool]:
+    """What happened to the #1 category, and to the #1 kernel: a category's share is only ever
+    printed under the category's name, a kernel's under the kernel's."""
     tc_a, tc_b = a.top_category, b.top_category
     if tc_a is None or tc_b is None:
         return "nothing to compare: one profile has no kernels", False
     cat = tc_a.category
     before, after = tc_a.share, b.category_share(cat)
     top_b = b.top_kernel
-    new_top = f"new #1: {top_b.category_label} {pct(top_b.share)} ({top_b.display_name})" if top_b else ""
-    dropped = before > 0 and (before - after) / before >= MOVED_RELATIVE_DROP
-    if tc_b.category != cat or dropped:
-        return f"bottleneck moved: {tc_a.label} {pct(before)} -> {pct(after)}; {new_top}", True
+    top_kernel = f"#1 kernel {top_b.display_name} ({top_b.category_label}) {pct(top_b.share)}" if top_b else ""
+    if tc_b.category != cat:
+        return (f"bottleneck moved: {tc_a.label} {pct(before)} -> {pct(after)}; #1 category now {tc_b.label} "
+                f"{pct(tc_b.share)}; {top_kernel}"), True
+    if before > 0 and (before - after) / before >= MOVED_RELATIVE_DROP:
+        return f"{tc_a.label} still #1 but down from {pct(before)} to {pct(after)}; {top_kernel}", True
     # Same #1 category, but the #1 kernel can still have been the bottleneck that moved (a single
     # hot kernel inside a category that is, summed over many small kernels, larger).
     ka = a.top_kernel
@@ -154,7 +167,7 @@ def _verdict(a: Profile, b: Profile) -> tuple[str, bool]:
         ka_after = sum(k.share for k in b.kernels if k.name == ka.name)
         if (ka.share - ka_after) / ka.share >= MOVED_RELATIVE_DROP:
             return (f"#1 kernel moved: {ka.display_name} ({ka.category_label}) "
-                    f"{pct(ka.share)} -> {pct(ka_after)}; {new_top}; #1 category still {tc_a.label} "
+                    f"{pct(ka.share)} -> {pct(ka_after)}; now {top_kernel}; #1 category still {tc_a.label} "
                     f"{pct(before)} -> {pct(after)}"), True
     return f"bottleneck did not move: {tc_a.label} {pct(before)} -> {pct(after)}", False
 
@@ -241,16 +254,46 @@ UNMEASURED_NOISE = 0.05
 @dataclass(frozen=True)
 class ThroughputChange:
     """ms/step before and after, and whether the change exceeds the measured run-to-run noise:
-    the spread of the timed windows each profile took (`profile --repeat`)."""
+    the spread of the timed windows each profile took (`profile --repeat`).
+
+    When the two steps decode different numbers of tokens (another concurrency or rank count,
+    compared with --force), a longer step can still be more tokens/s: the change is then judged on
+    tokens/s (tokens per step over each window's ms/step), and not at all when a profile records no
+    tokens/s."""
 
     ms_before: float
     ms_after: float
     windows_before: tuple[float, ...]
     windows_after: tuple[float, ...]
+    # tokens each step decodes, before and after: given only when they differ
+    tokens_per_step: tuple[float | None, float | None] | None = None
 
     @property
-    def speedup(self) -> float:
-        return self.ms_before / self.ms_after
+    def on_tokens(self) -> bool:
+        """Judged on tokens/s: the steps before and after carry different work."""
+        return self.tokens_per_step is not None
+
+    @property
+    def judged(self) -> bool:
+        return not self.on_tokens or None not in self.tokens_per_step
+
+    def _rates(self, ms: float, windows: tuple[float, ...], tokens: float | None) -> tuple[float, tuple[float, ...]]:
+        """Steps per ms, or tokens per s: a figure where more is faster, and its windows."""
+        work = 1.0 if not self.on_tokens else 1000.0 * tokens
+        return work / ms, tuple(work / w for w in windows)
+
+    @property
+    def speedup(self) -> float | None:
+        """Throughput after over before: tokens/s across different work, else ms/step before over after."""
+        if not self.judged:
+            return None
+        (a, _), (b, _) = self._both()
+        return b / a
+
+    def _both(self):
+        tokens = self.tokens_per_step or (None, None)
+        return (self._rates(self.ms_before, self.windows_before, tokens[0]),
+                self._rates(self.ms_after, self.windows_after, tokens[1]))
 
     @property
     def noise_measured(self) -> bool:
@@ -259,20 +302,29 @@ class ThroughputChange:
     @property
     def slower(self) -> bool:
         """Slower beyond the noise: every timed window after is slower than every window before."""
+        if not self.judged:
+            return False
+        (a, wa), (b, wb) = self._both()
         if self.noise_measured:
-            return min(self.windows_after) > max(self.windows_before)
-        return self.ms_after > self.ms_before * (1 + UNMEASURED_NOISE)
+            return max(wb) < min(wa)
+        return b < a / (1 + UNMEASURED_NOISE)
 
     @property
     def faster(self) -> bool:
+        if not self.judged:
+            return False
+        (a, wa), (b, wb) = self._both()
         if self.noise_measured:
-            return max(self.windows_after) < min(self.windows_before)
-        return self.ms_after < self.ms_before * (1 - UNMEASURED_NOISE)
+            return min(wb) > max(wa)
+        return b > a / (1 - UNMEASURED_NOISE)
 
     @property
     def verdict(self) -> str:
-        """"faster", "slower", "within noise" (inside the measured spread), or "not called" (a
-        change under UNMEASURED_NOISE where the spread is unknown)."""
+        """"faster", "slower", "within noise" (inside the measured spread), "not called" (a
+        change under UNMEASURED_NOISE where the spread is unknown), or "not judged" (different work
+        per step and no tokens/s to judge by)."""
+        if not self.judged:
+            return "not judged"
         if self.faster:
             return "faster"
         if self.slower:
@@ -291,27 +343,63 @@ class ThroughputChange:
         return f"{once} timed once; `profile --repeat` measures it"
 
     def line(self) -> str:
-        """"ms/step A -> B: 1.02x, within noise (the spread)"."""
-        head = f"ms/step {self.ms_before:.2f} -> {self.ms_after:.2f}: {self.speedup:.2f}x"
+        """"ms/step A -> B: 1.02x, within noise (the spread)"; across different work per step,
+        "tokens/s A -> B: 1.20x, faster (...)" or no verdict."""
+        ms = f"ms/step {self.ms_before:.2f} -> {self.ms_after:.2f}"
+        if not self.judged:
+            return (f"{ms}: no verdict: the steps decode different numbers of tokens and a profile records no "
+                    "tokens/s to judge by")
+        if self.on_tokens:
+            (a, _), (b, _) = self._both()
+            head = f"tokens/s {a:.2f} -> {b:.2f}: {self.speedup:.2f}x"
+            before, after = self.tokens_per_step
+            basis = (f"judged on tokens/s: a step decodes {_tokens(before)} before, {_tokens(after)} after, "
+                     f"so {ms} is no speed; ")
+        else:
+            head, basis = f"{ms}: {self.speedup:.2f}x", ""
         if self.verdict == "not called":
-            return f"{head}, not called: under {UNMEASURED_NOISE:.0%} while the spread is unknown ({self._timed_once()})"
+            return (f"{head}, not called: under {UNMEASURED_NOISE:.0%} while the spread is unknown "
+                    f"({basis}{self._timed_once()})")
         shown = "SLOWER" if self.verdict == "slower" else self.verdict
         beyond = "" if self.noise_measured else f"beyond {UNMEASURED_NOISE:.0%}; "
-        return f"{head}, {shown} ({beyond}{self.spread()})"
+        return f"{head}, {shown} ({basis}{beyond}{self.spread()})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"ms_before": self.ms_before, "ms_after": self.ms_after, "windows_before": list(self.windows_before),
                 "windows_after": list(self.windows_after), "speedup": self.speedup, "verdict": self.verdict,
-                "noise_measured": self.noise_measured}
+                "noise_measured": self.noise_measured,
+                "basis": "tokens/s" if self.on_tokens else "ms/step",
+                "tokens_per_step": list(self.tokens_per_step) if self.tokens_per_step else None}
+
+
+def _tokens(n: float) -> str:
+    return f"{n:g} token" + ("" if n == 1 else "s")
 
 
 def _range(windows: tuple[float, ...]) -> str:
     return f"{min(windows):.2f}-{max(windows):.2f}"
 
 
+# Settings that change how many tokens one step decodes (a layout: whether each rank decodes its own
+# C requests or all ranks decode the same C).
+WORK_KEYS = ("concurrency", "ranks", "layout")
+
+
 def throughput_change(before: Profile, after: Profile) -> ThroughputChange | None:
     tb, ta = before.throughput or {}, after.throughput or {}
     if not tb.get("ms_per_step") or not ta.get("ms_per_step"):
         return None
+    tokens = None
+    if any(_setting(before, k) is not None and _setting(after, k) is not None and _setting(before, k) != _setting(after, k)
+           for k in WORK_KEYS):
+        tokens = (_tokens_per_step(tb), _tokens_per_step(ta))
+        if None not in tokens and math.isclose(*tokens, rel_tol=1e-6):
+            tokens = None  # another layout or rank count, the same tokens a step: ms/step still says it
     return ThroughputChange(tb["ms_per_step"], ta["ms_per_step"], tuple(tb.get("ms_per_step_windows") or ()),
-                            tuple(ta.get("ms_per_step_windows") or ()))
+                            tuple(ta.get("ms_per_step_windows") or ()), tokens)
+
+
+def _tokens_per_step(throughput: dict) -> float | None:
+    """Tokens one step decodes, from the tokens/s and ms/step the capture measured together."""
+    tps, ms = throughput.get("tokens_per_s"), throughput.get("ms_per_step")
+    return round(tps * ms / 1000.0, 6) if tps and ms else None

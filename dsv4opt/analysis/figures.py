@@ -27,6 +27,7 @@ _SUMS = ["launches", "modelled_us", "rated_us", "flop", "bytes", "flop_at_peak_u
 @dataclass
 class RankFigures:
     devices: pd.DataFrame  # timeline.DEVICE_COLUMNS
+    whole: pd.DataFrame  # timeline.DEVICE_COLUMNS of the whole trace, steps or not (step 0)
     streams: pd.DataFrame  # timeline.STREAM_COLUMNS
     categories: pd.DataFrame  # timeline.CATEGORY_COLUMNS
     efficiency: pd.DataFrame  # efficiency.EFFICIENCY_COLUMNS
@@ -67,7 +68,9 @@ def rank_figures(trace: Trace, launches: pd.DataFrame, attributor: Attributor, s
         pair = pd.MultiIndex.from_arrays([np.where(take, k["correlation"].to_numpy(), -1), rows])
         call = np.where(rows >= 0, pd.factorize(pair)[0], -1)
     eff = efficiency.kernel_efficiency(k.assign(category=category), rows, ops, peak_of(trace.device), call=call)
-    return RankFigures(timeline.device_busy(events), timeline.stream_busy(events), timeline.category_overlap(events), eff)
+    whole = timeline.device_busy(events.assign(step=0))
+    return RankFigures(timeline.device_busy(events), whole, timeline.stream_busy(events),
+                       timeline.category_overlap(events), eff)
 
 
 def device_labels(trace: Trace) -> pd.Categorical:
@@ -124,6 +127,7 @@ def timeline_of(per_rank: list[tuple[int | None, RankFigures]]) -> Timeline | No
 
     return Timeline(
         devices=[r for rank_id, f in per_rank for r in rows(DeviceBusyRow, f.devices, rank_id)],
+        whole=[r for rank_id, f in per_rank for r in rows(DeviceBusyRow, f.whole, rank_id)],
         streams=[r for rank_id, f in per_rank for r in rows(StreamBusyRow, f.streams, rank_id)],
         categories=[r for rank_id, f in per_rank for r in rows(CategoryOverlapRow, f.categories, rank_id)],
     )

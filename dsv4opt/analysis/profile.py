@@ -236,9 +236,12 @@ class CategoryOverlapRow(_StepDeviceRow, kw_only=True, omit_defaults=True):
 
 
 class Timeline(msgspec.Struct, kw_only=True):
-    """Busy, idle and overlap time per step (analysis/timeline.py; docs/profile-schema.md)."""
+    """Busy, idle and overlap time per step (analysis/timeline.py; docs/profile-schema.md), and of
+    the whole trace: every GPU event, inside a step or not (as Holistic Trace Analysis' temporal
+    breakdown counts them; empty in profiles written before it was kept)."""
 
     devices: list[DeviceBusyRow] = []
+    whole: list[DeviceBusyRow] = []  # per device (and rank), step 0: the whole trace
     streams: list[StreamBusyRow] = []
     categories: list[CategoryOverlapRow] = []
 

@@ -26,7 +26,7 @@ class SweepRow:
     ms_per_step: float | None
     attention_share: float
     top_category: str | None
-    speedup: float | None  # tokens/s over the baseline at the same concurrency
+    speedup: float | None  # tokens/s over the reference at the same concurrency (a sweep's: its baseline)
 
 
 def variant_name(optimizations: list[str]) -> str:

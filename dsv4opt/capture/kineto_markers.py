@@ -1,10 +1,13 @@
-"""Keep Kineto's trace markers off the user's terminal, and everything else on it.
+"""Keep the profiler's noise off the user's terminal, and everything else on it.
 
 Kineto (torch.profiler's C++ tracer) writes a `USDT:<time> <pid>:<tid> File.cpp:52] profiler_start`
 line to the process's stderr when a trace starts and stops. Its log levels put these markers above
 ERROR (VERBOSE 0 .. ERROR 4, USDT 5), so KINETO_LOG_LEVEL cannot drop them without dropping errors
 too. Instead, while a profiler runs, file descriptor 2 is a pipe whose lines are copied to the real
 stderr, less the ones that start with the marker prefix.
+
+torch.profiler also warns "Profiler clears events at the end of each cycle" on every capture (torch
+2.11 on a GPU): a capture profiles one cycle by design, so that one warning is dropped, by its text.
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
 MARKER = b"USDT:"
+# The start of torch.profiler's warning when a schedule starts a new cycle without acc_events.
+CYCLE_WARNING = "Warning: Profiler clears events at the end of each cycle"
 
 
 def _forward(read_fd: int, write_fd: int) -> None:
@@ -64,3 +70,12 @@ def without_kineto_markers() -> Iterator[None]:
         forwarder.join()
         os.close(read_fd)
         os.close(saved)
+
+
+@contextmanager
+def quiet_profiler() -> Iterator[None]:
+    """Around a torch.profiler run: Kineto's markers and the one per-cycle warning kept off the
+    terminal; every other line and warning gets through."""
+    with warnings.catch_warnings(), without_kineto_markers():
+        warnings.filterwarnings("ignore", message=CYCLE_WARNING, category=UserWarning)
+        yield

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from dsv4opt.capture.kineto_markers import without_kineto_markers
+from dsv4opt.capture.kineto_markers import quiet_profiler
 from dsv4opt.capture.naming import profile_path
 from dsv4opt.capture.result import Progress, no_progress
 from dsv4opt.capture.settings import EmbeddedSettings
@@ -254,8 +254,8 @@ def _profile_steps(step: Callable[[], None], n: int, device: torch.device, path:
     plan = schedule(wait=0, warmup=1, active=n, repeat=1)
     # Shapes let analysis rate each kernel's operator call against the device's peak
     # (analysis/efficiency.py); they cost CPU time in the profiled steps only, not GPU time.
-    with without_kineto_markers(), profile(activities=activities, schedule=plan, with_stack=with_stack, record_shapes=True,
-                                           on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+    with quiet_profiler(), profile(activities=activities, schedule=plan, with_stack=with_stack, record_shapes=True,
+                                   on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
         for i in range(n + 1):
             step()
             _sync(device)

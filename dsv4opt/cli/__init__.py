@@ -20,8 +20,19 @@ from typer.core import TyperGroup
 
 from dsv4opt.errors import DsvOptError
 
-console = Console()
-err_console = Console(stderr=True)
+
+
+def _console(**options) -> Console:
+    """A console that reads its width (the terminal's, or COLUMNS) each time it prints: rich fixes
+    COLUMNS at construction, i.e. when this module is imported, so a test runner's or a resized
+    terminal's width would be ignored."""
+    out = Console(**options)
+    out.width = None  # type: ignore[assignment]  # rich's own "not fixed": measured on each print
+    return out
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 class _Group(TyperGroup):

@@ -6,33 +6,46 @@ from typing import Annotated, Optional
 import typer
 
 from dsv4opt.cli import app, console
+from dsv4opt.errors import DsvOptError
 
 
 @app.command()
 def analyze(
-    traces: Annotated[list[Path], typer.Argument(help="Trace files (.json/.json.gz) or folders of per-rank traces.")],
+    traces: Annotated[list[Path], typer.Argument(help="Trace files (.json/.json.gz) or folders of per-rank traces, or one saved profile to view.")],
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the profile (dsv4opt.profile/1) here.")] = None,
     top: Annotated[int, typer.Option(min=1, help="Kernels to show.")] = 15,
     capture: Annotated[Optional[Path], typer.Option(help="Graph-capture trace: match replayed kernels to their captured launches.")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Kernel names whole, however wide the lines get (and the trace's own names under the table).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --json file.")] = False,
 ) -> None:
-    """Rank the GPU kernels of torch.profiler traces by share of GPU time.
+    """Rank the GPU kernels of torch.profiler traces by share of GPU time, or show a saved profile.
 
     \b
     Examples:
       dsv4opt analyze trace.json.gz --top 20
       dsv4opt analyze traces/ --json profile.json   # per-rank files of one run
       dsv4opt analyze graph.json.gz --capture eager.json.gz
+      dsv4opt analyze profiles/before.json --wide   # a saved profile, names whole
     """
     from dsv4opt.cli import heavy_imports
 
     with heavy_imports(uses_blas=False):
-        from dsv4opt.analysis import analyze_paths
+        from dsv4opt.analysis import analyze_paths, load_profile_or_trace
+        from dsv4opt.analysis.profile import is_profile_file
         from dsv4opt.fileio import check_new_file
         from dsv4opt.report.tables import print_profile
     check_new_file(json_out, force, "--json")
-    profile = analyze_paths(traces, capture=capture)
-    print_profile(profile, top=top, console=console)
+    saved = [p for p in traces if is_profile_file(p)]
+    if saved:
+        if len(traces) > 1:
+            raise DsvOptError(f"{saved[0]} is a saved profile: analyze shows one profile at a time, or reads trace "
+                              "files; `dsv4opt report` puts several profiles side by side")
+        if capture is not None:
+            raise DsvOptError("--capture goes with trace files; a profile was analysed with its capture already")
+        profile = load_profile_or_trace(saved[0])
+    else:
+        profile = analyze_paths(traces, capture=capture)
+    print_profile(profile, top=top, console=console, wide=wide, name=str(saved[0]) if saved else None)
     if profile.meta.get("merged"):
         console.print(profile.meta["merged"], highlight=False)
     if json_out is not None:

@@ -51,7 +51,7 @@ def apply(
     concurrency: Annotated[Optional[int], typer.Option(min=1, help="Re-profile at this concurrency (default: the last profile's).")] = None,
     reprofile: Annotated[bool, typer.Option("--reprofile/--no-reprofile", help="Re-profile and compare after switching on.")] = True,
     target: Annotated[Target, typer.Option(help="embedded (this tool's workload) or sglang (emit the server's switches).")] = Target.embedded,
-    out: Annotated[Path, typer.Option(help="sglang: folder for the env file and launch flags.")] = Path("sglang-switches"),
+    out: Annotated[Path, typer.Option(help="sglang: an existing folder for the env file and launch flags.")] = Path("."),
     keep: Annotated[bool, typer.Option("--keep", help="Keep it on even if the re-profile is slower beyond the measured noise.")] = False,
     force: Annotated[bool, typer.Option("--force", help="sglang: replace files of those names that hold something else.")] = False,
     sglang_version: Annotated[Optional[str], typer.Option(help="sglang: the server's version (default: the one installed here).")] = None,
@@ -215,7 +215,7 @@ def sweep(
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph", help="Replay the decode step as a CUDA graph.")] = True,
     layout: Annotated[str, typer.Option(help="tp4 (SGLang's sm_120 recipe), tp8 or dp-ep; as for profile.")] = "tp4",
     graph_context: Annotated[Optional[int], typer.Option(min=0, help="Tokens the decode metadata is sized to; default the model's context length; 0: as the contexts need.")] = None,
-    out_dir: Annotated[Path, typer.Option(help="Where profiles, the summary and the chart go.")] = Path("profiles"),
+    out_dir: Annotated[Optional[Path], typer.Option(help="An existing folder for the profiles, the summary and the chart (default: profiles/, made if missing).")] = None,
 ) -> None:
     """Profile each concurrency, baseline and with --with, and tabulate tokens/s and shares.
 
@@ -236,6 +236,7 @@ def sweep(
     base = EmbeddedSettings(context=context, steps=steps, warmup=warmup, repeat=repeat, config=config, layers=layers,
                             device=device, cuda_graph=cuda_graph, layout=layout, graph_context=graph_context)
     make_output_folder(out_dir, "--out-dir")
+    out_dir = out_dir or Path("profiles")
     with rich_progress() as progress:
         result = run_sweep(concurrencies, variants, base, out_dir=out_dir, progress=progress,
                            on_row=lambda r: console.print(f"C={r.concurrency} {r.variant}: {r.profile}",

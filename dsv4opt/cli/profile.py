@@ -97,4 +97,4 @@ def profile(
     print_profile(prof, console=console)
     print_diagnosis(diagnose(prof), console)
     record_profile(path)
-    console.print(f"profile saved: {path}", highlight=False)
+    console.print(f"profile saved: {path}", soft_wrap=True, highlight=False)

@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, field
 
 import msgspec
 
+from dsv4opt.analysis.categories import GLUE
 from dsv4opt.analysis.glue import SEP
-from dsv4opt.analysis.profile import GlueRegionRow, GlueRegions, Profile, step_gain
+from dsv4opt.analysis.profile import GlueRegionRow, GlueRegions, KernelRow, Profile, step_gain
 from dsv4opt.errors import DsvOptError
 from dsv4opt.optimizations.registry import get
 
@@ -38,6 +39,46 @@ def require_glue(profile: Profile, source: str) -> GlueRegions:
     return summary
 
 
+@dataclass
+class GlueKernels:
+    """A profile's glue as its kernel table has it, for a profile that keeps no regions: what is
+    known without the trace (which kernels, how often, how long), and what is not (their order, so
+    no regions and no estimate of what fusing saves)."""
+
+    kernels: list[KernelRow]  # the glue categories' kernels, by GPU time
+    steps: int
+    launches_per_step: float
+    gpu_us_per_step: float
+    share: float
+    missing: str  # one line: what is missing and what to run instead
+
+    def to_dict(self) -> dict:
+        return {"kernels": msgspec.to_builtins(self.kernels), "steps": self.steps,
+                "launches_per_step": self.launches_per_step, "gpu_us_per_step": self.gpu_us_per_step,
+                "share": self.share, "missing": self.missing}
+
+
+def glue_kernels(profile: Profile, source: str, profile_again: str | None) -> GlueKernels:
+    """The glue kernels of a GPU profile without regions. profile_again: the command that captures
+    the profile's settings again (its regions come with it), None where it cannot be told."""
+    rows = [k for k in profile.kernels if k.category in GLUE]
+    steps = profile.step_count or 1
+    traces = list(profile.meta.get("sources") or [])
+    if traces:
+        todo = (f"run `dsv4opt glue` on its trace file{'s' if len(traces) > 1 else ''} ({', '.join(traces[:3])}; "
+                "with --capture EAGER for a CUDA-graph replay)")
+    elif profile_again:
+        todo = f"on a GPU run `{profile_again}`, then `dsv4opt glue` on the profile it writes"
+    else:
+        todo = "profile again, then run `dsv4opt glue` on the new profile"
+    missing = (f"{source}: no glue regions (written before profiles kept them; its trace was not kept): the kernels "
+               f"above are its kernel table's, without the order of launches that regions and their saving need; "
+               f"for them {todo}")
+    return GlueKernels(kernels=rows, steps=steps, launches_per_step=sum(k.count for k in rows) / steps,
+                       gpu_us_per_step=sum(k.total_us for k in rows) / steps, share=profile.glue_share,
+                       missing=missing)
+
+
 def _functions(where: str) -> set[str]:
     """Function names of a region's sites ('glue.py:31 moe_act_eager' -> 'moe_act_eager')."""
     return {site.rsplit(" ", 1)[-1] for site in where.split(SEP) if " " in site}
@@ -59,6 +100,7 @@ class GluePlan:
     saving_share: float  # the predicted saving's share of the step's GPU time
     step_gain_bound: float  # 1 / (1 - saving_share): what the step can gain at most
     notes: list[str] = field(default_factory=list)
+    already_on: bool = False  # the profile was taken with it on: its regions are the glue it left
 
     def to_dict(self) -> dict:
         return {**asdict(self), "regions": msgspec.to_builtins(self.regions)}
@@ -66,13 +108,16 @@ class GluePlan:
 
 def glue_plan(profile: Profile, optimisation: str = FUSE_GLUE) -> GluePlan:
     summary = require_glue(profile, "profile")
+    already_on = optimisation in (profile.meta.get("optimizations") or [])
     functions = set(get(optimisation).replaced_functions())
-    ranks = [i for i, r in enumerate(summary.regions, 1) if _functions(r.where) & functions]
+    ranks = [] if already_on else [i for i, r in enumerate(summary.regions, 1) if _functions(r.where) & functions]
     mine = [summary.regions[i - 1] for i in ranks]
     total = sum(r.gpu_us_per_step for r in mine)
     saving = sum(r.saving_us_per_step for r in mine)
     notes = []
-    if summary.keyed_by != "source sites":
+    if already_on:
+        notes.append(f"{optimisation} is already on in this profile: its regions are the glue left after it")
+    elif summary.keyed_by != "source sites":
         notes.append(f"the profile's regions are keyed by {summary.keyed_by}, not source sites: which of them "
                      f"{optimisation} fuses cannot be told")
     elif not mine:
@@ -86,7 +131,7 @@ def glue_plan(profile: Profile, optimisation: str = FUSE_GLUE) -> GluePlan:
         share=sum(r.share for r in mine),
         saving_share=saving / summary.step_us if summary.step_us > 0 else 0.0,
         step_gain_bound=step_gain(saving, summary.step_us),
-        notes=notes,
+        notes=notes, already_on=already_on,
     )
 
 

@@ -110,10 +110,8 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
         frag = fragmentation(profile, members(opt.target_category))
         if frag.share <= 0 and opt.name not in enabled:
             continue
-        if model is not None and model != opt.model:
-            continue  # its kernels do not fit this model
-        if opt.target_kernels and opt.name not in enabled and not _runs(profile, opt):
-            continue  # the target category's time is spent in kernels this optimisation does not replace
+        if _does_not_fit(profile, opt, model, enabled):
+            continue
         notes = [] if model else [f"it is written for {opt.model} and this profile does not say which model it is"]
         speedup, source = measured_kernel_speedup(opt, concurrency) if profile.time_basis == "gpu" else (
             None, "no CPU measurement on record: bound assumes the target takes no time")
@@ -169,6 +167,34 @@ def _levers(profile: Profile) -> list[Candidate]:
             )
         )
     return levers
+
+
+def _does_not_fit(profile: Profile, opt: Optimization, model: str | None, enabled: set[str]) -> str | None:
+    """Why `opt` is no candidate for this profile although its category is there, or None."""
+    if model is not None and model != opt.model:
+        return f"{opt.name} is written for {opt.model}"
+    if opt.target_kernels and opt.name not in enabled and not _runs(profile, opt):
+        # the target category's time is spent in kernels this optimisation does not replace
+        return f"{opt.name} replaces {opt.target_kernels} kernels, and none of the top five here is one"
+    return None
+
+
+def _largest_without_lever(profile: Profile, cands: list[Candidate]) -> str | None:
+    """The largest category, named when nothing open targets it: a category with no lever is said
+    to have none, never passed over for a smaller one that has."""
+    top = profile.top_category
+    if top is None or top.share < MIN_SHARE:
+        return None
+    mine = [c for c in cands if top.category in members(c.target)]
+    if any(not c.enabled for c in mine):
+        return None  # its candidates are in the table
+    head = f"the largest category is {top.label} at {top.share:.1%} of {profile.time_label}"
+    if mine:
+        return f"{head}: {', '.join(c.name for c in mine)} already on, no further lever here"
+    enabled = set(profile.meta.get("optimizations") or [])
+    reasons = [r for o in OPTIMIZATIONS.values() if top.category in members(o.target_category)
+               if (r := _does_not_fit(profile, o, profile_model(profile), enabled))]
+    return f"{head}: no lever here ({'; '.join(reasons) or 'dsv4opt has no optimisation for it'})"
 
 
 def _runs(profile: Profile, opt: Optimization) -> bool:
@@ -239,6 +265,9 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
     lines: list[str] = list(version_lines)
     if profile.time_basis != "gpu":
         lines.append("this profile ranks CPU operators by self time (no GPU): shares are CPU shares")
+    largest = _largest_without_lever(profile, cands)
+    if largest:
+        lines.append(largest)
     if best_opt is not None and best_opt.amdahl_bound >= MIN_GAIN:
         chosen = best_opt
         lines.append(
@@ -254,7 +283,7 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
     elif best_lever is not None:
         chosen = best_lever
         lines.append(
-            f"no applicable optimisation promises {MIN_GAIN:.2f}x or more; the largest remaining target is "
+            f"no applicable optimisation promises {MIN_GAIN:.2f}x or more; the largest target with a lever is "
             f"{category_label(chosen.target)} at {chosen.share:.1%} (bound {chosen.amdahl_bound:.2f}x): {chosen.name} "
             f"(advice: dsv4opt has no switch for it, `apply` cannot apply it). Risk: {chosen.risk}."
         )

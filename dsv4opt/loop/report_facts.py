@@ -53,7 +53,7 @@ class ProfileFacts:
 class Report:
     title: str
     generated: str
-    names: list[str]
+    names: list[str]  # one per profile, all different
     profiles: list[Profile]
     verdict: str | None
     recommendation: list[str]
@@ -64,6 +64,9 @@ class Report:
     throughput_verdict: str | None = None  # first against last: ms/step against the measured noise
     comparison: Comparison | None = None  # first against last, when their settings match
     time_label: str = "GPU time"
+    paths: list[str] = field(default_factory=list)  # the input file of each profile, as given
+    sweep_names: list[str] = field(default_factory=list)  # the profile of each sweep row, by its name
+    sweep_reference: dict[int, str] = field(default_factory=dict)  # concurrency -> name of the speed-up's reference
 
 
 def label(profile: Profile, path: str) -> str:
@@ -73,8 +76,22 @@ def label(profile: Profile, path: str) -> str:
     return Path(path).name
 
 
+def distinct_names(profiles: list[Profile], paths: list[str]) -> list[str]:
+    """Each profile's label ("C=4 baseline"); where two are alike, with the file name, then the path
+    as given where the file names are alike too, then the place on the command line (one file twice)."""
+    base = [label(p, n) for p, n in zip(profiles, paths)]
+    names = list(base)
+    for more in (lambda i: Path(paths[i]).name, lambda i: paths[i], lambda i: f"#{i + 1}"):
+        alike = {n for n in names if names.count(n) > 1}
+        if not alike:
+            break
+        names = [f"{base[i]} ({more(i)})" if names[i] in alike and more(i) != base[i] else names[i]
+                 for i in range(len(names))]
+    return names
+
+
 def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4opt report") -> Report:
-    names = [label(p, n) for p, n in zip(profiles, paths)]
+    names = distinct_names(profiles, paths)
     verdict = throughput = comparison = None
     if len(profiles) >= 2:
         diffs = setting_differences(profiles[0], profiles[-1])
@@ -83,19 +100,20 @@ def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4op
         elif profiles[0].time_basis == profiles[-1].time_basis:
             comparison = compare_profiles(profiles[0], profiles[-1])
             verdict = comparison.verdict
-            if comparison.change is not None:
-                tps = (comparison.throughput or {}).get("tokens_per_s")
-                head = f"tokens/s {tps['a']:.2f} -> {tps['b']:.2f}, " if tps else ""
-                throughput = head + comparison.change.line()
+            throughput = comparison.throughput_line()
     rec = recommend(profiles[-1]) if profiles else None
+    rows, row_names, references = _sweep_rows(paths, profiles, names)
     return Report(
         title=title,
-        generated=dt.datetime.now().isoformat(timespec="seconds"),
+        generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         names=names,
         profiles=profiles,
         verdict=verdict,
         recommendation=rec.explanation if rec else [],
-        sweep_rows=_sweep_rows(paths, profiles),
+        sweep_rows=rows,
+        sweep_names=row_names,
+        sweep_reference=references,
+        paths=list(paths),
         glue=glue_of(profiles[-1]) if profiles else None,
         glue_plans=rec.glue_plans if rec else [],
         facts=[profile_facts(p) for p in profiles],
@@ -144,9 +162,16 @@ def _traces(profile: Profile) -> list[TraceFile]:
     return out
 
 
-def _sweep_rows(paths: list[str], profiles: list[Profile]) -> list[SweepRow]:
-    """Rows by (concurrency, variant) when the profiles carry both; baseline at the same C is the reference."""
-    keyed = [(p, path) for p, path in zip(profiles, paths) if p.meta.get("concurrency") is not None and p.throughput]
-    baselines = {int(p.meta["concurrency"]): p for p, _ in keyed if not p.meta.get("optimizations")}
-    rows = [row_for(p, Path(path), baselines.get(int(p.meta["concurrency"]))) for p, path in keyed]
-    return sorted(rows, key=lambda r: (r.variant != "baseline", r.variant, r.concurrency))
+def _sweep_rows(paths: list[str], profiles: list[Profile],
+                names: list[str]) -> tuple[list[SweepRow], list[str], dict[int, str]]:
+    """Rows by (concurrency, variant) when the profiles carry both, and the reference of each
+    concurrency's speed-up: the first profile given at it, as the verdict takes the last over the
+    first (so the last row at the first's C says what the verdict says)."""
+    keyed = [(p, path, name) for p, path, name in zip(profiles, paths, names)
+             if p.meta.get("concurrency") is not None and p.throughput]
+    first: dict[int, tuple[Profile, str]] = {}
+    for p, _, name in keyed:
+        first.setdefault(int(p.meta["concurrency"]), (p, name))
+    rows = sorted(((row_for(p, Path(path), first[int(p.meta["concurrency"])][0]), name) for p, path, name in keyed),
+                  key=lambda rn: (rn[0].variant != "baseline", rn[0].variant, rn[0].concurrency))
+    return [r for r, _ in rows], [n for _, n in rows], {c: name for c, (_, name) in first.items()}

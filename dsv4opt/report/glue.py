@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dsv4opt.analysis.profile import GlueRegionRow, GlueRegions
-from dsv4opt.decision.glue_plan import GlueOutcome, GluePlan
+from dsv4opt.decision.glue_plan import GlueKernels, GlueOutcome, GluePlan
 from dsv4opt.display import duration
 
 
@@ -99,7 +99,33 @@ def print_glue(summary: GlueRegions, console: Console, top: int = 15, plan: Glue
             console.print(escape(line), highlight=False)
 
 
+def print_glue_kernels(glue: GlueKernels, console: Console, top: int = 15) -> None:
+    """A profile without regions: its glue kernels by time per step (numbers first, names below),
+    then the one line that says what is missing and how to get it."""
+    console.print(f"glue: {glue.launches_per_step:.0f} launches/step, {duration(glue.gpu_us_per_step)}/step = "
+                  f"{share_text(glue.share)} of GPU time, over {glue.steps} step(s); no regions, only the kernel table",
+                  highlight=False)
+    shown = glue.kernels[:top]
+    if shown:
+        table = Table(title=f"glue kernels by GPU time, top {len(shown)}", box=box.SIMPLE_HEAD, pad_edge=False,
+                      title_justify="left")
+        num = {"justify": "right", "no_wrap": True}
+        for col, kw in (("#", num), ("category", {"no_wrap": True}), ("part", {"overflow": "fold", "max_width": 12}),
+                        ("launches/step", num), ("GPU/step", num), ("share", num), ("mean", num)):
+            table.add_column(col, **kw)
+        for i, k in enumerate(shown, 1):
+            table.add_row(str(i), k.category_label, escape(k.part or "-"), f"{k.count / glue.steps:.0f}",
+                          duration(k.total_us / glue.steps), share_text(k.share), duration(k.mean_us))
+        console.print(table)
+        for i, k in enumerate(shown, 1):
+            where = f" ({k.source})" if k.source else ""
+            console.print(f"  #{i} {escape(k.display_name)}{escape(where)}", highlight=False)
+    console.print(escape(glue.missing), soft_wrap=True, highlight=False)  # one line: the command stays whole
+
+
 def plan_lines(plan: GluePlan) -> list[str]:
+    if plan.already_on:
+        return list(plan.notes)
     if not plan.regions:
         return [f"{plan.optimisation}: " + ("; ".join(plan.notes) or "fuses none of these regions")]
     ids = ", ".join(f"#{i}" for i in plan.ranks)

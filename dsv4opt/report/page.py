@@ -60,13 +60,16 @@ def _spread(f: Figure, spec: str) -> str:
 
 def _kernel_rows(profile: Profile, top: int = 10) -> list[list[str]]:
     rows = []
+    steps = profile.step_count or 1
+    per = 1000.0 * steps  # µs over the profile -> ms per step (or over the whole profile)
     for i, k in enumerate(profile.kernels[:top], 1):
         where = " ".join(x for x in (f"[{k.part}]" if k.part else "", k.source or "") if x)
         op = k.launched_by or ""
         if k.graph_replay_share:
             op = (op + f" (CUDA-graph replay {k.graph_replay_share:.0%})").strip()
         rows.append([
-            str(i), pct(k.share), f"{k.total_us:.1f}", str(k.count), k.category_label, k.display_name,
+            str(i), pct(k.share), f"{k.total_us / per:,.3f}", f"{k.count / steps:.{0 if k.count % steps == 0 else 1}f}",
+            k.category_label, k.display_name,
             value(" ".join(x for x in (where, op) if x) or None),
         ])
     return rows
@@ -74,9 +77,9 @@ def _kernel_rows(profile: Profile, top: int = 10) -> list[list[str]]:
 
 def _kernel_header(profile: Profile) -> list[str]:
     steps = profile.step_count
-    total = f"total µs ({steps} steps)" if steps else "total µs"
-    return ["#", "share", total, "calls" if profile.time_basis == "cpu_self" else "launches", "category", "kernel",
-            "launched from"]
+    total = "ms/step" if steps else "ms, whole profile"
+    calls = "calls" if profile.time_basis == "cpu_self" else "launches"
+    return ["#", "share", total, f"{calls}/step" if steps else calls, "category", "kernel", "launched from"]
 
 
 def _present(report: Report) -> list[str]:
@@ -87,14 +90,15 @@ def _time_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """ms per step by category, one row per profile; glue summed after its categories."""
     cats = _present(report)
     glue = [c for c in cats if c in GLUE]
-    header = ["profile"] + [category_label(c) for c in cats] + (["glue (sum)"] if glue else []) + ["kernel sum",
-                                                                                                   "measured ms/step"]
+    unit = "ms/step" if all(f.per_step for f in report.facts) else "ms"
+    header = (["profile"] + [f"{category_label(c)} ({unit})" for c in cats] + ([f"glue, sum ({unit})"] if glue else [])
+              + [f"kernel sum ({unit})", "measured ms/step"])
     rows = []
     for name, f in zip(report.names, report.facts):
-        cells = [f"{f.category_ms.get(c, 0.0):.3f}" for c in cats]
+        cells = [f"{f.category_ms.get(c, 0.0):,.3f}" for c in cats]
         if glue:
-            cells.append(f"{sum(f.category_ms.get(c, 0.0) for c in glue):.3f}")
-        cells.append(f"{sum(f.category_ms.values()):.3f}")
+            cells.append(f"{sum(f.category_ms.get(c, 0.0) for c in glue):,.3f}")
+        cells.append(f"{sum(f.category_ms.values()):,.3f}")
         rows.append([name] + cells + [_spread(f.ms_per_step, ".2f")])
     return header, rows
 
@@ -102,7 +106,7 @@ def _time_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 def _category_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     cats = _present(report)
     glue = [c for c in cats if c in GLUE]
-    header = ["profile"] + [category_label(c) for c in cats] + (["glue (sum)"] if glue else [])
+    header = ["profile"] + [f"{category_label(c)} (%)" for c in cats] + (["glue, sum (%)"] if glue else [])
     rows = [[name] + [pct(p.category_share(c)) for c in cats] + ([pct(p.glue_share)] if glue else [])
             for name, p in zip(report.names, report.profiles)]
     return header, rows
@@ -122,7 +126,7 @@ def _moved_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 def _throughput_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     header = ["profile", "tokens/s (spread)", "ms/step (spread)", "profiled steps"]
-    rows = [[name, _spread(f.tokens_per_s, ".1f"), _spread(f.ms_per_step, ".2f"), value(f.steps)]
+    rows = [[name, _spread(f.tokens_per_s, ".2f"), _spread(f.ms_per_step, ".2f"), value(f.steps)]
             for name, f in zip(report.names, report.facts)]
     return header, rows
 
@@ -140,11 +144,21 @@ def _trace_rows(report: Report) -> list[list[str]]:
 
 
 def _sweep_table(report: Report) -> tuple[list[str], list[list[str]]]:
-    header = ["C", "variant", "tokens/s", "ms/step", "attention", "#1 category", "speed-up"]
-    rows = [[str(r.concurrency), r.variant, value(r.tokens_per_s, ".1f"), value(r.ms_per_step, ".2f"),
-             pct(r.attention_share), category_label(r.top_category), value(r.speedup, ".2f", "x")]
-            for r in report.sweep_rows]
+    header = ["C", "profile", "tokens/s", "ms/step", "attention", "#1 category", "speed-up", "over"]
+    rows = [[str(r.concurrency), name, value(r.tokens_per_s, ".2f"), value(r.ms_per_step, ".2f"),
+             pct(r.attention_share), category_label(r.top_category), value(r.speedup, ".2f", "x"),
+             report.sweep_reference.get(r.concurrency, "")]
+            for r, name in zip(report.sweep_rows, report.sweep_names)]
     return header, rows
+
+
+SWEEP_INTRO = ("speed-up: tokens/s over the first profile given at the same C (named under \"over\"), as the "
+               "verdict takes the last profile over the first.")
+
+
+def _profile_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """Which file each name on the page stands for."""
+    return ["profile", "file"], [[name, path] for name, path in zip(report.names, report.paths)]
 
 
 GLUE_HEADER = ["#", "part", "where", "launches/step now → fused", "GPU µs/step", "share", "median µs",
@@ -163,15 +177,23 @@ def _glue_rows(report: Report) -> list[list[str]]:
 
 def _glue_lines(report: Report) -> list[str]:
     return header_lines(report.glue) + [line for plan in report.glue_plans for line in plan_lines(plan)]
-TRACE_HEADER = ["profile", "trace", "path", ""]
+TRACE_HEADER = ["profile", "trace", "path", "note"]
 
 
 def _time_intro(report: Report) -> str:
     per_step = all(f.per_step for f in report.facts)
     basis = report.time_label
-    return (f"{basis} per category, ms {'per profiled step' if per_step else 'over the whole profile'}: a bar that "
-            "gets shorter is time saved. The black mark is the measured ms/step (wall clock, without the "
-            "profiler); the gap to the bar is time no kernel ran.")
+    text = (f"{basis} per category, ms {'per profiled step' if per_step else 'over the whole profile'}: a bar that "
+            "gets shorter is time saved; its total is written on it.")
+    if any(f.ms_per_step.median for f in report.facts):
+        text += (" The black mark is the measured ms/step (wall clock, without the profiler); the gap to the bar is "
+                 "time no kernel ran.")
+    return text
+
+
+def _generated(report: Report) -> str:
+    n = len(report.profiles)
+    return f"Generated {report.generated} by dsv4opt from {n} profile{'' if n == 1 else 's'}."
 
 
 def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "report") -> tuple[str, dict[Path, bytes]]:
@@ -186,9 +208,10 @@ def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "
         files[chart_dir / name] = pngs[key]
         return [f"![{alt}]({name})", ""]
 
-    out = [f"# {report.title}", "", f"Generated {report.generated} by dsv4opt from {len(report.profiles)} profile(s).", ""]
+    out = [f"# {report.title}", "", _generated(report), ""]
     if not report.profiles:
         return "\n".join(out + ["No profiles given.", ""]), files
+    out += ["## Profiles", ""] + _md_table(*_profile_rows(report)) + [""]
     if report.verdict:
         out += ["## Verdict", "", f"**{report.verdict}**", ""]
         if report.throughput_verdict:
@@ -201,7 +224,7 @@ def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "
     out += ["## Throughput and its spread", ""] + _md_table(*_throughput_rows(report)) + [""]
     if report.sweep_rows:
         out += ["## Throughput across concurrencies", ""] + chart("throughput", "throughput")
-        out += _md_table(*_sweep_table(report)) + [""]
+        out += [SWEEP_INTRO, ""] + _md_table(*_sweep_table(report)) + [""]
     if "steps" in pngs:
         out += ["## Per-step timeline", ""] + chart("steps", "per-step timeline")
     for name, profile in zip(report.names, report.profiles):
@@ -223,9 +246,23 @@ def _md_cell(text: str) -> str:
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "---|" * len(header)]
+    """A Markdown table, its columns of figures right-aligned."""
+    rule = "|" + "".join("---:|" if _figures(rows, c) else "---|" for c in range(len(header)))
+    lines = ["| " + " | ".join(map(_md_cell, header)) + " |", rule]
     lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in rows]
     return lines
+
+
+def _figure_cell(text: str) -> bool:
+    """A cell that is a figure: digits first (after a sign), or the missing-value dash."""
+    t = str(text).strip()
+    return t == "-" or (t[:1].isdigit() or (t[:1] in "+-<" and t[1:2].isdigit()))
+
+
+def _figures(rows: list[list[str]], column: int) -> bool:
+    """A column of figures: every cell one, and not all of them dashes."""
+    cells = [str(r[column]).strip() for r in rows if str(r[column]).strip()]
+    return bool(cells) and all(_figure_cell(c) for c in cells) and any(c != "-" for c in cells)
 
 
 def render_html(report: Report) -> str:
@@ -234,12 +271,13 @@ def render_html(report: Report) -> str:
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
         f"<title>{e(report.title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{e(report.title)}</h1><p class='small'>Generated {e(report.generated)} by dsv4opt from "
-        f"{len(report.profiles)} profile(s).</p>",
+        f"<h1>{e(report.title)}</h1><p class='small'>{e(_generated(report))}</p>",
     ]
     if not report.profiles:
         parts.append("<p>No profiles given.</p></body></html>")
         return "".join(parts)
+    parts.append("<h2>Profiles</h2>")
+    parts.append(_html_table(*_profile_rows(report)))
     pngs = charts(report)
     if report.verdict:
         parts.append(f"<h2>Verdict</h2><p class='verdict'>{e(report.verdict)}</p>")
@@ -259,6 +297,7 @@ def render_html(report: Report) -> str:
     if report.sweep_rows:
         parts.append("<h2>Throughput across concurrencies</h2>")
         parts.append(_img(pngs, "throughput", "throughput"))
+        parts.append(f"<p>{e(SWEEP_INTRO)}</p>")
         parts.append(_html_table(*_sweep_table(report)))
     if "steps" in pngs:
         parts.append("<h2>Per-step timeline</h2>")
@@ -302,12 +341,14 @@ def _html_table(header: list[str], rows: list[list[str]], link_column: int | Non
     """A table in a box that scrolls sideways when the table is wider than the page."""
     e = html.escape
 
+    figures = {c for c in range(len(header)) if _figures(rows, c)}
+
     def cell(i: int, text: str) -> str:
         if i == link_column and text:
             return f"<td><a href='{e(Path(text).as_uri())}'>{e(text)}</a></td>"
-        return f"<td>{e(str(text))}</td>"
+        return f"<td class='n'>{e(str(text))}</td>" if i in figures else f"<td>{e(str(text))}</td>"
 
-    head = "".join(f"<th>{e(h)}</th>" for h in header)
+    head = "".join(f"<th class='n'>{e(h)}</th>" if i in figures else f"<th>{e(h)}</th>" for i, h in enumerate(header))
     body = "".join("<tr>" + "".join(cell(i, c) for i, c in enumerate(r)) + "</tr>" for r in rows)
     return f"<div class='wide'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
 
@@ -317,6 +358,7 @@ _CSS = (
     ".wide{overflow-x:auto;margin:0.5em 0 1.5em}"
     "table{border-collapse:collapse;font-size:0.85em}"
     "th,td{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}"
+    "td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}"
     "td{white-space:nowrap}th{background:#f3f3f3;position:sticky;top:0}"
     ".verdict{font-size:1.15em;font-weight:600}.small{color:#666}"
     "img{max-width:100%;height:auto}details{margin:0.3em 0}summary{cursor:pointer;font-weight:600}"

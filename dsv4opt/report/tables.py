@@ -5,9 +5,10 @@ from __future__ import annotations
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segments
 from rich.table import Table
 
-from dsv4opt.analysis.busy import timeline_summary
+from dsv4opt.analysis.busy import timeline_summary, whole_trace
 from dsv4opt.analysis.categories import GLUE, category_label
 from dsv4opt.analysis.names import long_name
 from dsv4opt.display import MISSING, duration, pct, value
@@ -33,26 +34,43 @@ def _table(title: str) -> Table:
     return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
 
 
+# The width --wide lays tables out at: room for any name whole.
+WIDE = 10_000
+
+
 def _fit(table: Table, rows: list[list[str]], headers: list[str], text_columns: dict[int, list[str]],
          width: int, floor: int = 12) -> list[list[str]]:
     """Give every column but the text ones the width its widest cell needs, and the text columns
     (index -> the full texts, with their keys) what is left, shortened so different entries stay
-    different. Figures are never cut; a name is."""
+    different. Figures are never cut; a name is (but not at width WIDE)."""
     fixed = [max([len(headers[c])] + [len(r[c]) for r in rows]) for c in range(len(headers))]
     spare = width - _table_overhead(len(headers)) - sum(w for c, w in enumerate(fixed) if c not in text_columns)
     share = max(floor, spare // max(1, len(text_columns)))
+    out = [list(r) for r in rows]
+    for c, (texts, keys, fuller) in text_columns.items():
+        # wide: no cut, and a column as wide as its labels (fuller ones where short names clash)
+        labels = distinct_labels(texts, width if width >= WIDE else min(fixed[c], share), keys=keys, fuller=fuller)
+        for r, label in zip(out, labels):
+            r[c] = label
+        if width >= WIDE:
+            fixed[c] = max([fixed[c]] + [len(label) for label in labels])
     for c, h in enumerate(headers):
         justify = "left" if c in text_columns or not rows or not _numeric(rows[0][c]) else "right"
         w = min(fixed[c], share) if c in text_columns else fixed[c]
         table.add_column(h, justify=justify, no_wrap=True, min_width=w, max_width=w)
-    if table.title:  # a title wider than its table would wrap
+    if table.title and width < WIDE:  # a title wider than its table would wrap
         table.min_width = min(len(str(table.title)), width)
-    out = [list(r) for r in rows]
-    for c, (texts, keys, fuller) in text_columns.items():
-        labels = distinct_labels(texts, min(fixed[c], share), keys=keys, fuller=fuller)
-        for r, label in zip(out, labels):
-            r[c] = label
     return out
+
+
+def _show(console: Console, table: Table, width: int) -> None:
+    """Print a table laid out for `width`: one wider than the console (--wide) is printed whole, its
+    lines as long as they need (a terminal wraps them, a file keeps them)."""
+    if width <= console.width:
+        console.print(table)
+        return
+    needed = console.measure(table, options=console.options.update(width=width)).maximum
+    console.print(Segments(console.render(table, console.options.update(width=needed))), crop=False)
 
 
 def _numeric(cell: str) -> bool:
@@ -63,15 +81,18 @@ def _names(kernels) -> tuple[list[str], list[str], list[str]]:
     return ([k.display_name for k in kernels], [k.name for k in kernels], [long_name(k.name) for k in kernels])
 
 
-def print_profile(profile, top: int = 15, console: Console | None = None) -> None:
+def print_profile(profile, top: int = 15, console: Console | None = None, wide: bool = False,
+                  name: str | None = None) -> None:
     """Top kernels, who launched them, categories with the glue roll-up, steps, GPU busy/idle and
     overlap, efficiency where shapes were recorded, parts, ranks. Fits the console's width: figures
-    are never cut, names are shortened so different kernels stay different."""
+    are never cut, names are shortened so different kernels stay different; `wide` keeps every name
+    whole (the lines as long as they need) and lists the trace's own names under the table. `name`:
+    what to call the profile in the heading (its file), else its trace files."""
     console = console or Console()
-    width = console.width
+    width = WIDE if wide else console.width
     cpu = profile.time_basis == "cpu_self"
     basis = "CPU self time (no GPU events in the trace)" if cpu else "GPU time"
-    src = ", ".join((profile.meta.get("sources") or [])[:3]) or "profile"
+    src = name or ", ".join((profile.meta.get("sources") or [])[:3]) or "profile"
     console.print(f"[bold]{escape(src)}[/]  {escape(str(profile.meta.get('device') or ''))}  "
                   f"{basis}: {duration(profile.total_us)}, {sum(k.count for k in profile.kernels)} {'calls' if cpu else 'launches'}")
     if not profile.kernels:
@@ -86,9 +107,11 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
             + ([duration(k.p90_us), duration(k.max_us)] if spread else []) + [k.category_label, k.display_name]
             for i, k in enumerate(shown, 1)]
     t = _table(f"top {len(shown)} {'CPU operators' if cpu else 'kernels'} by {basis} ({span})")
-    for row in _fit(t, rows, headers, {len(headers) - 1: _names(shown)}, width):
+    fitted = _fit(t, rows, headers, {len(headers) - 1: _names(shown)}, width)
+    for row in fitted:
         t.add_row(*map(escape, row))
-    console.print(t)
+    _show(console, t, width)
+    _print_full_names(shown, [r[-1] for r in fitted], wide, console)
     _print_launchers(shown, width, console)
     if profile.categories:
         c = _table(f"categories ({span})")
@@ -101,7 +124,7 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
                          duration(sum(r.total_us for r in glue)), str(sum(r.count for r in glue))])
         for i, row in enumerate(_fit(c, rows, ["category", "share", "total", "calls" if cpu else "launches"], {}, width)):
             c.add_row(*row, end_section=bool(glue) and i == len(ordered) - 1)
-        console.print(c)
+        _show(console, c, width)
     if profile.steps:
         s = profile.steps
         console.print(f"steps ({escape(s.get('source', ''))}): {s['count']}, {profile.time_label}/step "
@@ -130,10 +153,25 @@ def print_profile(profile, top: int = 15, console: Console | None = None) -> Non
         rows = [[row.part, pct(row.share), duration(row.total_us), str(row.count)] for row in parts]
         for row in _fit(p, rows, ["part", "share", "total", "launches"], {0: (names, names, None)}, width):
             p.add_row(*map(escape, row))
-        console.print(p)
+        _show(console, p, width)
     from dsv4opt.report.rank_balance import print_rank_balance
 
     print_rank_balance(profile, console)
+
+
+def _print_full_names(kernels, shown: list[str], wide: bool, console: Console) -> None:
+    """With --wide, the trace's own name of each kernel the table shows by a shorter one; without,
+    a hint where a name was cut to fit."""
+    if not wide:
+        if any(s != k.display_name for k, s in zip(kernels, shown)):
+            console.print(f"names cut to fit {console.width} columns: `dsv4opt analyze PROFILE --wide` shows them "
+                          "whole", highlight=False)
+        return
+    longer = [(i, k.name) for i, k in enumerate(kernels, 1) if k.name != k.display_name]
+    if longer:
+        console.print("full names, as in the trace:", highlight=False)
+        for i, full in longer:
+            console.print(f"  #{i} {escape(full)}", soft_wrap=True, highlight=False)
 
 
 def _print_launchers(kernels, width: int, console: Console, limit: int = 5) -> None:
@@ -154,7 +192,7 @@ def _print_launchers(kernels, width: int, console: Console, limit: int = 5) -> N
     text = {c: ([r[c] for r in rows], [r[c] for r in rows], None) for c in (1, 2, 3)}
     for row in _fit(t, rows, headers, text, width):
         t.add_row(*map(escape, row))
-    console.print(t)
+    _show(console, t, width)
 
 
 def _print_timeline(profile, width: int, console: Console) -> None:
@@ -171,7 +209,11 @@ def _print_timeline(profile, width: int, console: Console) -> None:
     headers = ["", "kernel sum", "span", "busy", "idle", "idle %", "overlap"]
     for row in _fit(d, rows, headers, {0: ([r[0] for r in rows], [r[0] for r in rows], None)}, width):
         d.add_row(*map(escape, row))
-    console.print(d)
+    _show(console, d, width)
+    if profile.steps:
+        line = whole_trace_line(profile.timeline)
+        if line:
+            console.print(line, highlight=False)
     if not any(c.overlapped_us for c in tl.categories):
         console.print("no two categories ran at the same time: each category's busy time is all exposed", highlight=False)
         return
@@ -180,7 +222,20 @@ def _print_timeline(profile, width: int, console: Console) -> None:
              pct(m.overlapped_us / m.busy_us) if m.busy_us else MISSING] for m in tl.categories]
     for row in _fit(c, rows, ["category", "busy", "exposed", "overlapped", "hidden"], {}, width):
         c.add_row(*row)
-    console.print(c)
+    _show(console, c, width)
+
+
+def whole_trace_line(timeline) -> str | None:
+    """The whole trace's busy, idle and overlap beside the per-step means, and how much of its busy
+    time the steps hold (a trace's warm-up or data loading can sit outside every step)."""
+    w = whole_trace(timeline)
+    if w is None:
+        return None
+    held = f" ({pct(w.in_steps_busy_us / w.busy_us)})" if w.busy_us else ""
+    return (f"whole trace, steps or not: span {duration(w.span_us)}, busy {duration(w.busy_us)}, idle "
+            f"{duration(w.idle_us)} ({pct(w.idle_us / w.span_us) if w.span_us else MISSING}), overlap "
+            f"{duration(w.overlap_us)}; {'its step holds' if w.steps == 1 else f'its {w.steps} profiled steps hold'} "
+            f"{duration(w.in_steps_busy_us)} of the busy time{held}")
 
 
 def _print_efficiency(profile, top: int, width: int, console: Console) -> None:
@@ -197,7 +252,7 @@ def _print_efficiency(profile, top: int, width: int, console: Console) -> None:
     texts = {0: _names(rated), 1: ([r[1] for r in rows], [r[1] for r in rows], None)}
     for row in _fit(t, rows, headers, texts, width):
         t.add_row(*map(escape, row))
-    console.print(t)
+    _show(console, t, width)
     if peak is not None:
         rates = ", ".join(f"{kind} {v:g}" for kind, v in peak.tflops.items())
         console.print(f"peaks ({escape(peak.label)}, {escape(peak.source)}): TFLOP/s dense {rates}; HBM {peak.hbm_gbps:g} GB/s",
@@ -254,13 +309,8 @@ def print_comparison(comparison, console: Console | None = None) -> None:
 def throughput_lines(comparison) -> list[str]:
     """tokens/s and ms/step before -> after with the verdict against the noise, then the kernel
     time per step: one line each, every figure once."""
-    lines = []
+    lines = [comparison.throughput_line()] if comparison.change is not None else []
     tput = comparison.throughput or {}
-    change = comparison.change
-    if change is not None:
-        tps = tput.get("tokens_per_s")
-        head = f"tokens/s {tps['a']:.2f} -> {tps['b']:.2f}, " if tps else ""
-        lines.append(head + change.line())
     per_step = tput.get("gpu_us_per_step")
     if per_step:
         basis = "CPU self time" if comparison.time_basis == "cpu_self" else "GPU kernel time"

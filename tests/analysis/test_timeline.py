@@ -89,3 +89,49 @@ def test_real_trace_with_several_streams_against_plain_walks():
     s = stream_busy(ev).set_index("stream")
     for tid, ivs in per_stream.items():
         assert math.isclose(s.loc[tid, "busy_us"], _union(ivs), rel_tol=1e-12)
+
+
+@pytest.mark.skipif(not SHARED_TRACES.is_dir(), reason="../shared/traces absent")
+def test_whole_trace_busy_idle_overlap_beside_the_steps():
+    """Holistic Trace Analysis' temporal breakdown covers the whole trace; the profile keeps that
+    figure beside the per-step one (on this trace the step holds 70% of the busy time)."""
+    from dsv4opt.analysis import analyze_paths
+    from dsv4opt.analysis.busy import whole_trace
+
+    path = SHARED_TRACES / "tracelens_h100_qwen1.5_0.5b.json.gz"
+    gpu = gpu_events(path)
+    prof = analyze_paths([path])
+    per_device = defaultdict(lambda: defaultdict(list))
+    origin = min(e["ts"] for e in gpu)  # epoch microseconds lose 1e-4 us in start + dur; times from the first do not
+    for e in gpu:
+        per_device[e["args"].get("device", e["pid"])][e["tid"]].append((e["ts"] - origin, e["ts"] - origin + e["dur"]))
+    assert len(per_device) == 1
+    streams = next(iter(per_device.values()))
+    every = [iv for ivs in streams.values() for iv in ivs]
+    (row,) = prof.timeline.whole
+    span = max(e for _, e in every) - min(s for s, _ in every)
+    assert math.isclose(row.busy_us, _union(every), rel_tol=1e-12)
+    assert math.isclose(row.span_us, span, rel_tol=1e-12) and math.isclose(row.idle_us, span - _union(every), rel_tol=1e-9)
+    assert math.isclose(row.overlap_us, _at_least_two(streams), rel_tol=1e-9, abs_tol=1e-9)
+    w = whole_trace(prof.timeline)
+    assert math.isclose(w.in_steps_busy_us, sum(d.busy_us for d in prof.timeline.devices), rel_tol=1e-12)
+    assert w.in_steps_busy_us < 0.8 * w.busy_us  # this trace's kernels outside its step are counted here
+    from rich.console import Console
+
+    from dsv4opt.display import duration
+    from dsv4opt.report.tables import print_profile
+
+    console = Console(width=200, record=True)
+    print_profile(prof, console=console)
+    text = console.export_text()
+    assert (f"whole trace, steps or not: span {duration(span)}, busy {duration(_union(every))}" in text
+            and f"its step holds {duration(w.in_steps_busy_us)} of the busy time" in text)
+
+
+def test_profiles_written_before_the_whole_trace_load_without_it():
+    from dsv4opt.analysis.busy import whole_trace
+    from dsv4opt.analysis.profile import Profile
+    from tests.helpers import REPO
+
+    prof = Profile.load(REPO / "profiles" / "fuse-glue" / "embedded-dsv4-flash-c32-ctx8192-mma-attn+bf16-gemm+grouped-moe.json")
+    assert prof.timeline is not None and prof.timeline.whole == [] and whole_trace(prof.timeline) is None

@@ -46,3 +46,20 @@ def test_stderr_is_restored_after_an_error(capfd):
         pass
     os.write(2, b"USDT:after\n")
     assert capfd.readouterr().err == "USDT:after\n"
+
+
+def test_the_per_cycle_warning_is_dropped_and_no_other(recwarn):
+    """torch 2.11 warns "Profiler clears events at the end of each cycle" on every GPU capture; a
+    capture profiles one cycle by design. Only that warning goes; any other still shows."""
+    import warnings
+
+    from dsv4opt.capture.kineto_markers import quiet_profiler
+
+    cycle = ("Warning: Profiler clears events at the end of each cycle. Only events from the current cycle will be "
+             "reported. To keep events across cycles, set acc_events=True.")
+    with quiet_profiler():
+        warnings.warn(cycle, UserWarning)
+        warnings.warn("Profiler: something else went wrong", UserWarning)
+    assert [str(w.message) for w in recwarn] == ["Profiler: something else went wrong"]
+    warnings.warn(cycle, UserWarning)  # outside a capture the filter is gone
+    assert str(recwarn[-1].message) == cycle

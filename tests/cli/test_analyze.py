@@ -51,3 +51,47 @@ def test_analyze_real_trace_with_capture():
                             "--capture", str(SHARED_TRACES / "tracelens_sglang_qwen3_8b_capture_bs32.json.gz"), "--top", "5"])
     assert r.exit_code == 0, r.output
     assert "categories" in r.output and "glue" in r.output
+
+
+PROFILES = __import__("tests.helpers", fromlist=["REPO"]).REPO / "profiles"
+SAVED = PROFILES / "embedded-dsv4-flash-c32-ctx8192-mma-attn+bf16-gemm.json"
+
+
+def _kernels(path):
+    return json.loads(path.read_text())["kernels"]
+
+
+def test_analyze_shows_a_saved_profile():
+    """`analyze profile.json` once said "has no traceEvents": it shows the profile's tables."""
+    r = runner.invoke(app, ["analyze", str(SAVED)], env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.output
+    assert str(SAVED) in r.output and "top 15 kernels by GPU time" in r.output and "categories" in r.output
+    first = _kernels(SAVED)[0]
+    assert f"{100 * first['share']:.1f}%" in r.output and first["short_name"] in r.output
+
+
+def test_analyze_takes_one_profile_and_no_capture(tmp_path):
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": [KERNEL]}))
+    r = runner.invoke(app, ["analyze", str(SAVED), str(trace)])
+    assert r.exit_code == 1 and "is a saved profile" in r.output and "dsv4opt report" in r.output
+    r = runner.invoke(app, ["analyze", str(SAVED), "--capture", str(trace)])
+    assert r.exit_code == 1 and "--capture goes with trace files" in r.output
+
+
+def test_wide_shows_every_name_whole_at_80_columns():
+    """At 80 columns (and piped into a file) analyze kept 14 characters of a name; --wide keeps them
+    all, and lists the trace's own names where the table shows a shorter one."""
+    narrow = runner.invoke(app, ["analyze", str(SAVED), "--top", "15"], env={"COLUMNS": "80"})
+    assert narrow.exit_code == 0 and "`dsv4opt analyze PROFILE --wide` shows them whole" in narrow.output
+    r = runner.invoke(app, ["analyze", str(SAVED), "--top", "15", "--wide"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    table = r.output[:r.output.index("who launched")]
+    for i, k in enumerate(_kernels(SAVED)[:15], 1):
+        row = next(line for line in table.splitlines() if line.split()[:1] == [str(i)]).rstrip()
+        # its short name whole, or where two short names are alike the longer name that tells them apart
+        cell = row[row.index(k["short_name"].split("<")[0]):]
+        assert cell == k["short_name"] or "…" not in cell, (k["short_name"], row)
+        if k["name"] != k["short_name"]:
+            assert f"  #{i} {k['name']}\n" in r.output
+    assert "--wide` shows" not in r.output

@@ -169,6 +169,7 @@ def test_sweep_rejects_bad_concurrency_list():
 @pytest.mark.slow
 def test_sweep_tiny_on_cpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    Path("sw").mkdir()
     r = invoke("sweep", "--concurrency", "1,2", "--with", "bf16-gemm", *TINY, "--out-dir", "sw")
     assert r.exit_code == 0, r.output
     summary = json.loads(next(Path("sw").glob("sweep-*.json")).read_text())

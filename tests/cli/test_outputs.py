@@ -84,6 +84,21 @@ def test_a_folder_under_a_missing_folder_is_refused(args, option, tmp_path):
     assert not folder.parent.exists()
 
 
+@pytest.mark.parametrize("args, option", [
+    (["sweep", "--device", "cpu", "--out-dir"], "--out-dir"),
+    (["profile", "--device", "cpu", "--trace-dir"], "--trace-dir"),
+    (["sglang-switches", "mma-attn", "--sglang-version", "0.5.23", "--out"], "--out"),
+    (["apply", "mma-attn", "--target", "sglang", "--sglang-version", "0.5.23", "--out"], "--out"),
+])
+def test_a_missing_folder_is_refused_not_created(args, option, tmp_path):
+    """README: a missing folder is refused, never created (`--trace-dir nosuchdir` once made it and ran)."""
+    folder = tmp_path / "nosuchdir"
+    r = runner.invoke(app, args + [str(folder)])
+    assert r.exit_code == 1, r.output
+    assert f"folder {folder} does not exist; create it first or choose another {option}" in r.output
+    assert not folder.exists()
+
+
 @pytest.mark.parametrize("command", [["sglang-switches", "mma-attn", "--sglang-version", "0.5.23"],
                                      ["apply", "mma-attn", "--target", "sglang", "--sglang-version", "0.5.23"]])
 def test_switch_files_follow_the_same_policy(command, tmp_path):

@@ -16,6 +16,7 @@ TINY_RUN = ["profile", "--config", "dsv4-tiny", "--device", "cpu", "--concurrenc
 def test_profile_tiny_on_cpu_writes_a_labelled_profile(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     traces = tmp_path / "traces"
+    traces.mkdir()
     r = runner.invoke(app, TINY_RUN + ["--trace-dir", str(traces)])
     assert r.exit_code == 0, r.output
     assert "CPU" in r.output

@@ -34,6 +34,7 @@ def two_ranks(tmp_path_factory):
         mp.chdir(root)
         mp.setenv("DSV4OPT_STATE", str(root / "state" / "state.json"))
         mp.setenv("TRITON_INTERPRET", "0")
+        (root / "traces").mkdir()
         result = runner.invoke(app, RUN + ["--ranks", "2", "--trace-dir", str(root / "traces")])
     saved = list((root / "profiles").glob("embedded-dsv4-tiny-c2-r2-baseline-*.json"))
     return result, saved, root / "traces"

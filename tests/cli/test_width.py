@@ -117,6 +117,7 @@ def test_sweep_and_apply(width, tmp_path, monkeypatch):
 
     monkeypatch.setattr("dsv4opt.loop.profiles.profile_embedded", fake_profile)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "sw").mkdir()
     text = run(width, "sweep", "-c", "1,64", "--with", "mma-attn", "--device", "cpu", "--config", "dsv4-flash",
                "--out-dir", "sw")
     check_lines(text, width)
@@ -129,3 +130,18 @@ def test_sweep_and_apply(width, tmp_path, monkeypatch):
     text = run(width, "apply", "bf16-gemm")
     check_lines(text, width)
     assert "bf16-gemm is on" in text and "ms/step" in text
+
+
+def test_the_width_is_read_when_printing_not_when_importing():
+    """A terminal's COLUMNS when dsv4opt is imported (a developer's shell, a CI runner) must not fix the
+    width: the runner's COLUMNS, set when the command runs, is what the output fits."""
+    import subprocess
+    import sys
+
+    script = ("from typer.testing import CliRunner\n"
+              "from dsv4opt.cli import app\n"
+              f"r = CliRunner().invoke(app, ['recommend', {str(BASELINE)!r}], env={{'COLUMNS': '80'}})\n"
+              "print(max(len(line) for line in r.output.splitlines()))\n")
+    env = {**__import__("os").environ, "COLUMNS": "200", "PYTHONPATH": str(PROFILES.parent)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) <= 80, out.stdout

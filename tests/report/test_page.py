@@ -65,3 +65,72 @@ def test_plots_return_png_or_none():
     assert category_bars_png([], []) is None
     assert throughput_chart_png([]) is None
     assert category_bars_png(["a"], [{"attention": 0.5, "copy": 0.5}]).startswith(PNG_MAGIC)
+
+
+def _c4_baseline(tokens_per_s: float, windows: list[float]):
+    ms = sorted(windows)[1]
+    return make_profile([("k", "attention", 10, 100.0)], meta={"concurrency": 4, "optimizations": []},
+                        throughput={"tokens_per_s": tokens_per_s, "ms_per_step": ms, "ms_per_step_windows": windows})
+
+
+def _two_runs():
+    """Two `profile -c 4` runs at the same settings, the second 1.28x the first in tokens/s."""
+    first = _c4_baseline(4000.0 / 1.28, [1.27, 1.28, 1.29])
+    second = _c4_baseline(4000.0 / 1.0, [0.99, 1.0, 1.01])
+    return build_report(["runs/a.json", "runs/b.json"], [first, second])
+
+
+def test_the_speedup_column_says_what_the_verdict_says():
+    """The column once read 0.78x and 1.00x (over the last baseline) beside a verdict of 1.28x."""
+    rep = _two_runs()
+    assert "1.28x, faster" in rep.throughput_verdict
+    speedups = {name: row.speedup for row, name in zip(rep.sweep_rows, rep.sweep_names)}
+    a, b = rep.names
+    assert speedups[a] == 1.0 and round(speedups[b], 2) == 1.28
+    assert rep.sweep_reference == {4: a}
+    text, _ = render_markdown(rep)
+    assert f"| 4 | {b} | 4000.00 | 1.00 | 100.0% | attention | 1.28x | {a} |" in text
+
+
+def test_two_runs_of_the_same_settings_get_names_that_differ_and_the_page_names_its_files():
+    rep = _two_runs()
+    assert rep.names == ["C=4 baseline (a.json)", "C=4 baseline (b.json)"]
+    text, _ = render_markdown(rep)
+    assert "| C=4 baseline (a.json) | runs/a.json |" in text and "| C=4 baseline (b.json) | runs/b.json |" in text
+    assert "What moved most: C=4 baseline (a.json) -> C=4 baseline (b.json)" in text
+    same = build_report(["p.json", "p.json"], [story_after_attention(), story_after_attention()])
+    assert len(set(same.names)) == 2
+
+
+def test_figures_are_right_aligned_and_their_units_in_the_headers():
+    prof = story_after_attention()
+    prof.throughput = {"tokens_per_s": 1600.0, "ms_per_step": 20.0}
+    rep = build_report(["after.json"], [prof])
+    text, _ = render_markdown(rep)
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("| profile | attention (ms/step)"))
+    assert "| kernel sum (ms/step) | measured ms/step |" in lines[head]
+    assert lines[head + 1] == "|---|" + "---:|" * (lines[head].count("|") - 2)  # every column but the name
+    kernels = next(line for line in lines if line.startswith("| # | share |"))
+    assert kernels.startswith("| # | share | ms/step | launches/step |")
+    page = render_html(rep)
+    assert "<td class='n'>19.2%</td>" in page and "td.n,th.n{text-align:right" in page
+    assert "<td class='n'>FP32 SIMT GEMM</td>" not in page
+
+
+def test_a_29x_change_keeps_its_values_on_the_bars_and_the_axes_start_at_0():
+    from dsv4opt.analysis.sweep import SweepRow
+    from dsv4opt.report.plots import category_time_figure, throughput_figure
+
+    fig = category_time_figure(["before", "after"], [{"moe": 3811.5, "attention": 95.1}, {"moe": 39.2, "attention": 95.0}],
+                               [3909.1, 135.0], "ms per step")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == ["3907", "134"]  # each bar's total, by hand
+    assert ax.get_ylim()[0] == 0
+    rows = [SweepRow(c, v, "p.json", tps, None, 0.0, None, None)
+            for c, v, tps in [(1, "baseline", 6.8), (32, "baseline", 8.2), (1, "all", 42.1), (32, "all", 544.3)]]
+    fig = throughput_figure(rows)
+    ax = fig.axes[0]
+    assert ax.get_ylim()[0] == 0  # 6.8 -> 8.2 tokens/s is not a cliff
+    fig.canvas.draw()
+    assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1  # beside the data, not over it

@@ -373,6 +373,7 @@ def test_pyproject_registers_the_plugin():
 def test_written_launcher_runs_sglangs_server_with_the_drop_in_in_its_workers(tmp_path):
     # `dsv4opt sglang-switches mma-attn` writes the script; the script runs the launcher, the
     # stand-in's launch_server __main__ and a worker spawned as SGLang spawns its schedulers.
+    (tmp_path / "deploy").mkdir()
     result = CliRunner().invoke(app, ["sglang-switches", "mma-attn", "--sglang-version", "0.5.14",
                                       "--out", str(tmp_path / "deploy")])
     assert result.exit_code == 0, result.output

@@ -174,7 +174,7 @@ def apply_to_sglang(name: str, out_dir: Path, force: bool = False, sglang_versio
     where neither a switch nor a drop-in applies it.
 
     An existing file with other content is replaced only with force; otherwise the user gets an
-    error and no file is written. out_dir is created only where its parent exists.
+    error and no file is written. out_dir must exist (fileio.make_output_folder).
     """
     o = on_version(name, sglang_version)
     if o.upstream_everywhere:
