@@ -13,7 +13,7 @@ from rich.console import Console
 from dsv4opt.optimizations.mma_attn.bench import BenchResult, BenchRow, render
 from dsv4opt.optimizations.registry import CheckResult
 
-DOCS = Path(__file__).resolve().parents[2] / "docs/kernels"
+DOCS = Path(__file__).resolve().parents[2] / "evidence/h200/kernels"
 
 
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
