@@ -6,6 +6,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,13 @@ def poison_any(t: torch.Tensor) -> torch.Tensor:
 def nan_poisoned_allocations(ints: bool = False):
     """torch.empty / empty_like return NaN-filled floating tensors while inside (gates and tests);
     with `ints`, integer and bool tensors too (poison_any)."""
-    fill = poison_any if ints else poison
+    chosen = poison_any if ints else poison
+
+    def fill(t: torch.Tensor) -> torch.Tensor:
+        # A tensor being traced (a compiler's fake tensor) holds no data to poison, and a fill there
+        # would be written into the graph: Inductor's decompositions call torch.empty while tracing.
+        return t if is_fake(t) else chosen(t)
+
     empty, empty_like = torch.empty, torch.empty_like
     torch.empty = lambda *a, **k: fill(empty(*a, **k))
     torch.empty_like = lambda *a, **k: fill(empty_like(*a, **k))

@@ -180,6 +180,13 @@ def numeric_figures(settings: GateSettings, device, impls: dict[str, Callable], 
             f"{prefix}step_tokens_diverged": sum(r > 3e-2 for r in step_rel) / len(step_rel)}
 
 
+def _first_line(exc: BaseException) -> str:
+    """The exception and what caused it, one line each: a compiler's wrapper ("backend='inductor'
+    raised:") says nothing without its cause."""
+    lines = [f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}" for e in (exc, exc.__cause__) if e]
+    return " <- ".join(lines)
+
+
 def run_check(device: torch.device, impls: dict[str, Callable], settings: GateSettings | None = None,
               step_bounded: bool = True) -> CheckResult:
     """Measure `impls` (their `regions` compiled) against the eager blocks; fail closed on anything raised.
@@ -197,7 +204,7 @@ def run_check(device: torch.device, impls: dict[str, Callable], settings: GateSe
         if settings.bf16_report:
             figures.update(numeric_figures(settings, device, impls, torch.bfloat16, prefix="bf16_"))
     except Exception as exc:  # any failure of a compiled run (a compiler error, a size assert) fails the gate
-        failure = f"the compiled run raised {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}; "
+        failure = f"the compiled run raised {_first_line(exc)}; "
     figures["compile_s"] = CompileCounters.now().since(before).compile_s
     bounds = {k: b for k, b in BOUNDS.items() if step_bounded or not k.startswith("step_")}
     crossed = [k for k, bound in bounds.items() if not (k in figures and figures[k] <= bound)]
