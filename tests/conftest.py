@@ -20,6 +20,11 @@ if not torch.cuda.is_available():
 # for the rest of the session, whatever order the tests run in.
 import dsv4opt.workload.model  # noqa: E402,F401
 
+# Under pytest-xdist (the README's test command runs `-n auto`), each worker takes its share of the
+# cores: torch's default of one thread per core in every worker oversubscribes the machine.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 _empty = torch.empty  # the unpoisoned allocators, for tests that count launches
 _empty_like = torch.empty_like
 

@@ -141,6 +141,9 @@ def compiles_quickly(monkeypatch):
     monkeypatch.setitem(lever.IMPLEMENTATIONS, "regions", CompiledRegions("aot_eager"))
     monkeypatch.setattr(importlib.import_module("dsv4opt.optimizations.torch_compile.check"), "gate_settings",
                         lambda device: SMALL)
+    # Dynamo keeps what it compiled per code object for the whole process: without a reset, the graphs
+    # counted below depend on which tests ran before in this worker
+    torch._dynamo.reset()
 
 
 def test_the_env_gate_switches_it_on(monkeypatch):
@@ -177,7 +180,10 @@ def test_the_lever_goes_through_the_loop(torch_path, compiles_quickly, tmp_path,
     after = json.loads(open(load_state().last_profile).read())
     assert after["meta"]["optimizations"] == ["torch-compile"]
     compiled = after["meta"]["compile"]
-    assert compiled["graphs"] >= 2 and compiled["graph_breaks"] == 0 and compiled["first_step_s"] > 0, compiled
+    # The profile compiles at least one graph the gate's compiles (one layer) do not cover. How many
+    # more depends on Dynamo's global-state guard, which includes torch's thread count: the CPU profile
+    # runs on one thread, the gate on the process's, and where the two differ every block recompiles.
+    assert compiled["graphs"] >= 1 and compiled["graph_breaks"] == 0 and compiled["first_step_s"] > 0, compiled
     assert invoke("revert", "torch-compile").exit_code == 0 and load_state().enabled == []
 
 
