@@ -92,6 +92,14 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         replace(base, up=replace(up, flat=not up.flat), down=replace(dn, flat=not dn.flat)),
         replace(base, up=replace(up, ctas=2), down=replace(dn, ctas=2)),
         replace(base, bm=16 if base.bm == 32 else 32),
+        # One GEMM at a time, since the slot's time is the two GEMMs' sum: tp4's down has K = 512
+        # (four steps of 128) and can drain its pipeline between items, gate/up K = 4096.
+        replace(base, down=replace(dn, flat=not dn.flat)),
+        replace(base, down=replace(dn, split=dn.split * 2)),
+        replace(base, down=replace(dn, bn=64)),
+        replace(base, up=replace(up, split=up.split * 2)),
+        replace(base, up=replace(up, split=max(1, up.split // 2))),
+        replace(base, up=replace(up, ctas=8), down=replace(dn, ctas=8)),
     ]
     seen: list[MoeConfig] = []
     for c in out:
