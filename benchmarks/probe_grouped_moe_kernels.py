@@ -1,0 +1,76 @@
+"""Where grouped-moe's time goes, launch by launch: routing, gate/up, down, combine, on the bench's
+own weights and rotating input sets, under torch.profiler (GPU only).
+
+    PYTHONPATH=. python3 benchmarks/probe_grouped_moe_kernels.py [--layout tp4,dp-ep] [--concurrency 1,16,32,64]
+        [--calls 30] [--json OUT]
+
+Prints, per layout and C, each kernel's mean µs a call (the profiler's device time, not a CUDA-graph
+median: launch gaps are not in it) beside the bench's floor, so the slot's gap to its floor can be
+split among its launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from collections import defaultdict
+
+import torch
+
+from dsv4opt.optimizations.grouped_moe import bench
+from dsv4opt.optimizations.grouped_moe.kernel import grouped_routed_experts
+from dsv4opt.optimizations.timing import copy_bandwidth_gbps
+
+
+def kernel_means(layout_name: str, concurrency: int, calls: int, gen: torch.Generator, weights) -> dict[str, float]:
+    lay = bench.LAYOUTS[layout_name]
+    sets = bench._input_sets(lay, concurrency, gen)
+    w13, w2 = weights
+    cfg = bench._CFG
+    run = lambda x, ids, g: grouped_routed_experts(x, ids, g, w13, w2, cfg.swiglu_limit, cfg.routed_scale)  # noqa: E731
+    for x, ids, g in sets:  # the production-layout copies and the compiles happen here
+        run(x, ids, g)
+    torch.cuda.synchronize()
+    cycle = itertools.cycle(sets)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run(*next(cycle))
+        torch.cuda.synchronize()
+    total: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            total[ev.name] += ev.device_time
+    return {name: us / calls for name, us in sorted(total.items(), key=lambda kv: -kv[1])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layout", default="tp4,dp-ep")
+    ap.add_argument("--concurrency", default="1,16,32,64")
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    copy = copy_bandwidth_gbps()
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    rows = []
+    for name in a.layout.split(","):
+        lay = bench.LAYOUTS[name]
+        weights = bench._weights(lay, gen)
+        for c in map(int, a.concurrency.split(",")):
+            means = kernel_means(name, c, a.calls, gen, weights)
+            ids = bench.routing(lay, c, gen)[0]
+            floor_us = bench.floor_bytes(lay, ids, bench._CFG.hidden)[0] / (copy * 1e9) * 1e6
+            rows.append(dict(layout=name, concurrency=c, floor_us=floor_us, kernels=means))
+            print(f"{name} C = {c}: floor {floor_us:.1f} µs, kernels {sum(means.values()):.1f} µs a call")
+            for k, us in means.items():
+                print(f"    {us:8.1f} µs  {k[:90]}")
+        del weights
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "x") as f:
+            json.dump(dict(copy_gbps=copy, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
