@@ -55,10 +55,15 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
         (1536, MoeConfig(16, _UP, _DOWN)),
         (1 << 62, MoeConfig(32, _UP, _DOWN)),
     ],
-    (256, 512, 4096): [  # tp4: C tokens, 6C slots
-        (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2))),
-        (24, MoeConfig(16, replace(_UP, split=4), _DOWN)),
-        (1 << 62, MoeConfig(16, replace(_UP, split=2), _DOWN)),
+    # tp4: C tokens, 6C slots. From the H200 sweep (evidence/h200/grouped_moe/sweep_tp4_5a39fce.log):
+    # down's K is 512, four steps of 128, so its nested loop drains the pipeline every item; the flat
+    # loop keeps it full (C = 16/32/64: 168/272/378 -> 154/250/345 us with down flat alone), and from
+    # C = 16 gate/up has items enough without a K split (-> 157/240/330 with no split alone).
+    # C = 2-4 (row 24) was not swept: down flat as at C = 1 and 16, gate/up's split unchanged.
+    (256, 512, 4096): [
+        (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2, flat=True))),
+        (24, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True))),
+        (1 << 62, MoeConfig(16, _UP, replace(_DOWN, flat=True))),
     ],
     (256, 256, 4096): [  # tp8
         (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2))),
