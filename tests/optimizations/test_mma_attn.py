@@ -312,6 +312,24 @@ def test_the_combine_without_the_sink_merges_the_splits_lse_alone(split_loop):
     assert torch.equal(outs[False][0], outs[True][0]) and not torch.isnan(outs[False][0]).any()
 
 
+@needs_gpu
+@pytest.mark.parametrize("sink", ["randn", "big"])
+@pytest.mark.parametrize("layout", ["fp8", "bf16"])
+@pytest.mark.parametrize("batch", [1, 32, 64, 100])
+def test_lse_without_sink_at_the_models_sizes_on_gpu(batch, layout, sink):
+    """bf16 at 64 heads of 512 on the GPU: B = 1 on the block-level kernel, 32 and 64 through the
+    Gluon loops' partials and the combine where they run, 100 a single pass; one request empty."""
+    x = make_inputs(AttnCase(batch, 512, "one_empty", layout=layout), "cuda", torch.bfloat16, seed=23)
+    if sink == "big":
+        x = replace(x, sink=torch.full_like(x.sink, 60.0))
+    o, lse = kernel.mma_attention(*x.args(), lse_with_sink=False)
+    assert_lse_of_scores(lse, lse_of_scores_ref(x))
+    ref_o, _ = sparse_attention_ref(*x.args())
+    if sink == "big":
+        assert error_report(o, ref_o).max_abs < 1e-6, error_report(o, ref_o)
+    else:
+        assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
+
 @pytest.mark.parametrize("engine", ["gluon-ws", "gluon-fp8-ws"])
 def test_lse_without_sink_never_takes_an_in_kernel_merge(monkeypatch, engine):
     """The Gluon loops' in-kernel merges write the lse with the sink: without it the plan's merge is
