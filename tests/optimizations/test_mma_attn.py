@@ -224,7 +224,8 @@ def assert_lse_of_scores(lse: torch.Tensor, ref: torch.Tensor, tol: float = 2e-5
     assert torch.isfinite(lse[finite]).all(), lse
     err = torch.where(finite, (lse - ref).abs() / ref.abs().clamp(min=1.0), torch.zeros_like(ref))
     worst = divmod(int(err.argmax()), ref.shape[1])
-    assert float(err.max()) <= tol, f"rel {float(err.max()):.2e} at {list(worst)}: {float(lse[worst])} vs {float(ref[worst])}"
+    assert float(err.max()) <= tol, (
+        f"rel {float(err.max()):.2e} at {list(worst)}: {float(lse[worst])} against {float(ref[worst])}")
 
 
 LSE_TILES = [None, kernel.Tiles(16, 32, 1, 4, 1), kernel.Tiles(16, 16, 3, 4, 1),

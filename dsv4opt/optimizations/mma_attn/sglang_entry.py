@@ -92,7 +92,7 @@ def flash_mla_sparse_decode_triton(
     CUDA-graph safe: no host synchronisation.
     """
     o, lse, parts = _attention(q, k_cache, indices, topk_length, attn_sink, softmax_scale, extra_k_cache,
-                                  extra_indices, extra_topk_length, "flash_mla_sparse_decode_triton")
+                               extra_indices, extra_topk_length, "flash_mla_sparse_decode_triton")
     if attn_sink is None:
         # SGLang's lse is -inf where nothing is used (:199); used slots make the stand-in sink vanish.
         lse = torch.where(_any_used(parts)[:, None], lse, torch.full_like(lse, float("-inf")))
@@ -122,7 +122,7 @@ def flash_mla_flashinfer(
         raise DropInInputError(f"head_dim_v must be {C.DIM} (the latent width the kernel writes), got {head_dim_v}")
     q4 = q.unsqueeze(1) if q.dim() == 3 else q
     o, _, _ = _attention(q4, k_cache, indices, topk_length, attn_sink, softmax_scale, extra_k_cache,
-                            extra_indices, extra_topk_length, "_flash_mla_flashinfer")
+                         extra_indices, extra_topk_length, "_flash_mla_flashinfer")
     return o.to(torch.bfloat16).unsqueeze(1), None
 
 
