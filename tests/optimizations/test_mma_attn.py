@@ -202,6 +202,155 @@ def test_one_launch_reads_both_caches_wherever_they_lie(extra_first):
         assert error_report(lse, ref_lse).ok(1e-5), (tiles, error_report(lse, ref_lse))
 
 
+
+# --- lse_with_sink=False: FlashMLA's lse (the used slots' scores alone, +inf where none is used) ---
+
+def lse_of_scores_ref(x) -> torch.Tensor:
+    """float64 [B, H]: the reference's lse with the sink at -inf (the scores alone), +inf where no
+    slot of either cache is used (FlashMLA's tests/ref.py)."""
+    args = list(x.args())
+    args[7] = torch.full_like(x.sink, float("-inf"))
+    _, lse = sparse_attention_ref(*args)
+    return torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+
+
+def assert_lse_of_scores(lse: torch.Tensor, ref: torch.Tensor, tol: float = 2e-5) -> None:
+    """+inf exactly where the reference has it, nothing else non-finite (NaN-poisoned outputs), every
+    finite element within tol * max(1, |ref|); the worst element named."""
+    assert lse.dtype == torch.float32 and lse.shape == ref.shape
+    lse, ref = lse.cpu().double(), ref.cpu().double()
+    assert torch.equal(torch.isposinf(lse), torch.isposinf(ref)), (lse, ref)
+    finite = torch.isfinite(ref)
+    assert torch.isfinite(lse[finite]).all(), lse
+    err = torch.where(finite, (lse - ref).abs() / ref.abs().clamp(min=1.0), torch.zeros_like(ref))
+    worst = divmod(int(err.argmax()), ref.shape[1])
+    assert float(err.max()) <= tol, (
+        f"rel {float(err.max()):.2e} at {list(worst)}: {float(lse[worst])} against {float(ref[worst])}")
+
+
+LSE_TILES = [None, kernel.Tiles(16, 32, 1, 4, 1), kernel.Tiles(16, 16, 3, 4, 1),
+             kernel.Tiles(16, 32, 2, 4, 1, block_v=32, reload_v=True)]
+LSE_TILE_IDS = ["planned", "single-pass", "split3-bk16", "split2-vsplit2"]
+# (case, sink): "one_empty" leaves request 0 with every slot -1 and the last with lengths 0 (both
+# caches): +inf there. "big": the sink 60 above every score, where lse - log(1 - exp(sink - lse))
+# loses every digit; "none": SGLang's stand-in for no sink (sglang_entry._NO_SINK).
+LSE_CASES = [
+    (AttnCase(3, 37, "one_empty", **GRAPH_SMALL), "randn"),
+    (AttnCase(3, 37, "half_unused", layout="bf16", **GRAPH_SMALL), "big"),
+    (AttnCase(1, 1, "one_empty", **GRAPH_SMALL), "randn"),  # B = 1, every slot -1: nothing used at all
+    (AttnCase(3, 0, "one_empty", **GRAPH_SMALL), "none"),  # window-only layer
+    (AttnCase(2, 256, cases.GRAPH, **GRAPH_SMALL), "big"),  # graph-width rows, the last request's extra empty
+]
+
+
+@on_cpu
+@pytest.mark.parametrize("tiles", LSE_TILES, ids=LSE_TILE_IDS)
+@pytest.mark.parametrize("case,sink", LSE_CASES, ids=lambda v: v.name if isinstance(v, AttnCase) else v)
+def test_lse_without_sink_is_the_scores_log_sum_exp(case, sink, tiles):
+    """lse_with_sink=False against the float64 reference over the awkward table, split and single
+    pass: the used slots' log-sum-exp, +inf where none is used, o unchanged (the sink still in it)."""
+    x = make_inputs(case, "cpu", torch.float16, seed=21)
+    if sink == "big":
+        x = replace(x, sink=torch.full_like(x.sink, 60.0))
+    elif sink == "none":
+        x = replace(x, sink=torch.full_like(x.sink, -1.0e20))
+    ref = lse_of_scores_ref(x)
+    if case.pattern == "one_empty":
+        assert torch.isposinf(ref).any()
+    o, lse = kernel.mma_attention(*x.args(), tiles=tiles, lse_with_sink=False)
+    assert_lse_of_scores(lse, ref)
+    ref_o, _ = sparse_attention_ref(*x.args())
+    if sink == "big":  # o is scaled by about e^-57: zero in fp16, so only absolutely close
+        assert error_report(o, ref_o).max_abs < 1e-6, error_report(o, ref_o)
+    else:
+        assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
+
+
+@on_cpu
+@pytest.mark.parametrize("tiles", LSE_TILES[1:3], ids=LSE_TILE_IDS[1:3])
+def test_lse_without_sink_fails_the_check_when_the_flag_is_ignored(tiles):
+    """The flag reaches the kernels: False and True give different lse where a slot is used (the
+    sink weighs in), each meeting its own reference and failing the other's; o is the same."""
+    x = make_inputs(AttnCase(3, 37, "one_empty", **GRAPH_SMALL), "cpu", torch.float16, seed=22)
+    x = replace(x, sink=torch.full_like(x.sink, 3.0))  # about the scores' lse: moves it by ~log 2
+    o_without, without = kernel.mma_attention(*x.args(), tiles=tiles, lse_with_sink=False)
+    o_with, with_sink = kernel.mma_attention(*x.args(), tiles=tiles)
+    _, ref_with = sparse_attention_ref(*x.args())
+    assert_lse_of_scores(without, lse_of_scores_ref(x))
+    assert error_report(with_sink, ref_with).ok(1e-5)
+    with pytest.raises(AssertionError):
+        assert_lse_of_scores(with_sink, lse_of_scores_ref(x))
+    assert torch.equal(o_without, o_with)
+    assert torch.isposinf(without[0]).all() and torch.allclose(with_sink[0], x.sink, atol=1e-6)
+
+
+@on_cpu
+@pytest.mark.parametrize("split_loop", [False, True], ids=["tile", "split-loop"])
+def test_the_combine_without_the_sink_merges_the_splits_lse_alone(split_loop):
+    """The combine with LSE_WITH_SINK False against the merge written out in float64: lse =
+    log sum 2^(lse_s) (natural log) over the splits, +inf where every split is empty, whatever the
+    sink (one of 200, far above the splits: the sum taken next to it would underflow); o as with it."""
+    gen = torch.Generator().manual_seed(4)
+    B, S, H, D = 2, 5, 4, 64
+    lse_part = torch.randn(B, S, H, generator=gen) * 3
+    lse_part[0, 2] = float("-inf")
+    lse_part[1, :, 1] = float("-inf")  # request 1, head 1: nothing used in any split
+    sink = torch.randn(H, generator=gen)
+    sink[3] = 200.0
+    o_part = torch.randn(B, S, H, D, generator=gen).to(torch.float16 if split_loop else torch.float32)
+    ref = torch.logsumexp(lse_part.double() * kernel.LN2, dim=1)
+    ref = torch.where(torch.isneginf(ref), torch.full_like(ref, float("inf")), ref)
+    outs = {}
+    for with_sink in (True, False):
+        o = torch.full((B, H, D), float("nan"))
+        lse = torch.full((B, H), float("nan"))
+        kernel._attn_combine_splits_kernel[(B, H)](
+            p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse, stride_ob=o.stride(0),
+            stride_oh=o.stride(1), H=H, NSPLIT=S, NS_P=triton.next_power_of_2(S), D=D, D_P=D,
+            SPLIT_LOOP=split_loop, LSE_WITH_SINK=with_sink)
+        outs[with_sink] = (o, lse)
+    assert_lse_of_scores(outs[False][1], ref, tol=1e-6)
+    assert torch.equal(outs[False][0], outs[True][0]) and not torch.isnan(outs[False][0]).any()
+
+
+@needs_gpu
+@pytest.mark.parametrize("sink", ["randn", "big"])
+@pytest.mark.parametrize("layout", ["fp8", "bf16"])
+@pytest.mark.parametrize("batch", [1, 32, 64, 100])
+def test_lse_without_sink_at_the_models_sizes_on_gpu(batch, layout, sink):
+    """bf16 at 64 heads of 512 on the GPU: B = 1 on the block-level kernel, 32 and 64 through the
+    Gluon loops' partials and the combine where they run, 100 a single pass; one request empty."""
+    x = make_inputs(AttnCase(batch, 512, "one_empty", layout=layout), "cuda", torch.bfloat16, seed=23)
+    if sink == "big":
+        x = replace(x, sink=torch.full_like(x.sink, 60.0))
+    o, lse = kernel.mma_attention(*x.args(), lse_with_sink=False)
+    assert_lse_of_scores(lse, lse_of_scores_ref(x))
+    ref_o, _ = sparse_attention_ref(*x.args())
+    if sink == "big":
+        assert error_report(o, ref_o).max_abs < 1e-6, error_report(o, ref_o)
+    else:
+        assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
+
+@pytest.mark.parametrize("engine", ["gluon-ws", "gluon-fp8-ws"])
+def test_lse_without_sink_never_takes_an_in_kernel_merge(monkeypatch, engine):
+    """The Gluon loops' in-kernel merges write the lse with the sink: without it the plan's merge is
+    dropped, the loop writes partials and the combine, told lse_with_sink=False, writes the lse."""
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws, kernel_gluon_fp8_ws
+
+    fp8 = engine == "gluon-fp8-ws"
+    x = make_inputs(AttnCase(2, 512, "all", layout="fp8" if fp8 else "bf16"), "cpu", torch.bfloat16)
+    tiles = kernel.Tiles(64, 64, 2, 8, 2)
+    monkeypatch.setattr(kernel, "_INTERPRETED", True)  # past the CPU guard: only recorders run here
+    monkeypatch.setattr(kernel, "plan", lambda *a: kernel.Plan(engine, tiles, 320, 2, merge_in_kernel=True))
+    launched, combined = [], []
+    module, name = ((kernel_gluon_fp8_ws, "gluon_fp8_ws_sparse_decode_partials") if fp8
+                    else (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_partials"))
+    monkeypatch.setattr(module, name, lambda *a, **k: launched.append((a, k)))
+    monkeypatch.setattr(kernel, "combine_splits", lambda *a: combined.append(a))
+    kernel.mma_attention(*x.args(), lse_with_sink=False)
+    (_, kw), = launched
+    assert kw["merge"] is None and len(combined) == 1 and combined[0][5] is False
+
 def test_choose_tiles_fills_the_gpu_then_stops_splitting():
     cpu = torch.device("cpu")  # counts 132 SMs, the H200's
     for batch in (1, 3, 16, 32, 64, 256):

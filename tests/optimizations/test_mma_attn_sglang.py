@@ -325,6 +325,41 @@ def test_flashmla_slot_comparison_fails_when_the_sink_stays_in_the_lse():
         assert_flashmla_lse(with_sink, reference_flashmla_lse(call))
 
 
+
+@on_cpu
+def test_flashmla_slot_lse_holds_where_the_sink_outweighs_every_score():
+    # A sink 40 above the scores: the lse with the sink is the sink to fp32's last bit, so no
+    # conversion after the kernel can get the scores' lse back from it (the old one gave -41.9 for
+    # 5.5); the kernel writes it from its own running sums. Empty requests +inf as ever.
+    call = build_call(Case("empty-big-sink", pattern="empty", heads=4), seed=17)
+    big = torch.full_like(call.sink, 40.0)
+    call = Call(dict(call.kwargs, attn_sink=big), call.caches, call.q, big)
+    out, lse = E.flash_mla_with_kvcache(**backend_flashmla_kwargs(call))
+    ref = reference_flashmla_lse(call)
+    assert torch.isposinf(ref).any() and torch.isfinite(ref).any()
+    assert_flashmla_lse(lse, ref)
+    assert error_report(out, reference(call)[0]).max_abs < 1e-6  # scaled by ~e^-37: zero in bf16
+
+
+def test_flashmla_slot_is_one_kernel_call_asking_for_flashmlas_lse(monkeypatch):
+    """The Hopper slot calls mma_attention once with lse_with_sink=False and returns its lse as it
+    came (a view, nothing launched after the kernel); the other slots keep the sink in."""
+    call = build_call(Case("w", batch=2, heads=4, ratio=4, topk=64), seed=18)
+    calls = []
+
+    def recorder(q, *args, lse_with_sink=True, **kw):
+        B, H, D = q.shape
+        calls.append(lse_with_sink)
+        return torch.zeros(B, H, D, dtype=torch.bfloat16), torch.arange(B * H, dtype=torch.float32).reshape(B, H)
+
+    monkeypatch.setattr(kernel, "mma_attention", recorder)
+    _, lse = E.flash_mla_with_kvcache(**backend_flashmla_kwargs(call))
+    assert calls == [False] and lse.shape == (2, 4, 1)
+    assert torch.equal(lse[..., 0], torch.arange(8, dtype=torch.float32).reshape(2, 4))
+    flash_mla_sparse_decode_triton(**call.kwargs)
+    E.flash_mla_flashinfer(*flashinfer_args(call))
+    assert calls == [False, True, True]
+
 @pytest.mark.parametrize("change", [
     dict(indices=None), dict(causal=True), dict(is_fp8_kvcache=False), dict(kv_format="V32_NO_ROPE"),
     dict(use_legacy=False), dict(head_dim_v=448), dict(q_rows=2), dict(k_bytes=528),

@@ -5,7 +5,8 @@ Four callables, each on the rotating input sets of the main bench (bench.py) ove
 - "mma-attn": the kernel (`mma_attention`), as the main table times it;
 - "mma-attn slot": the drop-in in SGLang 0.5.23's Hopper slot (`sglang_entry.flash_mla_with_kvcache`),
   called with the keywords the DeepSeek-V4 backend passes (deepseek_v4_backend.py:4384-4399), so its
-  views and its FlashMLA-convention lse (one more launch) are in the time;
+  views are in the time, and its FlashMLA-convention lse comes from the kernel's own launches
+  (`mma_attention(..., lse_with_sink=False)`), no launch after them;
 - "FlashMLA 1.0.0": FlashMLA as SGLang 0.5.23 ships it, the `sgl-flash-mla==1.0.0` wheel, called as
   SGLang's wrapper calls it (`flash_mla_kwargs`: sglang/kernels/ops/attention/flash_mla_interface.py:
   121-141, with the backend's arguments and the partial's use_legacy=True); its scheduler metadata is

@@ -133,6 +133,14 @@ def _tile_step(p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, k0, i_b
 
 
 @triton.jit
+def _lse_of_scores(b_m, b_l):
+    """Natural-log lse of the used slots' scores alone from a base-2 running max b_m and the sum
+    b_l of 2^(score - b_m): +inf where nothing is used (b_l 0), as FlashMLA returns it."""
+    m_any = b_l > 0
+    return tl.where(m_any, (b_m + tl.log2(tl.where(m_any, b_l, 1.0))) * LN2_, float("inf"))
+
+
+@triton.jit
 def _mma_sparse_decode_kernel(
     p_q, p_kv, p_kv8, p_kv32, p_kv16, p_idx, p_len, p_sink, p_o, p_lse, p_o_part, p_lse_part,
     stride_qb, stride_qh, stride_kv, stride_iw, stride_ix, stride_ob, stride_oh,
@@ -142,7 +150,7 @@ def _mma_sparse_decode_kernel(
     DN: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
     FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
     BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr, WHILE_LOOP: tl.constexpr,
-    ONE_TILE: tl.constexpr,
+    ONE_TILE: tl.constexpr, LSE_WITH_SINK: tl.constexpr = True,
 ):
     """One program: request i_b, heads [i_h*BH, +BH), value columns [i_v*BV, +BV), split i_s of the
     request's used slots (`split_slots`: the window's then the compressed cache's, as one range).
@@ -152,8 +160,9 @@ def _mma_sparse_decode_kernel(
     cover slots of both. Its loop runs over its used slots only (a run-time trip count): rows
     sized wider than the lengths (SGLang's graph-width metadata) cost nothing past them. Scores always use the whole latent row; with BV < D_P the value columns
     are split over programs (smaller accumulator, more programs per SM; the rows they share come
-    from L2). NSPLIT == 1 writes o and lse directly, sink included; otherwise fp32 partials (o
-    normalised by its own denominator, base-2 lse) into split i_s, which
+    from L2). NSPLIT == 1 writes o and lse directly, the sink in o always and in lse only with
+    LSE_WITH_SINK (without: the used slots' log-sum-exp, +inf where none is used, FlashMLA's);
+    otherwise fp32 partials (o normalised by its own denominator, base-2 lse) into split i_s, which
     _attn_combine_splits_kernel merges with the sink.
     """
     NV: tl.constexpr = D_P // BV
@@ -213,7 +222,11 @@ def _mma_sparse_decode_kernel(
         b_o = b_acc * (b_w / b_den)[:, None]
         p_o_tile = p_o + i_b * stride_ob + o_h[:, None] * stride_oh + o_v[None, :]
         tl.store(p_o_tile, b_o.to(p_o.dtype.element_ty), mask=m_o)
-        tl.store(p_lse + i_b * H + o_h, (b_top + tl.log2(b_den)) * LN2_, mask=m_lse)
+        if LSE_WITH_SINK:
+            b_lse = (b_top + tl.log2(b_den)) * LN2_
+        else:
+            b_lse = _lse_of_scores(b_m, b_l)
+        tl.store(p_lse + i_b * H + o_h, b_lse, mask=m_lse)
     else:
         m_any = b_l > 0
         b_o = b_acc / tl.where(m_any, b_l, 1.0)[:, None]
@@ -229,8 +242,10 @@ def _attn_combine_splits_kernel(
     p_o_part, p_lse_part, p_sink, p_o, p_lse,
     stride_ob, stride_oh, H,
     NSPLIT: tl.constexpr, NS_P: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, SPLIT_LOOP: tl.constexpr,
+    LSE_WITH_SINK: tl.constexpr = True,
 ):
-    """One program per (request, head): merge the NSPLIT partials (fp32 or bf16) and the sink.
+    """One program per (request, head): merge the NSPLIT partials (fp32 or bf16) and the sink
+    (into o always, into lse only with LSE_WITH_SINK: `_lse_of_scores` otherwise).
 
     SPLIT_LOOP (bf16 partials): summed a split at a time in registers. Summed as one [NSPLIT, D]
     tile over its first axis, Triton spreads the splits over warps and reduces through shared
@@ -263,7 +278,13 @@ def _attn_combine_splits_kernel(
         b_part = tl.load(p_o_part + row_part[:, None] * D + o_d[None, :], mask=m_part, other=0.0)
         b_o = tl.sum(b_part * b_w[:, None], axis=0)  # [D_P]
     tl.store(p_o + i_b * stride_ob + i_h * stride_oh + o_d, (b_o / b_den).to(p_o.dtype.element_ty), mask=m_d)
-    tl.store(p_lse + i_b * H + i_h, (b_top + tl.log2(b_den)) * LN2_)
+    if LSE_WITH_SINK:
+        b_lse = (b_top + tl.log2(b_den)) * LN2_
+    else:
+        # its own maximum, not b_top: a sink far above the scores would underflow sum(b_w) to 0
+        b_max = tl.max(b_lse2, axis=0)
+        b_lse = _lse_of_scores(b_max, tl.sum(tl.exp2(b_lse2 - tl.maximum(b_max, _NO_SCORE)), axis=0))
+    tl.store(p_lse + i_b * H + i_h, b_lse)
 
 
 # Triton chose interpreter or compiler when the kernels above were defined.
@@ -577,7 +598,7 @@ def merge_counts(batch: int, device: torch.device, rows: int = 1) -> torch.Tenso
 
 
 def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices, extra_lengths,
-                  sink, scale, p: Plan, o, lse, o_part, lse_part) -> None:
+                  sink, scale, p: Plan, o, lse, o_part, lse_part, lse_with_sink: bool = True) -> None:
     """One launch over the window slots then the compressed-cache slots."""
     B, H, D = q.shape
     L, t = swa.layout, p.tiles
@@ -608,12 +629,13 @@ def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         DN=L.nope, D=D, D_P=d_p, FP8=L.fp8, TILE=L.tile, DATA_BYTES=L.data_bytes, SCALE_BYTES=L.scale_bytes,
         BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v, WHILE_LOOP=_INTERPRETED,
         ONE_TILE=p.chunk <= t.block_k,  # with every slot used a split runs p.chunk slots, the most it can
-        num_warps=t.num_warps, num_stages=t.num_stages,
+        LSE_WITH_SINK=lse_with_sink, num_warps=t.num_warps, num_stages=t.num_stages,
     )
 
 
 def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices,
-                  extra_lengths, sink, scale, tiles: Tiles | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  extra_lengths, sink, scale, tiles: Tiles | None = None,
+                  lse_with_sink: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The `attention` slot (dsv4opt/workload/slots.py) on tensor cores.
 
     One split-K launch covers the slots of both caches (a tile of 64 heads shares every KV tile
@@ -625,6 +647,8 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     with GLUON_FP8_MERGE_IN_KERNEL merges the splits itself: one launch, no combine; so do the
     warp-specialised ones with GLUON_WS_MERGE_IN_KERNEL, up to WS_MERGE_MAX_SPLITS splits). The
     warp-specialised loops write bf16 partials (GLUON_WS_BF16_PARTIALS), the others fp32.
+    lse_with_sink=False: lse is FlashMLA's instead, the log-sum-exp of the used slots' scores alone
+    and +inf where none is used (o keeps the sink), written by the same launches.
     CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
     """
     if q.device.type != "cuda" and not _INTERPRETED:
@@ -637,6 +661,8 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         assert cache.layout.dim == D and (cache.layout.fp8 or cache.data.dtype == q.dtype), (cache.layout, q.dtype)
     assert sink.shape == (H,)
     p = plan(q, swa, swa_indices, extra, extra_indices, tiles)
+    if not lse_with_sink:  # the in-kernel merges write the lse with the sink: the combine writes it
+        p = replace(p, merge_in_kernel=False)
     ns_total = max(p.nsplit, 2) if p.engine == "gluon" else p.nsplit  # the Gluon loop always writes partials
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
@@ -676,20 +702,21 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
                                          o_part, lse_part, p.nsplit, scale, merge=merge)
     else:
         _launch_fused(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p,
-                      o, lse, o_part, lse_part)
+                      o, lse, o_part, lse_part, lse_with_sink)
     if ns_total > 1 and not p.merge_in_kernel:
-        combine_splits(o_part, lse_part, sink, o, lse)
+        combine_splits(o_part, lse_part, sink, o, lse, lse_with_sink)
     return o, lse
 
 
 def combine_splits(o_part: torch.Tensor, lse_part: torch.Tensor, sink: torch.Tensor, o: torch.Tensor,
-                   lse: torch.Tensor) -> None:
+                   lse: torch.Tensor, lse_with_sink: bool = True) -> None:
     """Merge o_part [B, S, H, D] (fp32 or bf16) and lse_part [B, S, H] (base 2) with the sink [H]
-    into o [B, H, D] and lse [B, H] (natural log): one program per (request, head)."""
+    into o [B, H, D] and lse [B, H] (natural log; without the sink, +inf where nothing is used,
+    when not lse_with_sink): one program per (request, head)."""
     B, S, H, D = o_part.shape
     _attn_combine_splits_kernel[(B, H)](
         p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse,
         stride_ob=o.stride(0), stride_oh=o.stride(1), H=H,
         NSPLIT=S, NS_P=triton.next_power_of_2(S), D=D, D_P=triton.next_power_of_2(D),
-        SPLIT_LOOP=o_part.dtype != torch.float32, num_warps=4,
+        SPLIT_LOOP=o_part.dtype != torch.float32, LSE_WITH_SINK=lse_with_sink, num_warps=4,
     )

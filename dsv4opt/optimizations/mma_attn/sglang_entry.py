@@ -48,9 +48,10 @@ class DropInInputError(DsvOptError):
 
 
 def _attention(q, k_cache, indices, topk_length, attn_sink, softmax_scale, extra_k_cache, extra_indices,
-               extra_topk_length, who: str):
+               extra_topk_length, who: str, lse_with_sink: bool = True):
     """The shared part: SGLang's arguments -> (o [B, H, 512] in q's dtype, lse [B, H] fp32 with the
-    sink, the caches as (KVCache, indices [B, K], lengths [B]), the sink given to the kernel)."""
+    sink, or FlashMLA's without it when not lse_with_sink; the caches as (KVCache, indices [B, K],
+    lengths [B]))."""
     from dsv4opt.optimizations.mma_attn.kernel import mma_attention
 
     if softmax_scale is None:
@@ -64,8 +65,9 @@ def _attention(q, k_cache, indices, topk_length, attn_sink, softmax_scale, extra
     _log_first_call(who, q, parts)
     (swa, swa_idx, swa_len), *extra = parts
     extra_cache, extra_idx, extra_len = extra[0] if extra else (None, None, None)
-    o, lse = mma_attention(q3, swa, swa_idx, swa_len, extra_cache, extra_idx, extra_len, sink, float(softmax_scale))
-    return o, lse, parts, sink
+    o, lse = mma_attention(q3, swa, swa_idx, swa_len, extra_cache, extra_idx, extra_len, sink, float(softmax_scale),
+                           lse_with_sink=lse_with_sink)
+    return o, lse, parts
 
 
 def flash_mla_sparse_decode_triton(
@@ -89,8 +91,8 @@ def flash_mla_sparse_decode_triton(
     Returns (out [B, 1, H, 512] bf16, lse [B, H, 1] fp32), flash_mla_sm120_triton.py:340-370.
     CUDA-graph safe: no host synchronisation.
     """
-    o, lse, parts, _ = _attention(q, k_cache, indices, topk_length, attn_sink, softmax_scale, extra_k_cache,
-                                  extra_indices, extra_topk_length, "flash_mla_sparse_decode_triton")
+    o, lse, parts = _attention(q, k_cache, indices, topk_length, attn_sink, softmax_scale, extra_k_cache,
+                               extra_indices, extra_topk_length, "flash_mla_sparse_decode_triton")
     if attn_sink is None:
         # SGLang's lse is -inf where nothing is used (:199); used slots make the stand-in sink vanish.
         lse = torch.where(_any_used(parts)[:, None], lse, torch.full_like(lse, float("-inf")))
@@ -119,8 +121,8 @@ def flash_mla_flashinfer(
     if head_dim_v != C.DIM:
         raise DropInInputError(f"head_dim_v must be {C.DIM} (the latent width the kernel writes), got {head_dim_v}")
     q4 = q.unsqueeze(1) if q.dim() == 3 else q
-    o, _, _, _ = _attention(q4, k_cache, indices, topk_length, attn_sink, softmax_scale, extra_k_cache,
-                            extra_indices, extra_topk_length, "_flash_mla_flashinfer")
+    o, _, _ = _attention(q4, k_cache, indices, topk_length, attn_sink, softmax_scale, extra_k_cache,
+                         extra_indices, extra_topk_length, "_flash_mla_flashinfer")
     return o.to(torch.bfloat16).unsqueeze(1), None
 
 
@@ -151,7 +153,8 @@ def flash_mla_with_kvcache(
 
     A DeepSeek-V4 sparse FP8 decode call (`is_v4_sparse_decode`) runs mma-attn and returns FlashMLA's
     result: out [B, 1, H, 512] bf16 and lse [B, H, 1] fp32, the log-sum-exp of the scores without
-    the sink, +inf where no slot is used. block_table and cache_seqlens are ignored, as FlashMLA's
+    the sink, +inf where no slot is used, written by the kernel's own launches (`lse_with_sink=False`:
+    no conversion after it). block_table and cache_seqlens are ignored, as FlashMLA's
     sparse path ignores them; tile_scheduler_metadata is left as it came (mma-attn plans from the
     shapes alone). Any other call goes to SGLang's own function. CUDA-graph safe.
     """
@@ -168,11 +171,9 @@ def flash_mla_with_kvcache(
                 "not a DeepSeek-V4 sparse FP8 decode call, and SGLang's own flash_mla_with_kvcache is not known "
                 "in this process (the launcher names it)")
         return own(**call, use_legacy=use_legacy)
-    from dsv4opt.optimizations.mma_attn.sglang_lse import lse_without_sink
-
-    o, lse, parts, sink = _attention(q, k_cache, indices, topk_length, attn_sink, softmax_scale, extra_k_cache,
-                                     extra_indices_in_kvcache, extra_topk_length, "flash_mla_with_kvcache")
-    return o.to(torch.bfloat16).unsqueeze(1), lse_without_sink(lse, sink, parts).unsqueeze(-1)
+    o, lse, _ = _attention(q, k_cache, indices, topk_length, attn_sink, softmax_scale, extra_k_cache,
+                           extra_indices_in_kvcache, extra_topk_length, "flash_mla_with_kvcache", lse_with_sink=False)
+    return o.to(torch.bfloat16).unsqueeze(1), lse.unsqueeze(-1)
 
 
 def is_v4_sparse_decode(q, k_cache, head_dim_v, is_fp8_kvcache, indices, extra_k_cache, causal, kv_format,
