@@ -1,8 +1,10 @@
 """Rank the changes that could speed a profile up, and pick one, from data.
 
-Each candidate gets its target's share of GPU time, an Amdahl bound on the step speed-up (with the
-candidate's measured kernel speed-up when one is on record, else as if its target took no time),
-the fragmentation of its target, and its risk. Optimisations the tool can apply behind a
+Each candidate gets a share of GPU time, an Amdahl bound on the step speed-up, the fragmentation of
+its target category, and its risk. The share is of what its slots replace: on an embedded profile
+whose parts account for the time, the parts its slots run in (the bound as if they took no time: the
+slot removes the glue filed under other categories with its kernels); elsewhere its target category
+(with its measured kernel speed-up when one is on record) or, for glue, the regions it fuses. Optimisations the tool can apply behind a
 correctness gate are preferred over generic levers (fp8 weights) unless
 they promise too little: a lever is advice, its bound is an upper limit nobody has measured here.
 """
@@ -16,6 +18,7 @@ from importlib import resources
 import msgspec
 
 from dsv4opt.analysis.categories import GEMM_TC, GLUE_TARGET, category_label, members
+from dsv4opt.analysis.parts import NO_PART, UNMATCHED_REPLAY
 from dsv4opt.analysis.profile import GlueRegionRow, Profile
 from dsv4opt.decision.fragmentation import Fragmentation, fragmentation
 from dsv4opt.decision.glue_plan import GluePlan, glue_of, glue_plan
@@ -25,6 +28,7 @@ GLUE_SECTION = 5  # regions the recommendation shows
 
 MIN_SHARE = 0.02  # below this a target is noise, not a bottleneck
 MIN_GAIN = 1.05  # an applicable optimisation must promise at least this to beat a lever
+MAX_OUTSIDE = 0.02  # above this share of GPU time outside any part, the parts cannot bound a slot
 
 
 @dataclass
@@ -33,6 +37,7 @@ class Candidate:
     kind: str  # "optimisation": dsv4opt can apply it; "lever": advice, no switch in dsv4opt
     target: str  # a category, or "glue"
     share: float
+    share_of: str  # what `share` is of: "parts indexer, mhc_pre", the category's label, or the glue it fuses
     amdahl_bound: float  # upper bound on the whole step's speed-up
     kernel_speedup: float | None  # measured speed-up of the target's kernels, when on record
     speedup_source: str
@@ -115,9 +120,11 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
         notes = [] if model else [f"it is written for {opt.model} and this profile does not say which model it is"]
         speedup, source = measured_kernel_speedup(opt, concurrency) if profile.time_basis == "gpu" else (
             None, "no CPU measurement on record: bound assumes the target takes no time")
-        share, fits = frag.share, True if model else None
+        share, fits, share_of = frag.share, True if model else None, category_label(opt.target_category)
+        in_parts = replaced_share(profile, opt)
         if opt.target_category == GLUE_TARGET:
             share, note, known = _glue_share(profile, opt, frag)
+            share_of = "all glue" if opt.fuses_all_glue or not known else "glue it fuses"
             if known:
                 notes.append(note)
             else:  # what it fuses cannot be told: listed, never chosen
@@ -125,9 +132,15 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
                 fits = None
             if speedup is None:
                 source = "no measurement on record: bound assumes the regions it fuses take no time"
+        elif in_parts is not None:
+            share, share_of = in_parts, "parts " + ", ".join(opt.parts)
+            source = (f"bound assumes the parts it replaces take no time"
+                      + (f"; its kernels' {speedup:.1f}x on record leaves out the glue it removes with them"
+                         if speedup is not None else ""))
+            speedup = None
         out.append(
             Candidate(
-                name=opt.name, kind="optimisation", target=opt.target_category, share=share,
+                name=opt.name, kind="optimisation", target=opt.target_category, share=share, share_of=share_of,
                 amdahl_bound=amdahl(share, speedup), kernel_speedup=speedup, speedup_source=source,
                 fragmentation=frag, risk=opt.risk, changes_selection=opt.changes_selection,
                 needs_graph=opt.needs_graph, enabled=opt.name in enabled, notes=notes, fits=fits,
@@ -135,6 +148,18 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
         )
     out += _levers(profile)
     return sorted(out, key=lambda c: (c.enabled, -c.amdahl_bound))
+
+
+def replaced_share(profile: Profile, opt: Optimization) -> float | None:
+    """The share of GPU time in the parts `opt`'s slots run in, or None where the parts cannot tell:
+    not an embedded profile (SGLang's and other traces name no parts of this workload), no parts, or
+    MAX_OUTSIDE or more of the time outside any (a compiled step: torch.compile's graphs hide them)."""
+    if not opt.parts or not profile.parts or profile.meta.get("target") != "embedded" or profile.time_basis != "gpu":
+        return None
+    outside = sum(p.share for p in profile.parts if p.part in (NO_PART, UNMATCHED_REPLAY))
+    if outside >= MAX_OUTSIDE:
+        return None
+    return sum(p.share for p in profile.parts if p.part in opt.parts)
 
 
 def _glue_share(profile: Profile, opt: Optimization, frag: Fragmentation) -> tuple[float, str, bool]:
@@ -158,7 +183,7 @@ def _levers(profile: Profile) -> list[Candidate]:
     if dense.share > 0:
         levers.append(
             Candidate(
-                name="fp8-weights", kind="lever", target=GEMM_TC, share=dense.share,
+                name="fp8-weights", kind="lever", target=GEMM_TC, share=dense.share, share_of=category_label(GEMM_TC),
                 amdahl_bound=amdahl(dense.share, 2.0), kernel_speedup=2.0,
                 speedup_source="assumed: decode GEMMs are bound by weight bytes, fp8 halves them vs bf16",
                 fragmentation=dense,
@@ -207,6 +232,15 @@ def _higher_but_unmeasured(c: Candidate) -> str:
     return (f"{c.name} bounds higher ({c.amdahl_bound:.2f}x on {c.share:.1%} glue) but its target is "
             f"{f.launches_per_step:.0f} launches/step with a median kernel of {f.median_kernel_us:.1f} µs spread "
             f"over {f.kernels} kernels: an upper limit, not a measured gain")
+
+
+def _share_text(c: Candidate) -> str:
+    """What a candidate's share is of, in a sentence: "the indexer and mhc_pre parts", "attention"."""
+    if c.share_of.startswith("parts "):
+        names = c.share_of.removeprefix("parts ").split(", ")
+        return "the " + (" and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1]) + \
+            (" parts" if len(names) > 1 else " part")
+    return category_label(c.target)
 
 
 def speculative(c: Candidate) -> bool:
@@ -271,7 +305,7 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
     if best_opt is not None and best_opt.amdahl_bound >= MIN_GAIN:
         chosen = best_opt
         lines.append(
-            f"apply {chosen.name}: {category_label(chosen.target)} is {chosen.share:.1%} of {profile.time_label}; "
+            f"apply {chosen.name}: {_share_text(chosen)} is {chosen.share:.1%} of {profile.time_label}; "
             f"step speed-up at most {chosen.amdahl_bound:.2f}x ({chosen.speedup_source})."
         )
         lines.append(f"risk: {chosen.risk}; `dsv4opt apply {chosen.name}` runs its correctness gate first.")
@@ -284,14 +318,14 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
         chosen = best_lever
         lines.append(
             f"no applicable optimisation promises {MIN_GAIN:.2f}x or more; the largest target with a lever is "
-            f"{category_label(chosen.target)} at {chosen.share:.1%} (bound {chosen.amdahl_bound:.2f}x): {chosen.name} "
+            f"{_share_text(chosen)} at {chosen.share:.1%} (bound {chosen.amdahl_bound:.2f}x): {chosen.name} "
             f"(advice: dsv4opt has no switch for it, `apply` cannot apply it). Risk: {chosen.risk}."
         )
     else:
         chosen = None
         lines.append(f"nothing left with a target above {MIN_SHARE:.0%} of {profile.time_label}")
     for c in unsure:
-        lines.append(f"{c.name} would target {c.share:.1%} ({category_label(c.target)}) but {c.notes[0]}: not recommended")
+        lines.append(f"{c.name} would target {c.share:.1%} ({_share_text(c)}) but {c.notes[0]}: not recommended")
     summary = glue_of(profile)
     regions = summary.regions[:GLUE_SECTION] if summary else []
     plans = [glue_plan(profile, o.name) for o in OPTIMIZATIONS.values()

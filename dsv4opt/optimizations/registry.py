@@ -47,6 +47,9 @@ class Optimization:
     model: str = "deepseek-v4"  # the model family its kernels are written for
     target_kernels: str | None = None  # substring a target kernel's name has when this is what it replaces
     fuses_all_glue: bool = False  # a glue optimisation that works on every region (not only those it names)
+    # The workload parts its slots run in (dsv4opt.workload.model.PARTS, the profile's record_function
+    # ranges): a slot replaces all the baseline launched there, whatever category each launch is filed under.
+    parts: tuple[str, ...] = ()
 
     def implementations(self) -> dict[str, Callable]:
         return dict(importlib.import_module(self.module).IMPLEMENTATIONS)
@@ -89,6 +92,7 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             needs_graph=True,
             module="dsv4opt.optimizations.mma_attn",
             devices=("cuda",),
+            parts=("attn",),
         ),
         Optimization(
             name="bf16-gemm",
@@ -100,6 +104,7 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             changes_selection=True,
             needs_graph=False,
             module="dsv4opt.optimizations.bf16_gemm",
+            parts=("indexer", "mhc_pre"),
         ),
         Optimization(
             name="fuse-glue",
@@ -112,6 +117,7 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             changes_selection=False,
             needs_graph=True,
             module="dsv4opt.optimizations.fuse_glue",
+            parts=("mhc_pre", "moe"),
         ),
         # After fuse-glue: with both on, the routed experts are grouped-moe's (later wins).
         Optimization(
@@ -126,6 +132,7 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             needs_graph=True,
             module="dsv4opt.optimizations.grouped_moe",
             target_kernels="slot_gemv",
+            parts=("moe",),
         ),
         Optimization(
             name="torch-compile",
@@ -140,6 +147,7 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             needs_graph=True,
             module="dsv4opt.optimizations.torch_compile",
             fuses_all_glue=True,
+            # no parts: it compiles every block but replaces only their glue, which the glue rule bounds
         ),
     )
 }

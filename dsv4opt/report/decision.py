@@ -43,13 +43,13 @@ def _num(figure) -> str:
 
 def print_recommendation(rec: Recommendation, console: Console) -> None:
     """Optimisations (switched on by `apply`) and levers (advice) apart, each ranked; risks under them."""
-    columns = [Column("candidate"), Column("target"), Column("share", right=True),
+    columns = [Column("candidate"), Column("target"), Column("share", right=True), Column("share of", optional=True),
                Column("Amdahl\nbound", right=True), Column("launches\n/step", right=True, optional=True),
                Column("median\nkernel", right=True, optional=True), Column("risk", below=True)]
     for kind, title in (("optimisation", "Optimisations: `dsv4opt apply NAME` switches one on behind its gate"),
                         ("lever", "Levers: advice, no switch in dsv4opt")):
         rows = [[c.name + (" (on)" if c.enabled else "") + (" *" if rec.chosen is c else ""),
-                 category_label(c.target), pct(c.share),
+                 category_label(c.target), pct(c.share), c.share_of,
                  "∞" if c.amdahl_bound == float("inf") else f"{c.amdahl_bound:.2f}x",
                  f"{c.fragmentation.launches_per_step:.0f}", duration(c.fragmentation.median_kernel_us), c.risk]
                 for c in rec.candidates if c.kind == kind]
