@@ -142,6 +142,10 @@ def test_the_width_is_read_when_printing_not_when_importing():
               "from dsv4opt.cli import app\n"
               f"r = CliRunner().invoke(app, ['recommend', {str(BASELINE)!r}], env={{'COLUMNS': '80'}})\n"
               "print(max(len(line) for line in r.output.splitlines()))\n")
-    env = {**__import__("os").environ, "COLUMNS": "200", "PYTHONPATH": str(PROFILES.parent)}
+    import os
+
+    # keep the environment's own path (on the GPU machine msgspec comes from a carried --target folder)
+    path = os.pathsep.join(filter(None, [str(PROFILES.parent), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": path}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert int(out.stdout.split()[-1]) <= 80, out.stdout
