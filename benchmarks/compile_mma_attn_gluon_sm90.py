@@ -1,6 +1,6 @@
 """Compile mma-attn's Gluon main loops for sm_90a without a GPU and print what ptxas says.
 
-    python3 benchmarks/compile_mma_attn_gluon_sm90.py [--kernel fp8,fp8-merge,bf16|both|all] [--batch 64] [--kx 512]
+    python3 benchmarks/compile_mma_attn_gluon_sm90.py [--kernel fp8-ws,bf16-ws,bf16|all] [--batch 64] [--kx 512]
         [--dump DIR] [--json OUT]
 
 Needs Triton 3.6 (the version the Gluon loops are gated on) and no GPU: the launch's signature
@@ -61,7 +61,7 @@ def _chunking(batch: int) -> tuple[int, int]:
 
 
 def _fp8_launch(batch: int) -> tuple[dict, dict]:
-    """Constexprs and argument types both FP8 loops share: the dsv4-flash shapes and page geometry,
+    """Constexprs and argument types of the FP8 loop: the dsv4-flash shapes and page geometry,
     the chunking for `batch` on a 132-SM H200."""
     cfg = ModelConfig.from_name("dsv4-flash")
     _, nsplit = _chunking(batch)
@@ -75,59 +75,32 @@ def _fp8_launch(batch: int) -> tuple[dict, dict]:
     return constexprs, types
 
 
-def fp8_source(batch: int, merge: bool = False):
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8 as g
-
-    constexprs, types = _fp8_launch(batch)
-    constexprs.update(BK=g.BLOCK_K, NBUF=g.NUM_BUF, MERGE=merge)
-    types.update(p_sink="*fp32", p_o="*bf16", p_lse="*fp32", p_count="*i32", stride_ob="i32", stride_oh="i32")
-    sig, attrs = _signature(g.gluon_fp8_sparse_decode_kernel, types, constexprs)
-    name = "FP8 loop + merge" if merge else "FP8 loop"
-    return GluonASTSource(g.gluon_fp8_sparse_decode_kernel, sig, constexprs, attrs), \
-        f"{name}, B {batch}, K {KX}: {constexprs['NSPLIT']} splits"
-
-
-# the warp-specialised loops' merge arguments (read only with MERGE)
-WS_MERGE_TYPES = dict(p_sink="*fp32", p_o="*bf16", p_lse="*fp32", p_ticket="*i32", p_done="*i32", stride_ob="i32",
-                      stride_oh="i32")
-
-
-def fp8_ws_source(batch: int, staged: bool = False, part: str = "fp32", merge: bool = False):
+def fp8_ws_source(batch: int):
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
 
     constexprs, types = _fp8_launch(batch)
-    constexprs.update(BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS, STAGED=staged,
-                      MERGE=merge, ABLATE_=g.ABLATE)
-    types.update(p_o_part=f"*{part}", **WS_MERGE_TYPES)
+    constexprs.update(BK=g.BLOCK_K, SUB_=g.SUB, NST=g.NUM_STAGE, PRODUCER_REGS_=g.PRODUCER_REGS, ABLATE_=g.ABLATE)
+    types.update(p_o_part="*bf16")
     sig, attrs = _signature(g.gluon_fp8_ws_sparse_decode_kernel, types, constexprs)
-    how = f", {part} partials{' staged' if staged else ''}" if staged or part != "fp32" else ""
-    how += ", merged in the last program" if merge else ""
     return GluonASTSource(g.gluon_fp8_ws_sparse_decode_kernel, sig, constexprs, attrs), \
-        f"FP8 warp-specialised{how}, B {batch}, K {KX}: {constexprs['NSPLIT']} splits"
+        f"FP8 warp-specialised, bf16 partials staged, B {batch}, K {KX}: {constexprs['NSPLIT']} splits"
 
 
-def _bf16_ws_launch(batch: int, staged: bool, part: str, merge: bool) -> tuple[dict, dict]:
+def bf16_ws_source(batch: int):
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws as g
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
 
     cfg = ModelConfig.from_name("dsv4-flash")
     _, nsplit = _chunking(batch)
     constexprs = dict(KW=cfg.window, KX=KX, NSPLIT=nsplit, D=cfg.head_dim, BH=cfg.heads,
-                      BK=ws.BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged, MERGE=merge, ABLATE_=ws.ABLATE)
-    types = dict(p_q="*bf16", p_kv="*bf16", p_idx="*i32", p_len="*i32", p_o_part=f"*{part}", p_lse_part="*fp32",
+                      BK=ws.BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS, ABLATE_=ws.ABLATE)
+    types = dict(p_q="*bf16", p_kv="*bf16", p_idx="*i32", p_len="*i32", p_o_part="*bf16", p_lse_part="*fp32",
                  stride_qb="i32", stride_kv="i32", stride_iw="i32", stride_ix="i32", H="i32", qk_scale_log2="fp32",
-                 x_delta="i64", idx_x_delta="i32", len_x_delta="i32", **WS_MERGE_TYPES)
-    return constexprs, types
-
-
-def bf16_ws_source(batch: int, staged: bool = False, part: str = "fp32", merge: bool = False):
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws as g
-
-    constexprs, types = _bf16_ws_launch(batch, staged, part, merge)
+                 x_delta="i64", idx_x_delta="i32", len_x_delta="i32")
     fn = g.gluon_bf16_ws_sparse_decode_kernel
     sig, attrs = _signature(fn, types, constexprs)
     return GluonASTSource(fn, sig, constexprs, attrs), \
-        f"bf16 warp-specialised, {part} partials{' staged' if staged else ''}{', merged' if merge else ''}, " \
-        f"B {batch}, K {KX}: {constexprs['NSPLIT']} splits"
+        f"bf16 warp-specialised, bf16 partials staged, B {batch}, K {KX}: {constexprs['NSPLIT']} splits"
 
 
 def bf16_source(batch: int):
@@ -145,16 +118,9 @@ def bf16_source(batch: int):
 
 # what --kernel names: the main loops, each a source for a batch size
 VARIANTS = {
-    "fp8": fp8_source,
-    "fp8-merge": lambda b: fp8_source(b, merge=True),
     "fp8-ws": fp8_ws_source,
-    "fp8-ws-staged": lambda b: fp8_ws_source(b, staged=True),
-    "fp8-ws-bf16": lambda b: fp8_ws_source(b, staged=True, part="bf16"),
-    "bf16": bf16_source,
     "bf16-ws": bf16_ws_source,
-    "bf16-ws-bf16": lambda b: bf16_ws_source(b, staged=True, part="bf16"),
-    "fp8-ws-merge": lambda b: fp8_ws_source(b, staged=True, part="bf16", merge=True),
-    "bf16-ws-merge": lambda b: bf16_ws_source(b, staged=True, part="bf16", merge=True),
+    "bf16": bf16_source,
 }
 
 
@@ -199,8 +165,8 @@ def report(src, label: str, dump: Path | None, num_warps: int = 8) -> dict:
 def main() -> None:
     global KX
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", default="both",
-                    help=f"comma-separated, of {', '.join(VARIANTS)}; both: fp8,bf16; all: every one")
+    ap.add_argument("--kernel", default="all",
+                    help=f"comma-separated, of {', '.join(VARIANTS)}; all: every one")
     ap.add_argument("--batch", default="64")
     ap.add_argument("--kx", type=int, default=KX, help="compressed-cache slots a row (8192: SGLang's graph width)")
     ap.add_argument("--dump", type=Path, help="write the TTGIR, LLVM IR and PTX here")
@@ -208,10 +174,10 @@ def main() -> None:
     args = ap.parse_args()
     KX = args.kx
     print(f"Triton {triton.__version__}, target sm_90a")
-    names = {"both": ["fp8", "bf16"], "all": list(VARIANTS)}.get(args.kernel, args.kernel.split(","))
+    names = {"all": list(VARIANTS)}.get(args.kernel, args.kernel.split(","))
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
-        ap.error(f"unknown --kernel {unknown}; known: {', '.join(VARIANTS)}, both, all")
+        ap.error(f"unknown --kernel {unknown}; known: {', '.join(VARIANTS)}, all")
     rows = []
     for b in (int(x) for x in args.batch.split(",")):
         for n in names:

@@ -29,9 +29,7 @@ def main() -> None:
     ap.add_argument("--kv", default="fp8", choices=("fp8", "bf16"))
     ap.add_argument("--variant", default="default")
     ap.add_argument("--calls", type=int, default=8)
-    ap.add_argument("--fp8-ws", action="store_true", help="the warp-specialised FP8 loop (kernel.GLUON_FP8_WS)")
     args = ap.parse_args()
-    kernel.GLUON_FP8_WS = args.fp8_ws or kernel.GLUON_FP8_WS
     gen = torch.Generator(device="cuda").manual_seed(0)
     extra = B.pool_cache(args.kv, gen)
     swa = B.window_cache(args.kv, args.batch, gen)

@@ -104,3 +104,53 @@ def test_no_import_circle_inside_capture():
         imported |= {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
                      for a in n.names}
         assert not any(m.endswith("capture.embedded") for m in imported), name
+
+
+def module_imports(package: Path) -> dict[str, set[str]]:
+    """Each module of `package` (a folder of dsv4opt) -> the modules of the same package it imports,
+    at the top of the file or inside a function ('from package import a, b' counts a and b)."""
+    dotted = ".".join(package.relative_to(REPO).parts)
+    names = {p.stem for p in package.glob("*.py")}
+    graph = {}
+    for path in package.glob("*.py"):
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == dotted:
+                out |= {a.name for a in node.names if a.name in names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(dotted + "."):
+                out.add(node.module[len(dotted) + 1:].split(".")[0])
+            elif isinstance(node, ast.Import):
+                out |= {a.name[len(dotted) + 1:].split(".")[0] for a in node.names if a.name.startswith(dotted + ".")}
+        graph[path.stem] = out - {path.stem, "__init__"}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle of `graph`, each found from its smallest name."""
+    circles = []
+
+    def walk(start, node, trail):
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == start:
+                circles.append(trail + [start])
+            elif nxt > start and nxt not in trail:
+                walk(start, nxt, trail + [nxt])
+
+    for start in sorted(graph):
+        walk(start, start, [start])
+    return circles
+
+
+def test_the_mma_attn_modules_import_in_no_circle():
+    """The kernels and the dispatch of mma-attn import one way (dispatch.py decides, the kernel
+    files import the shared Gluon pieces and never kernel.py back)."""
+    graph = module_imports(PACKAGE / "optimizations" / "mma_attn")
+    kernels = {m for m in graph if m.startswith(("kernel", "gluon")) or m in ("dispatch", "operands")}
+    assert {"kernel", "dispatch", "gluon_blocks", "kernel_gluon_fp8_ws"} <= kernels
+    circles = import_circles({m: graph[m] & kernels for m in kernels})
+    assert circles == [], circles
+
+
+def test_an_import_circle_is_found():
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from dsv4opt.cli import app
 from dsv4opt.numerics import error_report
-from dsv4opt.optimizations.mma_attn import cases, kernel
+from dsv4opt.optimizations.mma_attn import cases, dispatch, kernel
 from dsv4opt.optimizations.mma_attn.cases import AttnCase, interpreter_cases, make_inputs
 from dsv4opt.optimizations.registry import get
 from dsv4opt.report.decision import print_check
@@ -331,38 +331,6 @@ def test_lse_without_sink_at_the_models_sizes_on_gpu(batch, layout, sink):
     else:
         assert error_report(o, ref_o).ok(1e-2), error_report(o, ref_o)
 
-@pytest.mark.parametrize("engine", ["gluon-ws", "gluon-fp8-ws"])
-def test_lse_without_sink_never_takes_an_in_kernel_merge(monkeypatch, engine):
-    """The Gluon loops' in-kernel merges write the lse with the sink: without it the plan's merge is
-    dropped, the loop writes partials and the combine, told lse_with_sink=False, writes the lse."""
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws, kernel_gluon_fp8_ws
-
-    fp8 = engine == "gluon-fp8-ws"
-    x = make_inputs(AttnCase(2, 512, "all", layout="fp8" if fp8 else "bf16"), "cpu", torch.bfloat16)
-    tiles = kernel.Tiles(64, 64, 2, 8, 2)
-    monkeypatch.setattr(kernel, "_INTERPRETED", True)  # past the CPU guard: only recorders run here
-    monkeypatch.setattr(kernel, "plan", lambda *a: kernel.Plan(engine, tiles, 320, 2, merge_in_kernel=True))
-    launched, combined = [], []
-    module, name = ((kernel_gluon_fp8_ws, "gluon_fp8_ws_sparse_decode_partials") if fp8
-                    else (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_partials"))
-    monkeypatch.setattr(module, name, lambda *a, **k: launched.append((a, k)))
-    monkeypatch.setattr(kernel, "combine_splits", lambda *a: combined.append(a))
-    kernel.mma_attention(*x.args(), lse_with_sink=False)
-    (_, kw), = launched
-    assert kw["merge"] is None and len(combined) == 1 and combined[0][5] is False
-
-def test_choose_tiles_fills_the_gpu_then_stops_splitting():
-    cpu = torch.device("cpu")  # counts 132 SMs, the H200's
-    for batch in (1, 3, 16, 32, 64, 256):
-        t = kernel.choose_tiles(batch, 64, 640, cpu)
-        value_slices = 512 // t.block_v if t.block_v else 1
-        assert t.block_h == 64
-        assert 1 <= t.nsplit <= -(-640 // t.block_k)
-        assert batch * value_slices * t.nsplit <= 2 * 132 or t.nsplit == 1
-    assert kernel.choose_tiles(256, 64, 640, cpu).nsplit == 1
-    assert kernel.choose_tiles(1, 8, 640, cpu).block_h == 16
-
-
 def test_choose_tiles_splits_the_value_columns_only_at_small_batch():
     cpu = torch.device("cpu")
     assert kernel.choose_tiles(kernel.SMALL_BATCH_MAX, 64, 640, cpu).block_v == kernel.SMALL_BATCH_TILES["block_v"]
@@ -489,19 +457,19 @@ def test_gluon_main_loop_only_for_the_shapes_it_was_gated_on():
     cpu = torch.device("cpu")
     wide = kernel.choose_tiles(64, 64, 640, cpu)  # whole width, 64-row tiles, split in two
     q_strides = (64 * 512, 512, 1)
-    assert kernel.gluon_shape_ok(64, 512, wide, True, q_strides, 1)
-    assert not kernel.gluon_shape_ok(64, 512, wide, False, q_strides, 1)  # split nope/rope layout
-    assert not kernel.gluon_shape_ok(32, 512, wide, True, q_strides, 1)  # not one warpgroup of heads
+    assert dispatch.gluon_shape_ok(64, 512, wide, True, q_strides, 1)
+    assert not dispatch.gluon_shape_ok(64, 512, wide, False, q_strides, 1)  # split nope/rope layout
+    assert not dispatch.gluon_shape_ok(32, 512, wide, True, q_strides, 1)  # not one warpgroup of heads
     for dim in (64, 256, 576, 1024):  # its layouts and shared memory are sized for 512
-        assert not kernel.gluon_shape_ok(64, dim, wide, True, (64 * dim, dim, 1), 1)
-    assert not kernel.gluon_shape_ok(64, 512, wide, True, (64 * 1024, 1024, 1), 1)  # q rows strided
-    assert not kernel.gluon_shape_ok(64, 512, wide, True, q_strides, 2)  # indices strided
+        assert not dispatch.gluon_shape_ok(64, dim, wide, True, (64 * dim, dim, 1), 1)
+    assert not dispatch.gluon_shape_ok(64, 512, wide, True, (64 * 1024, 1024, 1), 1)  # q rows strided
+    assert not dispatch.gluon_shape_ok(64, 512, wide, True, q_strides, 2)  # indices strided
     small = kernel.choose_tiles(1, 64, 640, cpu)  # value-split tiles at small B
-    assert not kernel.gluon_shape_ok(64, 512, small, True, q_strides, 1)
+    assert not dispatch.gluon_shape_ok(64, 512, small, True, q_strides, 1)
     single_pass = kernel.choose_tiles(256, 64, 640, cpu)  # no split: no partials to merge
-    assert single_pass.nsplit == 1 and not kernel.gluon_shape_ok(64, 512, single_pass, True, q_strides, 1)
+    assert single_pass.nsplit == 1 and not dispatch.gluon_shape_ok(64, 512, single_pass, True, q_strides, 1)
     swept = replace(wide, num_warps=4)  # another family than the one it implements
-    assert not kernel.gluon_shape_ok(64, 512, swept, True, q_strides, 1)
+    assert not dispatch.gluon_shape_ok(64, 512, swept, True, q_strides, 1)
 
 
 class _FakeCudaTensor:
@@ -539,24 +507,24 @@ def test_engine_takes_the_gluon_loop_only_with_aligned_bf16_rows(monkeypatch):
     bf16 = KVLayout(False, 448, 64, 64, 256)
     rows = KVCache(bf16, _FakeCudaTensor((1 << 20, 512), (512, 1)))
     idx = _FakeCudaTensor((64, 640), (640, 1), dtype=torch.int32)
-    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
-    assert kernel.engine(q, rows, idx, wide) == "gluon"
-    assert kernel.engine(q, KVCache(bf16, _FakeCudaTensor((1 << 20, 512), (520, 1))), idx, wide) == "triton"  # padded rows
-    assert kernel.engine(q, KVCache(bf16, _FakeCudaTensor((1 << 20, 512), (512, 1), ptr=8)), idx, wide) == "triton"
+    monkeypatch.setattr(dispatch, "gluon_available", lambda: True)
+    assert dispatch.cache_engine(q, rows, idx, wide) == "gluon"
+    assert dispatch.cache_engine(q, KVCache(bf16, _FakeCudaTensor((1 << 20, 512), (520, 1))), idx, wide) == "triton"  # padded rows
+    assert dispatch.cache_engine(q, KVCache(bf16, _FakeCudaTensor((1 << 20, 512), (512, 1), ptr=8)), idx, wide) == "triton"
     fp16 = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1), dtype=torch.float16)
-    assert kernel.engine(fp16, rows, idx, wide) == "triton"
+    assert dispatch.cache_engine(fp16, rows, idx, wide) == "triton"
     fp8 = KVCache(KVLayout(True, 448, 64, 64, 256), _FakeCudaTensor((4, 149760), (149760, 1), dtype=torch.uint8))
-    assert kernel.engine(q, fp8, idx, wide) == "triton"  # the FP8 layout is dequantised by the block-level kernel
-    monkeypatch.setattr(kernel, "gluon_available", lambda: False)
-    assert kernel.engine(q, rows, idx, wide) == "triton"
+    assert dispatch.cache_engine(q, fp8, idx, wide) == "triton"  # the FP8 layout is dequantised by the block-level kernel
+    monkeypatch.setattr(dispatch, "gluon_available", lambda: False)
+    assert dispatch.cache_engine(q, rows, idx, wide) == "triton"
 
 
 def test_gluon_available_only_on_hopper_with_a_validated_triton(monkeypatch):
     """And where not, gluon_unavailable_reason says why (what `list --check` prints)."""
-    monkeypatch.setattr(kernel, "_INTERPRETED", False)
+    monkeypatch.setattr(dispatch, "INTERPRETED", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(kernel.triton, "__version__", "3.6.0")
+    monkeypatch.setattr(dispatch.triton, "__version__", "3.6.0")
     monkeypatch.delenv("DSV4OPT_MMA_ATTN_GLUON", raising=False)
     cases = [
         ({}, ""),
@@ -569,23 +537,23 @@ def test_gluon_available_only_on_hopper_with_a_validated_triton(monkeypatch):
     ]
     try:
         for change, expected in cases:
-            kernel.gluon_unavailable_reason.cache_clear()
+            dispatch.gluon_unavailable_reason.cache_clear()
             with monkeypatch.context() as m:
                 if "__version__" in change:
-                    m.setattr(kernel.triton, "__version__", change["__version__"])
+                    m.setattr(dispatch.triton, "__version__", change["__version__"])
                 if "capability" in change:
                     m.setattr(torch.cuda, "get_device_capability", lambda *a, c=change["capability"]: c)
                 if "env" in change:
                     m.setenv("DSV4OPT_MMA_ATTN_GLUON", change["env"])
                 if "interpreted" in change:
-                    m.setattr(kernel, "_INTERPRETED", True)
+                    m.setattr(dispatch, "INTERPRETED", True)
                 if "cuda" in change:
                     m.setattr(torch.cuda, "is_available", lambda: False)
-                reason = kernel.gluon_unavailable_reason()
-                assert kernel.gluon_available() is (expected == ""), change
+                reason = dispatch.gluon_unavailable_reason()
+                assert dispatch.gluon_available() is (expected == ""), change
                 assert (expected in reason) if expected else reason == "", (change, reason)
     finally:
-        kernel.gluon_unavailable_reason.cache_clear()
+        dispatch.gluon_unavailable_reason.cache_clear()
 
 
 def test_bench_rotation_calls_each_set_in_turn():
@@ -620,69 +588,38 @@ def _fp8_caches(swa_ptr=1 << 20, extra_ptr=1 << 30, tile=64):
     return swa, extra
 
 
-def test_fp8_engine_takes_the_gluon_loop_only_when_switched_on_and_it_applies(monkeypatch):
-    from dsv4opt.workload.kvcache import KVLayout
-
+def test_fused_engine_takes_the_fp8_loop_only_where_it_applies(monkeypatch):
     cpu = torch.device("cpu")
     wide = kernel.choose_tiles(64, 64, 640, cpu, fp8=True)  # whole width, 64-row tiles, split in two
     q = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1))
     widx = _FakeCudaTensor((64, 128), (128, 1), dtype=torch.int32)
     xidx = _FakeCudaTensor((64, 512), (512, 1), dtype=torch.int32)
     swa, extra = _fp8_caches()
-    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
-    monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", False)
-    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "triton"  # the switch is off
-    monkeypatch.setattr(kernel, "GLUON_FP8_WS", True)
-    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "triton"  # ... whatever the loop
-    monkeypatch.setattr(kernel, "GLUON_FP8_WS", False)
-    monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", True)
-    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "gluon-fp8"
-    assert kernel.fp8_engine(q, swa, widx, None, None, wide) == "gluon-fp8"  # a window-only layer
-    monkeypatch.setattr(kernel, "GLUON_FP8_WS", True)
-    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "gluon-fp8-ws"
-    monkeypatch.setattr(kernel, "GLUON_FP8_MERGE_IN_KERNEL", True)  # the merge is the other loop's
-    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "gluon-fp8"
-    monkeypatch.setattr(kernel, "GLUON_FP8_MERGE_IN_KERNEL", False)
-    monkeypatch.setattr(kernel, "GLUON_FP8_WS", False)
+    monkeypatch.setattr(dispatch, "gluon_available", lambda: True)
+    assert dispatch.fused_engine(q, swa, widx, extra, xidx, wide) == "gluon-fp8-ws"
+    assert dispatch.fused_engine(q, swa, widx, None, None, wide) == "gluon-fp8-ws"  # a window-only layer
     for s, x in (_fp8_caches(swa_ptr=(1 << 20) + 8), _fp8_caches(extra_ptr=(1 << 30) + 4)):
-        assert kernel.fp8_engine(q, s, widx, x, xidx, wide) == "triton"  # cp.async moves 16 aligned bytes
-    assert kernel.fp8_engine(q, *_fp8_caches(tile=32)[:1], widx, None, None, wide) == "triton"  # another geometry
-    bf16 = KVCache(KVLayout(False, 448, 64, 64, 256), _FakeCudaTensor((1 << 20, 512), (512, 1)))
-    assert kernel.fp8_engine(q, bf16, widx, None, None, wide) == "triton"
+        assert dispatch.fused_engine(q, s, widx, x, xidx, wide) == "triton"  # cp.async moves 16 aligned bytes
+    assert dispatch.fused_engine(q, *_fp8_caches(tile=32)[:1], widx, None, None, wide) == "triton"  # another geometry
     fp16 = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1), dtype=torch.float16)
-    assert kernel.fp8_engine(fp16, swa, widx, extra, xidx, wide) == "triton"
+    assert dispatch.fused_engine(fp16, swa, widx, extra, xidx, wide) == "triton"
     strided = _FakeCudaTensor((64, 512), (1024, 2), dtype=torch.int32)
-    assert kernel.fp8_engine(q, swa, widx, extra, strided, wide) == "triton"
-    assert kernel.fp8_engine(q, swa, strided, extra, xidx, wide) == "triton"
+    assert dispatch.fused_engine(q, swa, widx, extra, strided, wide) == "triton"
+    assert dispatch.fused_engine(q, swa, strided, extra, xidx, wide) == "triton"
     small = kernel.choose_tiles(1, 64, 640, cpu, fp8=True)  # value-split tiles at small B
     single_pass = kernel.choose_tiles(256, 64, 640, cpu, fp8=True)  # no split: no partials to merge
     for tiles in (small, single_pass, replace(wide, block_k=32)):
-        assert kernel.fp8_engine(q, swa, widx, extra, xidx, tiles) == "triton", tiles
-    monkeypatch.setattr(kernel, "gluon_available", lambda: False)
-    assert kernel.fp8_engine(q, swa, widx, extra, xidx, wide) == "triton"
+        assert dispatch.fused_engine(q, swa, widx, extra, xidx, tiles) == "triton", tiles
+    monkeypatch.setattr(dispatch, "gluon_available", lambda: False)
+    assert dispatch.fused_engine(q, swa, widx, extra, xidx, wide) == "triton"
 
 
 def test_fp8_dispatch_on_the_cpu_is_the_block_level_kernel(monkeypatch):
-    monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", True)
-    monkeypatch.setattr(kernel, "GLUON_FP8_MERGE_IN_KERNEL", True)
-    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
+    monkeypatch.setattr(dispatch, "gluon_available", lambda: True)
     for case in interpreter_cases():
         x = make_inputs(case, "cpu", torch.float16)
         p = kernel.plan(x.q, x.swa, x.swa_indices, x.extra, x.extra_indices)
-        assert (p.engine, p.merge_in_kernel) == ("triton", False), case.name
-
-
-@on_cpu
-def test_fp8_merge_switch_leaves_the_cpu_path_correct(monkeypatch):
-    """Switched on, the in-kernel merge never reaches the interpreter: the block-level kernel and
-    its combine still write o and lse (NaN-poisoned by conftest), matching the reference."""
-    monkeypatch.setattr(kernel, "GLUON_FP8_MERGE_IN_KERNEL", True)
-    x = make_inputs(SMALL, "cpu", torch.float16, seed=3)
-    tiles = kernel.Tiles(block_h=8, block_k=16, nsplit=3, num_warps=4, num_stages=1)
-    assert kernel.plan(x.q, x.swa, x.swa_indices, x.extra, x.extra_indices, tiles).nsplit > 1
-    o, lse = kernel.mma_attention(*x.args(), tiles=tiles)
-    ref_o, ref_lse = sparse_attention_ref(*x.args())
-    assert error_report(o, ref_o).ok(1e-2) and error_report(lse, ref_lse).ok(1e-2)
+        assert p.engine == "triton", case.name
 
 
 def test_plan_gives_the_fp8_gluon_loop_the_block_level_chunks(monkeypatch):
@@ -693,9 +630,9 @@ def test_plan_gives_the_fp8_gluon_loop_the_block_level_chunks(monkeypatch):
     extra = KVCache(KVLayout(True, 448, 64, 64, 64), torch.empty(1, 1, dtype=torch.uint8))
     widx, xidx = torch.empty(64, 128, dtype=torch.int32), torch.empty(64, 512, dtype=torch.int32)
     block = kernel.plan(q, swa, widx, extra, xidx)
-    monkeypatch.setattr(kernel, "fp8_engine", lambda *a: "gluon-fp8")
+    monkeypatch.setattr(kernel, "fused_engine", lambda *a: "gluon-fp8-ws")
     loop = kernel.plan(q, swa, widx, extra, xidx)
-    assert (block.engine, loop.engine) == ("triton", "gluon-fp8")
+    assert (block.engine, loop.engine) == ("triton", "gluon-fp8-ws")
     assert (loop.tiles, loop.chunk, loop.nsplit) == (block.tiles, block.chunk, block.nsplit)
     assert loop.chunk % 64 == 0 and loop.nsplit == 2  # two splits of 320 slots at B = 64
 
@@ -709,148 +646,41 @@ def _fp8_plan_inputs():
     return q, swa, torch.empty(64, 128, dtype=torch.int32), extra, torch.empty(64, 512, dtype=torch.int32)
 
 
-def test_fp8_merge_in_kernel_is_off_by_default_and_rides_only_the_fp8_gluon_loop(monkeypatch):
-    assert kernel.GLUON_FP8_MERGE_IN_KERNEL is False
-    x = _fp8_plan_inputs()
-    monkeypatch.setattr(kernel, "fp8_engine", lambda *a: "gluon-fp8")
-    off = kernel.plan(*x)
-    assert (off.engine, off.merge_in_kernel) == ("gluon-fp8", False)  # partials + the combine, as before
-    monkeypatch.setattr(kernel, "GLUON_FP8_MERGE_IN_KERNEL", True)
-    on = kernel.plan(*x)
-    assert on.merge_in_kernel and (on.tiles, on.chunk, on.nsplit) == (off.tiles, off.chunk, off.nsplit)
-    monkeypatch.setattr(kernel, "fp8_engine", lambda *a: "triton")
-    assert not kernel.plan(*x).merge_in_kernel  # the block-level kernel keeps its combine
-
-
-
-def test_ws_merge_rides_the_warp_specialised_loops_only_at_the_split_counts_allowed(monkeypatch):
-    """GLUON_WS_MERGE_IN_KERNEL: the warp-specialised loops (FP8 and bf16 rows) merge in their last
-    program at 2 to WS_MERGE_MAX_SPLITS splits; one split has nothing to merge, more keep the
-    combine; kernel_gluon_fp8.py's loop answers to its own switch."""
-    from dsv4opt.workload.kvcache import KVLayout
-
-    x = _fp8_plan_inputs()  # B = 64: two splits on 132 SMs
-    monkeypatch.setattr(kernel, "fp8_engine", lambda *a: "gluon-fp8-ws")
-    monkeypatch.setattr(kernel, "GLUON_WS_MERGE_IN_KERNEL", False)
-    assert not kernel.plan(*x).merge_in_kernel
-    monkeypatch.setattr(kernel, "GLUON_WS_MERGE_IN_KERNEL", True)
-    monkeypatch.setattr(kernel, "WS_MERGE_MAX_SPLITS", 2)
-    p = kernel.plan(*x)
-    assert (p.engine, p.nsplit, p.merge_in_kernel) == ("gluon-fp8-ws", 2, True)
-    assert [kernel.ws_merge(n) for n in (1, 2, 3)] == [False, True, False]
-    monkeypatch.setattr(kernel, "WS_MERGE_MAX_SPLITS", 1)
-    assert not kernel.plan(*x).merge_in_kernel
-    monkeypatch.setattr(kernel, "WS_MERGE_MAX_SPLITS", 2)
-    monkeypatch.setattr(kernel, "fp8_engine", lambda *a: "gluon-fp8")
-    assert not kernel.plan(*x).merge_in_kernel
-    bf16 = KVLayout(False, 448, 64, 64, 256)
-    rows = KVCache(bf16, torch.empty(1, 512, dtype=torch.bfloat16))
-    monkeypatch.setattr(kernel, "bf16_engine", lambda *a: "gluon-ws")
-    p = kernel.plan(x[0], rows, x[2], rows, x[4])
-    assert (p.engine, p.nsplit, p.merge_in_kernel) == ("gluon-ws", 2, True)
-    monkeypatch.setattr(kernel, "GLUON_WS_MERGE_IN_KERNEL", False)
-    assert not kernel.plan(x[0], rows, x[2], rows, x[4]).merge_in_kernel
-
 
 @pytest.mark.parametrize("engine", ["gluon-ws", "gluon-fp8-ws"])
-@pytest.mark.parametrize("merge", [False, True])
-def test_mma_attention_hands_a_merging_loop_its_outputs_and_launches_no_combine(monkeypatch, merge, engine):
-    """The warp-specialised loop of the layout (bf16 rows or FP8) gets (sink, o, lse, the [2, B]
-    counts) and writes o and lse itself when the plan merges in the kernel, with bf16 partials
-    even where GLUON_WS_BF16_PARTIALS is off (the merge reads bf16); otherwise it gets no merge,
-    the partials that switch says, and the combine runs."""
+@pytest.mark.parametrize("lse_with_sink", [True, False])
+def test_mma_attention_hands_a_warp_specialised_loop_bf16_partials_and_runs_the_combine(monkeypatch, engine,
+                                                                                         lse_with_sink):
+    """The warp-specialised loop of the layout (bf16 rows or FP8) writes bf16 partials of every
+    split and the combine merges them into o and lse (with or without the sink in lse)."""
     from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws, kernel_gluon_fp8_ws
 
     fp8 = engine == "gluon-fp8-ws"
     x = make_inputs(AttnCase(2, 512, "all", layout="fp8" if fp8 else "bf16"), "cpu", torch.bfloat16)
     tiles = kernel.Tiles(64, 64, 2, 8, 2)
     monkeypatch.setattr(kernel, "_INTERPRETED", True)  # past the CPU guard: only recorders run here
-    monkeypatch.setattr(kernel, "plan", lambda *a: kernel.Plan(engine, tiles, 320, 2, merge_in_kernel=merge))
-    monkeypatch.setattr(kernel, "merge_counts", lambda b, dev, rows=1: torch.zeros(rows, b, dtype=torch.int32))
-    monkeypatch.setattr(kernel, "GLUON_WS_BF16_PARTIALS", False)
+    monkeypatch.setattr(kernel, "plan", lambda *a: kernel.Plan(engine, tiles, 320, 2))
     launched, combined = [], []
     module, name = ((kernel_gluon_fp8_ws, "gluon_fp8_ws_sparse_decode_partials") if fp8
                     else (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_partials"))
     monkeypatch.setattr(module, name, lambda *a, **k: launched.append((a, k)))
     monkeypatch.setattr(kernel, "combine_splits", lambda *a: combined.append(a))
-    o, lse = kernel.mma_attention(*x.args())
+    o, lse = kernel.mma_attention(*x.args(), lse_with_sink=lse_with_sink)
     (args, kw), = launched
-    assert args[7].shape == (2, 2, 64, 512) and args[9] == 2  # o_part, splits
-    assert args[7].dtype == (torch.bfloat16 if merge else torch.float32)
-    if merge:
-        sink, o_given, lse_given, counts = kw["merge"]
-        assert sink is x.sink and o_given is o and lse_given is lse and counts.shape == (2, 2) and not combined
-    else:
-        assert kw["merge"] is None and len(combined) == 1 and combined[0][3] is o
+    assert args[7].shape == (2, 2, 64, 512) and args[7].dtype == torch.bfloat16 and args[9] == 2  # o_part, splits
+    assert not kw
+    (c,), = [combined]
+    assert c[0] is args[7] and c[1] is args[8] and c[3] is o and c[4] is lse and c[5] is lse_with_sink
 
 
-def test_fp8_probe_variants_set_only_the_dispatch_switches_and_put_them_back():
-    """The GPU probe's variants name switches kernel.py has (a misspelt one would set nothing),
-    and each switches the loop on; the committed values come back after the calls."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks/probe_mma_attn_fp8_gluon.py"
-    spec = importlib.util.spec_from_file_location("probe_fp8_gluon", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    committed = {k: getattr(kernel, k) for v in probe.VARIANTS.values() for k in v}
-    assert set(probe.VARIANTS) >= {"loop", "merge", "ws"}
-    assert set(probe.ENGINES["fp8"]) | set(probe.ENGINES["bf16"]) == set(probe.VARIANTS)
-    for name, on in probe.VARIANTS.items():
-        assert on["GLUON_FP8_ENABLED"], name
-        with probe.switches(**on):
-            assert all(getattr(kernel, k) == v for k, v in on.items()), name
-        assert {k: getattr(kernel, k) for k in committed} == committed, name
-    with pytest.raises(AttributeError):
-        with probe.switches(GLUON_FP8_MERGE_IN_KERNELS=True):
-            pass
-    assert len(probe.gate_cases()) == 72
-
-
-def test_merge_counts_are_zeroed_once_per_batch_outside_a_capture(monkeypatch):
-    """The counts the in-kernel merge keeps at zero: one buffer per batch size, zeroed (and waited
-    for) once; under a graph capture with none cached, a fresh one each call (recorded memset)."""
-    synced, capturing = [], [False]
-
-    class Stream:
-        def synchronize(self):
-            synced.append(1)
-
-    monkeypatch.setattr(kernel, "_MERGE_COUNTS", {})
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    cpu = torch.device("cpu")
-    a = kernel.merge_counts(64, cpu)
-    assert a.dtype == torch.int32 and a.tolist() == [0] * 64 and synced == [1]
-    assert kernel.merge_counts(64, cpu) is a and synced == [1]
-    b = kernel.merge_counts(32, cpu)
-    assert b is not a and b.shape == (32,) and synced == [1, 1]
-    capturing[0] = True
-    assert kernel.merge_counts(64, cpu) is a  # cached before the capture: the graph uses it
-    c, d = kernel.merge_counts(16, cpu), kernel.merge_counts(16, cpu)
-    assert c is not d and c.tolist() == [0] * 16 and synced == [1, 1]  # none cached, no wait
-    capturing[0] = False
-    assert kernel.merge_counts(16, cpu) is not c  # a capture's buffer is never cached
-    two = kernel.merge_counts(64, cpu, rows=2)  # the warp-specialised loops': tickets and stored splits
-    assert two.shape == (2, 64) and two is not a and kernel.merge_counts(64, cpu, rows=2) is two
-
-
-@pytest.mark.skipif(not __import__("triton").__version__.startswith(kernel.GLUON_VALIDATED_TRITON),
+@pytest.mark.skipif(not __import__("triton").__version__.startswith(dispatch.GLUON_VALIDATED_TRITON),
                     reason="the Gluon loops are compiled and gated on Triton 3.6 only")
-@pytest.mark.parametrize("kernels,batches,kx", [("fp8,fp8-merge", "1,32,64", 512), ("fp8-ws", "1,32,64", 512),
-                                                ("fp8-ws-staged,fp8-ws-bf16", "1,32,64", 512),
-                                                ("bf16-ws,bf16-ws-bf16", "1,32,64", 512),
-                                                ("fp8-ws-merge,bf16-ws-merge", "64", 512),
-                                                ("fp8-ws-bf16,bf16-ws-bf16,fp8,bf16", "1,32,64", 8192)])
-def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batches, kx):
-    """Compiled ahead of time for an H200 (no GPU needed): the FP8 Gluon loop with and without the
-    in-kernel merge, the warp-specialised loops (FP8 and bf16 rows, fp32 partials straight or
-    staged, bf16 partials), and those merging in their last program at two splits (the only count
-    the dispatch gives them, kernel.WS_MERGE_MAX_SPLITS); the production loops and the per-cache
-    ones also with rows at SGLang's graph width (8192 compressed slots: the loops' index staging is a
-    ring, so shared memory does not grow with it). No spills, within 227 KB of shared memory, every
+@pytest.mark.parametrize("kx", [512, 8192])
+def test_gluon_loops_compile_for_sm90_without_spills(tmp_path, kx):
+    """Compiled ahead of time for an H200 (no GPU needed): the warp-specialised loops (FP8 and bf16
+    rows, bf16 partials staged) and the per-cache bf16 loop, also with rows at SGLang's graph width
+    (8192 compressed slots: the loops' index staging is a ring, so shared memory does not grow with
+    it). No spills, within 227 KB of shared memory, every
     gather a cp.async that zero-fills masked rows, 16 bytes wide for the data records; the
     warp-specialised loops with their register budgets set per partition."""
     import json
@@ -863,6 +693,7 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batc
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(root)
     out = tmp_path / "compile.json"
+    kernels, batches = "fp8-ws,bf16-ws,bf16", "1,32,64"
     done = subprocess.run([sys.executable, str(root / "benchmarks/compile_mma_attn_gluon_sm90.py"), "--kernel", kernels,
                            "--batch", batches, "--kx", str(kx), "--json", str(out)], capture_output=True, text=True,
                           env=env, timeout=900, cwd=str(root))
@@ -875,10 +706,8 @@ def test_fp8_gluon_loop_compiles_for_sm90_without_spills(tmp_path, kernels, batc
         if "warp-specialised" in row["kernel"]:
             assert {"208", "88"} <= set(row["setmaxnreg"]), row  # consumers 208, producer 88 registers
         widths = row["cp_async_by_width"]
-        # a merging loop also copies one other split's 64 KiB partial, unmasked: 16 x 16 bytes a thread
-        unmasked = 16 if "merged" in row["kernel"] else 0
         assert widths["16"] > 0 and widths["8"] == 0, row
-        assert row["cp_async_zero_fill"] == sum(widths.values()) - unmasked, row
+        assert row["cp_async_zero_fill"] == sum(widths.values()), row
 
 
 
@@ -910,9 +739,9 @@ def test_the_cluster_merge_probe_compiles_for_sm90a_without_spills(tmp_path):
     text = (tmp_path / "pcm.ptx").read_text()
     assert "mapa" in text and "barrier.cluster.arrive" in text and "barrier.cluster.wait" in text
 
-def test_bf16_ws_engine_takes_one_launch_over_both_caches_only_when_switched_on_and_it_applies(monkeypatch):
+def test_fused_engine_takes_one_launch_over_both_bf16_caches_only_where_it_applies(monkeypatch):
     """bf16 rows: the warp-specialised loop (one launch over both caches, the fused chunks) where
-    GLUON_BF16_WS is on and the operands suit it; else kernel_gluon.py per cache or kernel.py."""
+    the operands suit it; else "" (kernel_gluon.py per cache or kernel.py decide)."""
     from dsv4opt.workload.kvcache import KVLayout
 
     cpu = torch.device("cpu")
@@ -925,29 +754,27 @@ def test_bf16_ws_engine_takes_one_launch_over_both_caches_only_when_switched_on_
         return KVCache(KVLayout(False, 448, 64, 64, 256), _FakeCudaTensor((1 << 16, 512), (stride, 1), ptr=ptr))
 
     swa, extra = cache(), cache(ptr=1 << 30)
-    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
-    monkeypatch.setattr(kernel, "GLUON_BF16_WS", False)
-    assert kernel.bf16_engine(q, swa, widx, extra, xidx, wide) == ""
-    monkeypatch.setattr(kernel, "GLUON_BF16_WS", True)
-    assert kernel.bf16_engine(q, swa, widx, extra, xidx, wide) == "gluon-ws"
-    assert kernel.bf16_engine(q, swa, widx, None, None, wide) == "gluon-ws"  # a window-only layer
-    assert kernel.bf16_engine(q, swa, widx, cache(ptr=(1 << 30) + 8), xidx, wide) == ""  # 16-byte rows
-    assert kernel.bf16_engine(q, swa, widx, cache(ptr=1 << 30, stride=1024), xidx, wide) == ""  # one row stride
+    monkeypatch.setattr(dispatch, "gluon_available", lambda: True)
+    assert dispatch.fused_engine(q, swa, widx, extra, xidx, wide) == "gluon-ws"
+    assert dispatch.fused_engine(q, swa, widx, None, None, wide) == "gluon-ws"  # a window-only layer
+    assert dispatch.fused_engine(q, swa, widx, cache(ptr=(1 << 30) + 8), xidx, wide) == ""  # 16-byte rows
+    assert dispatch.fused_engine(q, swa, widx, cache(ptr=1 << 30, stride=1024), xidx, wide) == ""  # one row stride
     strided = _FakeCudaTensor((64, 512), (1024, 2), dtype=torch.int32)
-    assert kernel.bf16_engine(q, swa, widx, extra, strided, wide) == ""
+    assert dispatch.fused_engine(q, swa, widx, extra, strided, wide) == ""
     fp8_swa, fp8_extra = _fp8_caches()
-    assert kernel.bf16_engine(q, fp8_swa, widx, fp8_extra, xidx, wide) == ""
+    assert dispatch.fused_engine(q, fp8_swa, widx, fp8_extra, xidx, wide) == "gluon-fp8-ws"  # FP8 rows: the FP8 loop
     fp16 = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1), dtype=torch.float16)
-    assert kernel.bf16_engine(fp16, swa, widx, extra, xidx, wide) == ""
+    assert dispatch.fused_engine(fp16, swa, widx, extra, xidx, wide) == ""
     for tiles in (kernel.choose_tiles(1, 64, 640, cpu), kernel.choose_tiles(256, 64, 640, cpu)):
-        assert kernel.bf16_engine(q, swa, widx, extra, xidx, tiles) == "", tiles  # value split; no split
-    monkeypatch.setattr(kernel, "gluon_available", lambda: False)  # another Triton, or no Hopper
-    assert kernel.bf16_engine(q, swa, widx, extra, xidx, wide) == ""
+        assert dispatch.fused_engine(q, swa, widx, extra, xidx, tiles) == "", tiles  # value split; no split
+    monkeypatch.setattr(dispatch, "gluon_available", lambda: False)  # another Triton, or no Hopper
+    assert dispatch.fused_engine(q, swa, widx, extra, xidx, wide) == ""
 
 
 def test_plan_takes_the_one_launch_bf16_loop_else_the_loop_per_cache_else_the_block_level_kernel(monkeypatch):
     """bf16 rows: "gluon-ws" over the fused chunks (K = 128 + 512 slots as one range) where
-    bf16_engine applies; with GLUON_BF16_WS off kernel_gluon.py per cache; FP8 rows never either."""
+    dispatch.fused_engine applies; kernel_gluon.py per cache where only each cache on its own suits
+    a Gluon loop (row strides that differ); the block-level kernel without Gluon."""
     from dsv4opt.workload.kvcache import KVLayout
 
     q = _FakeCudaTensor((64, 64, 512), (64 * 512, 512, 1))
@@ -956,22 +783,18 @@ def test_plan_takes_the_one_launch_bf16_loop_else_the_loop_per_cache_else_the_bl
     layout = KVLayout(False, 448, 64, 64, 256)
     swa = KVCache(layout, _FakeCudaTensor((1 << 16, 512), (512, 1)))
     extra = KVCache(layout, _FakeCudaTensor((1 << 16, 512), (512, 1), ptr=1 << 30))
-    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
-    monkeypatch.setattr(kernel, "GLUON_BF16_WS", True)
+    monkeypatch.setattr(dispatch, "gluon_available", lambda: True)
     p = kernel.plan(q, swa, widx, extra, xidx)
     assert p.engine == "gluon-ws" and not p.per_cache
     assert (p.chunk, p.nsplit) == (320, 2)  # 640 slots over 2 splits of whole 64-slot tiles at B = 64
-    monkeypatch.setattr(kernel, "GLUON_BF16_WS", False)
-    p = kernel.plan(q, swa, widx, extra, xidx)
+    wider = KVCache(layout, _FakeCudaTensor((1 << 16, 512), (1024, 1), ptr=1 << 30))  # another row stride
+    p = kernel.plan(q, swa, widx, wider, xidx)
     # per cache: round(132 SMs / 64 programs) = 2 splits each (128 slots are 2 tiles, 512 are 8)
     assert p.engine == "gluon" and [n for _, _, n in p.per_cache] == [2, 2] and p.nsplit == 4
-    monkeypatch.setattr(kernel, "gluon_available", lambda: False)
+    monkeypatch.setattr(dispatch, "gluon_available", lambda: False)
     assert kernel.plan(q, swa, widx, extra, xidx).engine == "triton"
-    monkeypatch.setattr(kernel, "gluon_available", lambda: True)
-    monkeypatch.setattr(kernel, "GLUON_BF16_WS", True)
     fp8_swa, fp8_extra = _fp8_caches()
-    monkeypatch.setattr(kernel, "GLUON_FP8_ENABLED", False)
-    assert kernel.plan(q, fp8_swa, widx, fp8_extra, xidx).engine == "triton"
+    assert kernel.plan(q, fp8_swa, widx, fp8_extra, xidx).engine == "triton"  # FP8 rows never take a bf16 loop
 
 
 def test_extra_offsets_count_in_the_window_cache_s_data_elements():
@@ -1024,21 +847,18 @@ def test_the_combine_s_split_loop_and_tile_forms_agree_with_a_torch_merge():
             assert torch.allclose(lse, ref_lse, rtol=1e-5, atol=1e-5), (dtype, split_loop)
 
 
-@pytest.mark.parametrize("loop", ["fp8", "fp8-ws", "bf16-ws", "fp8-ws-merge", "bf16-ws-merge"])
+@pytest.mark.parametrize("loop", ["fp8-ws", "bf16-ws"])
 def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monkeypatch, loop):
     """The host side of the one-launch Gluon loops, without a GPU: the kernel object is replaced by
-    a recorder, so the launch arguments are checked as the kernel would get them; with a merge, its
-    counts' two rows (tickets, stored splits), the outputs' strides, and staged partials."""
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws, kernel_gluon_fp8, kernel_gluon_fp8_ws
+    a recorder, so the launch arguments are checked as the kernel would get them."""
+    from dsv4opt.optimizations.mma_attn import kernel_gluon_bf16_ws, kernel_gluon_fp8_ws
 
-    bf16_launcher = kernel_gluon_bf16_ws.gluon_bf16_ws_sparse_decode_partials
-    module, name, launcher, options = {  # the module holding the kernel, its name, the launcher, its options
-        "fp8": (kernel_gluon_fp8, "gluon_fp8_sparse_decode_kernel", kernel_gluon_fp8.gluon_fp8_sparse_decode_partials,
-                {}),
+    module, name, launcher = {  # the module holding the kernel, its name, the launcher
         "fp8-ws": (kernel_gluon_fp8_ws, "gluon_fp8_ws_sparse_decode_kernel",
-                   kernel_gluon_fp8_ws.gluon_fp8_ws_sparse_decode_partials, {"staged": True}),
-        "bf16-ws": (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_kernel", bf16_launcher, {"staged": True}),
-    }[loop.removesuffix("-merge")]
+                   kernel_gluon_fp8_ws.gluon_fp8_ws_sparse_decode_partials),
+        "bf16-ws": (kernel_gluon_bf16_ws, "gluon_bf16_ws_sparse_decode_kernel",
+                    kernel_gluon_bf16_ws.gluon_bf16_ws_sparse_decode_partials),
+    }[loop]
     launches = []
 
     class Recorder:
@@ -1047,14 +867,10 @@ def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monk
 
     monkeypatch.setattr(module, name, Recorder())
     x = make_inputs(AttnCase(2, 512, "all", layout="bf16" if loop.startswith("bf16") else "fp8"), "cpu", torch.bfloat16)
-    o_part = torch.empty(2, 3, 64, 512)
+    o_part = torch.empty(2, 3, 64, 512, dtype=torch.bfloat16)
     lse_part = torch.empty(2, 3, 64)
-    args = (x.q, x.swa, x.swa_indices, x.swa_lengths, x.extra, x.extra_indices, x.extra_lengths, o_part, lse_part,
-            3, 0.5)
-    ws = loop != "fp8"
-    o, lse, counts = torch.empty(2, 64, 512), torch.empty(2, 64), torch.zeros(2, 2, dtype=torch.int32)
-    merge = (torch.zeros(64), o, lse, counts) if loop.endswith("-merge") else None
-    launcher(*args, **{**options, **({"merge": merge, "staged": False} if merge else {})})
+    launcher(x.q, x.swa, x.swa_indices, x.swa_lengths, x.extra, x.extra_indices, x.extra_lengths, o_part, lse_part,
+             3, 0.5)
     (grid, kw), = launches
     unit = x.swa.data.element_size()  # bytes of FP8 pages, elements of bf16 rows
     assert grid == (2, 1, 3) and kw["NSPLIT"] == 3 and "CHUNK" not in kw  # each split's slots: from the lengths
@@ -1062,34 +878,10 @@ def test_the_gluon_launchers_pass_both_caches_through_the_window_s_pointers(monk
     assert kw["x_delta"] * unit == x.extra.data.data_ptr() - x.swa.data.data_ptr()
     assert kw["idx_x_delta"] * 4 == x.extra_indices.data_ptr() - x.swa_indices.data_ptr()
     assert kw["len_x_delta"] * 4 == x.extra_lengths.data_ptr() - x.swa_lengths.data_ptr()
-    if ws:
-        assert kw["STAGED"] is True and kw["PRODUCER_REGS_"] == kernel_gluon_fp8_ws.PRODUCER_REGS
-        assert kw["MERGE"] is (merge is not None) and kw["num_warps"] == 8
-    if merge:  # the partials of every program but the last go staged, whatever `staged` says
-        assert kw["p_o"] is o and kw["p_lse"] is lse and (kw["stride_ob"], kw["stride_oh"]) == (64 * 512, 512)
-        assert kw["p_ticket"].data_ptr() == counts.data_ptr() and kw["p_done"].data_ptr() == counts[1].data_ptr()
+    assert kw["p_o_part"] is o_part and kw["p_lse_part"] is lse_part
+    assert kw["PRODUCER_REGS_"] == kernel_gluon_fp8_ws.PRODUCER_REGS and kw["num_warps"] == 8
     if loop.startswith("bf16"):
         assert kw["stride_kv"] == 512 and kw["p_kv"] is x.swa.data
-
-
-def test_fp8_ws_probe_constants_come_back_after_a_config():
-    """ws@SUB:NST:REGS:ABLATE sets the warp-specialised loop's constants for the calls inside and
-    puts the committed ones back."""
-    import importlib.util
-    from pathlib import Path
-
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as g
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks/probe_mma_attn_fp8_gluon.py"
-    spec = importlib.util.spec_from_file_location("probe_fp8_gluon_ws", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    names = ("SUB", "NUM_STAGE", "PRODUCER_REGS", "ABLATE")
-    committed = {n: getattr(g, n) for n in names}
-    with probe.ws_config("ws@32:2:40:3") as v:
-        assert v == "ws" and {n: getattr(g, n) for n in names} == dict(zip(names, (32, 2, 40, 3)))
-    assert {n: getattr(g, n) for n in names} == committed
-    assert committed["ABLATE"] == 0  # the diagnostic never ships on
 
 
 def test_the_cpu_gate_can_still_choose_the_interpreter_after_its_modules_load():

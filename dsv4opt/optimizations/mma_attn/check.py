@@ -69,7 +69,7 @@ ENGINE_NAMES = {
 
 def engine_notes(rows: list[dict]) -> list[str]:
     """Which main loops the table ran (cases each), and why the Gluon loops did not, where they did not."""
-    from dsv4opt.optimizations.mma_attn.kernel import gluon_unavailable_reason
+    from dsv4opt.optimizations.mma_attn.dispatch import gluon_unavailable_reason
 
     counts = Counter(ENGINE_NAMES.get(r["engine"], r["engine"]) for r in rows)
     notes = ["main loops: " + ", ".join(f"{name} {n}" for name, n in counts.most_common())]

@@ -6,7 +6,6 @@ Maths, byte/FLOP accounting and tile choice: docs/kernels/mma_attn.md.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -16,6 +15,7 @@ import triton.language as tl
 from dsv4opt.errors import DsvOptError
 from dsv4opt.tritonlib import LN2, LOG2E
 from dsv4opt.workload.attention.simt import check_attention_inputs
+from dsv4opt.optimizations.mma_attn.dispatch import FUSED_ENGINES, INTERPRETED, cache_engine, fused_engine
 from dsv4opt.optimizations.mma_attn.operands import extra_offsets
 from dsv4opt.workload.kvcache import KVCache
 
@@ -287,8 +287,7 @@ def _attn_combine_splits_kernel(
     tl.store(p_lse + i_b * H + i_h, b_lse)
 
 
-# Triton chose interpreter or compiler when the kernels above were defined.
-_INTERPRETED = type(_mma_sparse_decode_kernel).__name__ == "InterpretedFunction"
+_INTERPRETED = INTERPRETED  # Triton chose interpreter or compiler when the kernels were defined
 
 
 @dataclass(frozen=True)
@@ -359,187 +358,21 @@ def split_chunks(topk: int, block_k: int, nsplit: int) -> tuple[int, int]:
     return chunk, triton.cdiv(topk, chunk)
 
 
-def gluon_shape_ok(heads: int, dim: int, tiles: Tiles, rope_follows: bool, q_strides: tuple, idx_stride: int) -> bool:
-    """The shapes kernel_gluon.py was written and gated for: 64 heads, the 512-wide latent in one
-    contiguous row (no split nope/rope), the whole-width family's tiles (64-row tiles, 8 warps) with
-    a split (a single pass stays on this file's kernel, which then needs no partials), rows of q and
-    of the indices contiguous."""
-    return (
-        rope_follows and heads == 64 and dim == 512
-        and tiles.block_h == 64 and tiles.block_k == 64 and tiles.block_v == 0 and tiles.num_warps == 8
-        and not tiles.reload_v and tiles.nsplit > 1
-        and q_strides[2] == 1 and q_strides[1] == dim and idx_stride == 1
-    )
-
-
-def gluon_operands_ok(q: torch.Tensor, kv: torch.Tensor) -> bool:
-    """bf16 (the dtype it was gated in) and 16-byte aligned KV rows: its cp.async gathers move 16 B
-    at a time, and Triton specialises pointers and strides on multiples of 16."""
-    return (
-        q.dtype == torch.bfloat16 and kv.dtype == torch.bfloat16
-        and kv.stride(0) % 16 == 0 and kv.data_ptr() % 16 == 0
-    )
-
-
-# Triton versions kernel_gluon.py was compiled and gated on: Gluon's API is experimental, and on
-# other versions the block-level kernel runs (the module is not even imported).
-GLUON_VALIDATED_TRITON = ("3.6.",)
-
-
-@functools.lru_cache(maxsize=None)
-def gluon_unavailable_reason() -> str:
-    """Why the Gluon loops cannot run here, in a phrase ("" where they can): they need a Hopper GPU,
-    a Triton version they were validated on, not the interpreter, and not switched off with
-    DSV4OPT_MMA_ATTN_GLUON=0. Where they cannot, the block-level kernel runs every launch. Read
-    once per process, so what the gate reports is what the dispatch did."""
-    if _INTERPRETED:
-        return "Triton's interpreter runs the kernels"
-    if os.environ.get("DSV4OPT_MMA_ATTN_GLUON", "1") == "0":
-        return "switched off (DSV4OPT_MMA_ATTN_GLUON=0)"
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    major, minor = torch.cuda.get_device_capability()
-    if major != 9:
-        return f"compute capability {major}.{minor}, not Hopper (9.x)"
-    if not triton.__version__.startswith(GLUON_VALIDATED_TRITON):
-        validated = ", ".join(v + "x" for v in GLUON_VALIDATED_TRITON)
-        return f"Triton {triton.__version__}, validated on {validated} only"
-    return ""
-
-
-def gluon_available() -> bool:
-    """kernel_gluon*.py can run here (gluon_unavailable_reason says why not)."""
-    return not gluon_unavailable_reason()
-
-
-def engine(q: torch.Tensor, cache: KVCache, indices: torch.Tensor, tiles: Tiles) -> str:
-    """Which main loop runs for one cache: "gluon" (kernel_gluon.py) where it applies, else "triton"."""
-    B, H, D = q.shape
-    if (
-        q.is_cuda and not cache.layout.fp8
-        and gluon_shape_ok(H, D, tiles, True, q.stride(), indices.stride(1))
-        and gluon_operands_ok(q, cache.data) and gluon_available()
-    ):
-        return "gluon"
-    return "triton"
-
-
-# The FP8 Gluon loop (kernel_gluon_fp8.py), on since benchmarks/probe_mma_attn_fp8_gluon.py passed its
-# 70-case correctness table on the H200 and timed it 1.3-1.4x faster than the block-level kernel
-# from B = 16 (commit d234bee, docs/kernels/mma_attn.md). False sends FP8 caches back to kernel.py.
-GLUON_FP8_ENABLED = True
-# The FP8 Gluon loop's split merge in each request's last program (kernel_gluon_fp8._merge_if_last)
-# instead of the combine launch: correct on the H200 (benchmarks/probe_mma_attn_fp8_gluon.py --variants
-# merge, commit f8ad5ef) but slower at every B, so off; only kernel_gluon_fp8.py's loop has it.
-GLUON_FP8_MERGE_IN_KERNEL = False
-# The warp-specialised FP8 loop (kernel_gluon_fp8_ws.py: a producer partition gathers and
-# dequantises, the consumers multiply) in place of kernel_gluon_fp8.py's loop: on since
-# benchmarks/probe_mma_attn_fp8_gluon.py --variants ws passed its 70-case table on the H200 and timed it
-# faster from B = 16 (docs/kernels/mma_attn.md). False: kernel_gluon_fp8.py's loop, as before.
-GLUON_FP8_WS = True
-# The warp-specialised loop over bf16 rows (kernel_gluon_bf16_ws.py: one launch over both caches,
-# a producer partition gathering straight into the consumers' ring) in place of kernel_gluon.py
-# once per cache: on since benchmarks/probe_mma_attn_fp8_gluon.py --kv bf16 --variants ws passed its
-# 70-case table on the H200 and timed it 1.74x faster at B = 64 (commit 60eaba6). False: kernel_gluon.py.
-GLUON_BF16_WS = True
-# How the warp-specialised loops write their partials: through shared memory in whole lines
-# (STAGED) and in bf16 (half the bytes written by the loop and read by the combine; one more bf16
-# rounding of each split's normalised o before the merge, worst error 2.1e-3 -> 2.7e-3 over the
-# table). On together since the probe's ws-bf16 variant passed both tables and timed 1.10x (FP8)
-# and 1.12x (bf16 rows) at B = 64 over fp32 partials (commit 04debe5); staged fp32 alone gained
-# nothing. bf16 partials always go staged: stored straight they were never measured with the
-# combine that reads them fast.
-GLUON_WS_STAGED_STORE = True
-GLUON_WS_BF16_PARTIALS = True
-# The warp-specialised loops' split merge in each request's last program, its own split kept on
-# chip (kernel_gluon_fp8_ws._store_or_merge), instead of the combine launch, at up to
-# WS_MERGE_MAX_SPLITS splits (B 53 to 88 on 132 SMs). Correct on the H200 (the probe's ws-merge
-# variant, 71/71 cases in both layouts) but no faster than the combine at B = 64 (31.0 against 30.1
-# us on FP8 rows, 27.3 against 27.1 on bf16 rows, commit 46aefd8) and slower at more splits, so off
-# (docs/kernels/mma_attn.md).
-GLUON_WS_MERGE_IN_KERNEL = False
-WS_MERGE_MAX_SPLITS = 2
-
-
-def gluon_fp8_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
-    """bf16 q and caches in the FP8 geometry kernel_gluon_fp8.py is written for (7 tiles of 64 e4m3
-    nope values, 64 bf16 rope values: 576-byte data and 8-byte scale records), with 16-byte aligned
-    pages and buffers: its cp.async gathers move 16 bytes of a data record at a time."""
-    from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8 as g
-
-    def fits(c: KVCache) -> bool:
-        L = c.layout
-        return (
-            L.fp8 and L.nope == g.NOPE_TILES * g.TILE and L.tile == g.TILE and L.rope == g.ROPE
-            and L.data_bytes == g.DATA_BYTES and L.scale_bytes == g.SCALE_BYTES and L.page_bytes % 16 == 0
-            and c.data.data_ptr() % 16 == 0 and c.data.is_contiguous()
-        )
-
-    return q.dtype == torch.bfloat16 and fits(swa) and (extra is None or fits(extra))
-
-
-def _fused_gluon_shape_ok(q: torch.Tensor, swa_indices, extra_indices, tiles: Tiles) -> bool:
-    """What every one-launch Gluon loop needs besides its operands: a CUDA q, the shapes of
-    gluon_shape_ok (64 heads of 512, 64-row whole-width tiles with a split), both caches' indices
-    of unit stride, and Gluon usable here."""
-    B, H, D = q.shape
-    return (
-        q.is_cuda and gluon_shape_ok(H, D, tiles, True, q.stride(), swa_indices.stride(1))
-        and (extra_indices is None or extra_indices.stride(1) == 1) and gluon_available()
-    )
-
-
-def fp8_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles) -> str:
-    """Which main loop runs one launch over FP8 caches: "gluon-fp8" (kernel_gluon_fp8.py) where it
-    applies and GLUON_FP8_ENABLED is set ("gluon-fp8-ws", kernel_gluon_fp8_ws.py, with GLUON_FP8_WS
-    and no in-kernel merge), else "triton"."""
-    if (
-        GLUON_FP8_ENABLED and swa.layout.fp8 and _fused_gluon_shape_ok(q, swa_indices, extra_indices, tiles)
-        and gluon_fp8_operands_ok(q, swa, extra)
-    ):
-        return "gluon-fp8-ws" if GLUON_FP8_WS and not GLUON_FP8_MERGE_IN_KERNEL else "gluon-fp8"
-    return "triton"
-
-
-def gluon_bf16_ws_operands_ok(q: torch.Tensor, swa: KVCache, extra: KVCache | None) -> bool:
-    """bf16 q and bf16 caches whose rows are 16-byte aligned and equally strided (the loop reads
-    both caches through one pointer and one row stride; its cp.async gathers move 16 bytes)."""
-    caches = [swa] + ([extra] if extra is not None else [])
-    return all(gluon_operands_ok(q, c.data) and c.data.stride(1) == 1 for c in caches) and (
-        extra is None or extra.data.stride(0) == swa.data.stride(0)
-    )
-
-
-def bf16_engine(q: torch.Tensor, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles) -> str:
-    """"gluon-ws" (kernel_gluon_bf16_ws.py, one launch over both caches) where it applies and
-    GLUON_BF16_WS is set, else "" (then `engine` chooses per cache)."""
-    if (
-        GLUON_BF16_WS and not swa.layout.fp8 and _fused_gluon_shape_ok(q, swa_indices, extra_indices, tiles)
-        and gluon_bf16_ws_operands_ok(q, swa, extra)
-    ):
-        return "gluon-ws"
-    return ""
-
-
-WS_ENGINES = ("gluon-fp8-ws", "gluon-ws")
-
-
 @dataclass(frozen=True)
 class Plan:
-    """How one call runs: "triton" is one launch of this file's kernel over the slots of both
-    caches (window first); "gluon-fp8" is one launch of kernel_gluon_fp8.py over the same slots and
-    splits (FP8 caches), "gluon-fp8-ws" the same of kernel_gluon_fp8_ws.py, "gluon-ws" of
-    kernel_gluon_bf16_ws.py (bf16 caches); "gluon" is kernel_gluon.py once per cache (`per_cache`:
-    chunk and splits of each). The Gluon loops write partials, merged by the combine. `chunk`:
-    the slots a split runs when every slot of the rows is used (the most it can run); each launch
-    splits each request's used slots over the `nsplit` programs on the device (`split_slots`)."""
+    """How one call runs (dispatch.py decides the engine): "gluon-fp8-ws" and "gluon-ws" are one
+    launch of kernel_gluon_fp8_ws.py / kernel_gluon_bf16_ws.py over the slots of both caches
+    (window first), "triton" one launch of this file's kernel over the same slots; "gluon" is
+    kernel_gluon.py once per cache (`per_cache`: tiles, chunk and splits of each). The Gluon loops
+    write partials, merged by the combine. `chunk`: the slots a split runs when every slot of the
+    rows is used (the most it can run); each launch splits each request's used slots over the
+    `nsplit` programs on the device (`split_slots`)."""
 
     engine: str
     tiles: Tiles
     chunk: int
     nsplit: int
     per_cache: tuple[tuple[Tiles, int, int], ...] = ()
-    merge_in_kernel: bool = False  # the loop merges the splits itself, no combine launch
 
 
 def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles | None = None) -> Plan:
@@ -551,50 +384,17 @@ def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, til
     fused = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8, itemsize=q.element_size())
     chunk, nsplit = split_chunks(K, fused.block_k, fused.nsplit)
     fused = replace(fused, nsplit=nsplit)
-    if swa.layout.fp8:
-        e = fp8_engine(q, swa, swa_indices, extra, extra_indices, fused)
-        merge = (e == "gluon-fp8" and GLUON_FP8_MERGE_IN_KERNEL) or (e == "gluon-fp8-ws" and ws_merge(nsplit))
-        return Plan(e, fused, chunk, nsplit, merge_in_kernel=merge)
-    if bf16_engine(q, swa, swa_indices, extra, extra_indices, fused):
-        return Plan("gluon-ws", fused, chunk, nsplit, merge_in_kernel=ws_merge(nsplit))
-    per_cache = []
+    engine = fused_engine(q, swa, swa_indices, extra, extra_indices, fused)
+    if engine:
+        return Plan(engine, fused, chunk, nsplit)
+    per_cache = []  # bf16 rows the one-launch loop does not take: kernel_gluon.py per cache, if both can
     for cache, indices in caches:
         t = tiles or choose_tiles(B, H, indices.shape[1], q.device, D, itemsize=q.element_size())
         c, n = split_chunks(indices.shape[1], t.block_k, t.nsplit)
         per_cache.append((replace(t, nsplit=n), c, n))
-    if all(engine(q, cache, indices, t) == "gluon" for (cache, indices), (t, _, _) in zip(caches, per_cache)):
+    if all(cache_engine(q, cache, indices, t) == "gluon" for (cache, indices), (t, _, _) in zip(caches, per_cache)):
         return Plan("gluon", per_cache[0][0], per_cache[0][1], sum(n for _, _, n in per_cache), tuple(per_cache))
     return Plan("triton", fused, chunk, nsplit)
-
-
-def ws_merge(nsplit: int) -> bool:
-    """Whether a warp-specialised loop with `nsplit` splits merges them in its last program."""
-    return GLUON_WS_MERGE_IN_KERNEL and 1 < nsplit <= WS_MERGE_MAX_SPLITS
-
-
-_MERGE_COUNTS: dict[tuple[int, int, int], torch.Tensor] = {}
-
-
-def merge_counts(batch: int, device: torch.device, rows: int = 1) -> torch.Tensor:
-    """[batch] (or [rows, batch]) int32 zeros: the in-kernel merge's counts per request
-    (kernel_gluon_fp8's finished programs; the warp-specialised loops' tickets and stored splits).
-
-    Allocated and zeroed once per (device, batch, rows), outside any graph capture, then kept at
-    zero by the kernel (each request's last program puts its count back), so neither an eager call
-    nor a graph replay pays a memset launch. Its first allocation waits for the memset (once), so a launch
-    on another stream cannot see it unzeroed. Under a capture with none cached yet, a fresh
-    torch.zeros instead: the capture records the memset and every replay zeroes its own buffer.
-    Launches of one batch size on concurrent streams would share the counts: the model's decode
-    runs its layers on one stream."""
-    key = (device.index if device.index is not None else torch.cuda.current_device(), batch, rows)
-    counts = _MERGE_COUNTS.get(key)
-    if counts is not None:
-        return counts
-    counts = torch.zeros((rows, batch) if rows > 1 else (batch,), device=device, dtype=torch.int32)
-    if not torch.cuda.is_current_stream_capturing():
-        torch.cuda.current_stream(device).synchronize()
-        _MERGE_COUNTS[key] = counts
-    return counts
 
 
 def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices, extra_lengths,
@@ -641,12 +441,9 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     One split-K launch covers the slots of both caches (a tile of 64 heads shares every KV tile
     read; FP8 rows are dequantised in registers); with a split, every split writes fp32 partials
     and one combine kernel merges them with the sink, else the single pass writes o and lse. Where
-    a Gluon loop applies it replaces the main kernel, always with partials: on bf16 rows the
-    warp-specialised one (`bf16_engine`; kernel_gluon.py once per cache with GLUON_BF16_WS off), on
-    FP8 rows an FP8 one (`fp8_engine`; the warp-specialised one by default, and kernel_gluon_fp8.py's
-    with GLUON_FP8_MERGE_IN_KERNEL merges the splits itself: one launch, no combine; so do the
-    warp-specialised ones with GLUON_WS_MERGE_IN_KERNEL, up to WS_MERGE_MAX_SPLITS splits). The
-    warp-specialised loops write bf16 partials (GLUON_WS_BF16_PARTIALS), the others fp32.
+    a Gluon loop applies (dispatch.py) it replaces the main kernel, always with partials: the
+    warp-specialised loops (FP8 or bf16 rows, one launch over both caches) write bf16 partials,
+    kernel_gluon.py (bf16 rows, once per cache) fp32.
     lse_with_sink=False: lse is FlashMLA's instead, the log-sum-exp of the used slots' scores alone
     and +inf where none is used (o keeps the sink), written by the same launches.
     CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
@@ -661,16 +458,13 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         assert cache.layout.dim == D and (cache.layout.fp8 or cache.data.dtype == q.dtype), (cache.layout, q.dtype)
     assert sink.shape == (H,)
     p = plan(q, swa, swa_indices, extra, extra_indices, tiles)
-    if not lse_with_sink:  # the in-kernel merges write the lse with the sink: the combine writes it
-        p = replace(p, merge_in_kernel=False)
     ns_total = max(p.nsplit, 2) if p.engine == "gluon" else p.nsplit  # the Gluon loop always writes partials
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)
-    bf16_part = p.engine in WS_ENGINES and (GLUON_WS_BF16_PARTIALS or p.merge_in_kernel)  # a merge reads bf16
-    staged = GLUON_WS_STAGED_STORE or bf16_part  # bf16 partials go through shared memory (the form measured)
+    fused_gluon = p.engine in FUSED_ENGINES  # bf16 partials; every program writes its lse rows: no fill
     if ns_total > 1:
-        o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.bfloat16 if bf16_part else torch.float32)
-        if p.engine.startswith("gluon-fp8") or p.engine == "gluon-ws":  # every program writes all its rows: no fill
+        o_part = torch.empty(B, ns_total, H, D, device=q.device, dtype=torch.bfloat16 if fused_gluon else torch.float32)
+        if fused_gluon:
             lse_part = torch.empty(B, ns_total, H, device=q.device, dtype=torch.float32)
         else:
             lse_part = torch.full((B, ns_total, H), float("-inf"), device=q.device, dtype=torch.float32)
@@ -685,25 +479,18 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
             gluon_sparse_decode_partials(q, cache.data, indices, lengths, o_part, lse_part, nsplit, scale,
                                          split_base=base, ns_total=ns_total)
             base += nsplit
-    elif p.engine in WS_ENGINES:
+    elif fused_gluon:
         from dsv4opt.optimizations.mma_attn.kernel_gluon_bf16_ws import gluon_bf16_ws_sparse_decode_partials
         from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import gluon_fp8_ws_sparse_decode_partials
 
         fp8 = p.engine == "gluon-fp8-ws"
         launch = gluon_fp8_ws_sparse_decode_partials if fp8 else gluon_bf16_ws_sparse_decode_partials
-        merge = (sink, o, lse, merge_counts(B, q.device, rows=2)) if p.merge_in_kernel else None
         launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, o_part, lse_part, p.nsplit,
-               scale, staged=staged, merge=merge)
-    elif p.engine == "gluon-fp8":
-        from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import gluon_fp8_sparse_decode_partials
-
-        merge = (sink, o, lse, merge_counts(B, q.device)) if p.merge_in_kernel else None
-        gluon_fp8_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                         o_part, lse_part, p.nsplit, scale, merge=merge)
+               scale)
     else:
         _launch_fused(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p,
                       o, lse, o_part, lse_part, lse_with_sink)
-    if ns_total > 1 and not p.merge_in_kernel:
+    if ns_total > 1:
         combine_splits(o_part, lse_part, sink, o, lse, lse_with_sink)
     return o, lse
 

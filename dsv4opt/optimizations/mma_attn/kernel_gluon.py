@@ -10,7 +10,7 @@ SGLang's graph width cost per used slot). Same fp32 partials as kernel.py's main
 kernel.py's combine merges them. Measured and checked in docs/kernels/mma_attn.md.
 
 GPU only (the interpreter cannot run Gluon) and used only on the Triton versions it was validated
-with (kernel.GLUON_VALIDATED_TRITON); kernel.py falls back to the block-level kernel everywhere else.
+with (dispatch.GLUON_VALIDATED_TRITON); kernel.py falls back to the block-level kernel everywhere else.
 """
 
 import triton
@@ -19,7 +19,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, fence_async_shared
 
-from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import IDX_RING_, IDX_SMEM, split_slots, tile_indices
+from dsv4opt.optimizations.mma_attn.gluon_blocks import IDX_RING_, IDX_SMEM, split_slots, tile_indices
 from dsv4opt.tritonlib import LOG2E
 
 

@@ -17,9 +17,9 @@ kernel_gluon.py runs once per cache; and `gl.warp_specialize` splits the CTA:
 Shared memory: q 64 KiB + two bf16 tiles 128 KiB + the ring of four tile rows of indices + the
 softmax's scratch. Each program runs its split of its request's used slots (a run-time number of
 tiles: rows sized to SGLang's graph width cost per used slot), the producer keeping the index ring
-filled as kernel_gluon_fp8_ws's does. Same splits and partials as the FP8 loops (kernel.py's combine merges them), and the same
-producer register budget and ABLATE diagnostic (kernel_gluon_fp8_ws.PRODUCER_REGS, .ABLATE, which
-the probe sets); GPU and Triton 3.6 only, switched by kernel.GLUON_BF16_WS. Measurements:
+filled as kernel_gluon_fp8_ws's does. Same splits and bf16 partials as the FP8 loop (kernel.py's
+combine merges them), and the same producer register budget and ABLATE diagnostic
+(kernel_gluon_fp8_ws.PRODUCER_REGS, .ABLATE); GPU and Triton 3.6 only (dispatch.py). Measurements:
 docs/kernels/mma_attn.md.
 """
 
@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import BLOCK_K, HEADS, IDX_RING_, split_slots, tile_indices
+from dsv4opt.optimizations.mma_attn.gluon_blocks import BLOCK_K, HEADS, IDX_RING_, split_slots, tile_indices
 from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import _consumer, _fill_index_ring, _ring_barriers, _ws_buffers
 from dsv4opt.tritonlib import LOG2E
 
@@ -85,16 +85,14 @@ def _producer(ring, full, empty, idx_smem, p_idx, p_kv, i_b, start, end, n_w, n_
 
 @gluon.jit
 def gluon_bf16_ws_sparse_decode_kernel(
-    p_q, p_kv, p_idx, p_len, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done,
-    stride_qb, stride_kv, stride_iw, stride_ix, stride_ob, stride_oh, H, qk_scale_log2, x_delta, idx_x_delta,
+    p_q, p_kv, p_idx, p_len, p_o_part, p_lse_part,
+    stride_qb, stride_kv, stride_iw, stride_ix, H, qk_scale_log2, x_delta, idx_x_delta,
     len_x_delta, KW: gl.constexpr, KX: gl.constexpr, NSPLIT: gl.constexpr,
-    D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, PRODUCER_REGS_: gl.constexpr, STAGED: gl.constexpr,
-    MERGE: gl.constexpr, ABLATE_: gl.constexpr,
+    D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, PRODUCER_REGS_: gl.constexpr, ABLATE_: gl.constexpr,
 ):
     """One program: request i_b, all BH heads, split i_s of the request's used slots of the KW
-    window slots then the KX compressed-cache slots (kernel_gluon_fp8.split_slots) over bf16 rows [N, D]; writes split i_s of o_part
-    [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] fp32 (base 2); MERGE as in
-    kernel_gluon_fp8_ws.gluon_fp8_ws_sparse_decode_kernel."""
+    window slots then the KX compressed-cache slots (gluon_blocks.split_slots) over bf16 rows [N, D]; writes split i_s of o_part
+    [B, NSPLIT, H, D] bf16 and lse_part [B, NSPLIT, H] fp32 (base 2)."""
     gl.static_assert(gl.num_warps() == 8)
     gl.static_assert(BK == 64)
     i_b = gl.program_id(0)
@@ -105,23 +103,19 @@ def gluon_bf16_ws_sparse_decode_kernel(
     gl.thread_barrier()  # the initialised barriers, before the partitions start
 
     gl.warp_specialize(
-        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket,
-                      p_done, i_b, i_s, n_tiles, stride_qb, stride_ob, stride_oh, H, qk_scale_log2, NSPLIT, D, BH, BK,
-                      STAGED, MERGE, ABLATE_)),
+        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, n_tiles, stride_qb, H,
+                      qk_scale_log2, NSPLIT, D, BH, BK, ABLATE_)),
          (_producer, (ring, full, empty, idx_smem, p_idx, p_kv, i_b, start, end, n_w, n_tiles, stride_iw, stride_ix,
                       idx_x_delta, x_delta, stride_kv, BK, D, ABLATE_))],
         [4], [PRODUCER_REGS_])
 
 
 def gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                         o_part, lse_part, nsplit: int, scale: float,
-                                         staged: bool = False, merge: tuple | None = None) -> None:
-    """Fill o_part [B, nsplit, H, D] (fp32 or bf16; o over each split of the used window slots then
+                                         o_part, lse_part, nsplit: int, scale: float) -> None:
+    """Fill o_part [B, nsplit, H, D] (bf16; o over each split of the used window slots then
     the used compressed-cache slots, normalised) and lse_part [B, nsplit, H] (base 2) for q [B, 64, 512]
     bf16 (rows contiguous) over the bf16 caches swa and extra (KVCache; extra may be None) with
-    indices [B, W] / [B, K] int32 of unit stride. The caches must pass kernel.gluon_bf16_ws_operands_ok.
-    `merge` (sink, o, lse, counts [2, B] int32 zeros): the request's last program merges the splits
-    into o and lse instead (kernel_gluon_fp8_ws._store_or_merge), no combine needed."""
+    indices [B, W] / [B, K] int32 of unit stride. The caches must pass dispatch.gluon_bf16_ws_operands_ok."""
     from dsv4opt.optimizations.mma_attn import kernel_gluon_fp8_ws as ws
     from dsv4opt.optimizations.mma_attn.operands import extra_offsets
 
@@ -132,8 +126,8 @@ def gluon_bf16_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra
                                                                      extra_indices, extra_lengths)
     gluon_bf16_ws_sparse_decode_kernel[(B, 1, nsplit)](
         p_q=q, p_kv=kv, p_idx=swa_indices, p_len=swa_lengths, p_o_part=o_part, p_lse_part=lse_part,
-        **ws.merge_args(merge, lse_part), stride_qb=q.stride(0), stride_kv=kv.stride(0),
+        stride_qb=q.stride(0), stride_kv=kv.stride(0),
         stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta,
-        idx_x_delta=idx_x_delta, len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS, STAGED=staged or merge is not None,
+        idx_x_delta=idx_x_delta, len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, NSPLIT=nsplit, D=D, BH=H, BK=BLOCK_K, PRODUCER_REGS_=ws.PRODUCER_REGS,
         ABLATE_=ws.ABLATE, num_warps=8,
     )

@@ -2,10 +2,11 @@
 dequantises, two consumer warpgroups run the products.
 
 Stands for SGLang's sm_120 sparse decode (`flash_mla_sparse_decode_triton`) over its FP8 KV layout,
-as kernel_gluon_fp8.py does, with the structure of FlashMLA's sparse FP8 decode on Hopper: the
+with the structure of FlashMLA's sparse FP8 decode on Hopper: the
 tensor cores do not wait for a gather or a dequantisation that other warps can do.
 
-kernel_gluon_fp8.py runs everything in the same eight warps: per 64-row tile they wait for the
+The single-partition FP8 loop it replaced (kernel_gluon_fp8.py, now in history) ran everything
+in the same eight warps: per 64-row tile they wait for the
 staged bytes, dequantise, run QK, the softmax and PV, one after another (Nsight Compute at B = 64:
 one CTA per SM, 79% of cycles with no eligible warp). Here `gl.warp_specialize` splits the CTA:
 
@@ -16,35 +17,33 @@ one CTA per SM, 79% of cycles with no eligible warp). Here `gl.warp_specialize` 
   (bf16 already) goes by cp.async straight into the tile's last 64 columns. A tile is handed over
   with an mbarrier (`full`);
 - the default partition (8 warps, two warpgroups, 208 registers): q into shared memory once, then
-  per tile the QK wgmma, the online softmax and the PV wgmma of kernel_gluon_fp8.py, releasing the
+  per tile the QK wgmma, the online softmax and the PV wgmma (gluon_blocks._tile_products), releasing the
   tile with an mbarrier (`empty`) as soon as PV has read it.
 
 Few wide shared-memory operations, not many narrow ones: Triton's barrier analysis puts a bar.sync
 before every store (and cp.async) into an allocation another one wrote since the last barrier,
 whatever the slices; seven 64-column stores and copies a sub-tile gave 86 bar.sync and no gain
-over kernel_gluon_fp8.py on the H200, the wide form 34 and 1.08x at B = 64.
+over the single-partition loop on the H200, the wide form 34 and 1.08x at B = 64.
 
 Shared memory: q 64 KiB + two bf16 tiles 128 KiB + three 8.1 KiB staging buffers + a ring of four
 tile rows of indices (1 KiB, whatever the rows' width) + the softmax's scratch; a 64-row staging
 buffer would not fit beside two bf16 tiles, hence the sub-tiles. Each program runs its split of
-its request's used slots (kernel_gluon_fp8.split_slots: both partitions loop over a run-time
+its request's used slots (gluon_blocks.split_slots: both partitions loop over a run-time
 number of tiles, so rows sized to SGLang's graph width cost per used slot); the producer keeps
-the index ring filled (`_producer`). Same launch and splits as kernel_gluon_fp8.py; the partials fp32 or bf16, straight or staged
-through the ring (kernel.py's switches; its combine merges them); GPU and Triton 3.6 only,
-switched by kernel.GLUON_FP8_WS.
+the index ring filled (`_producer`). The partials are bf16, written through the ring in whole
+lines; kernel.py's combine merges them. GPU and Triton 3.6 only (dispatch.py).
 Measurements and what bounds it: docs/kernels/mma_attn.md.
 """
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8 import (
-    BLOCK_K, HEADS, IDX_RING_, IDX_SMEM, LN2_, LOG2E_, _NOPE_TILES, _ROPE, _TILE, _split_result, _store_partials,
-    _tile_products, _tile_rows, split_slots, tile_indices,
+from dsv4opt.optimizations.mma_attn.gluon_blocks import (
+    BLOCK_K, HEADS, IDX_RING_, IDX_SMEM, _NOPE_TILES, _ROPE, _TILE, _split_result, _tile_products,
+    _tile_rows, split_slots, tile_indices,
 )
 from dsv4opt.tritonlib import LOG2E
 
@@ -182,17 +181,15 @@ def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_idx, p_
 
 
 @gluon.jit
-def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done,
-              i_b, i_s, n_tiles, stride_qb, stride_ob, stride_oh, H, qk_scale_log2, NSPLIT: gl.constexpr,
-              D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, STAGED: gl.constexpr, MERGE: gl.constexpr,
+def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, n_tiles, stride_qb, H,
+              qk_scale_log2, NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr,
               ABLATE_: gl.constexpr):
     """q into shared memory (not for a split with no tile), then per ring tile (n_tiles, run-time)
     QK, the online softmax (base 2, masked slots at -inf; tile t's indices in row t % IDX_RING of
     idx_smem, which the producer filled before handing the tile over) and PV as in
-    kernel_gluon_fp8.py; writes split i_s's partials (o = 0, lse -inf for a split with no tile) (in o_part's dtype; with
-    STAGED through the ring, in whole lines), or with MERGE `_store_or_merge`'s (p_sink to
-    stride_oh are read only there). Shared by the FP8 and bf16 warp-specialised loops: only their producers
-    differ."""
+    gluon_blocks._tile_products; writes split i_s's partials (lse -inf and o unwritten for a split with no
+    tile) in o_part's dtype (bf16) through the ring, in whole lines (`_store_partials_staged`). Shared
+    by the FP8 and bf16 warp-specialised loops: only their producers differ."""
     LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
     O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
@@ -223,20 +220,15 @@ def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_
         o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
         row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
         gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_acc, mask=(o_ho == 0)[:, None])
-    elif MERGE:
-        _store_or_merge(ring, q_smem, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done, b_acc, b_m, b_l,
-                        i_b, i_s, stride_ob, stride_oh, H, NSPLIT, BH, D, BK)
-    elif STAGED:  # an idle split's o is left unwritten: its lse is -inf and kernel.py's combine skips it
+    else:  # an idle split's o is left unwritten: its lse is -inf and kernel.py's combine skips it
         _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK,
                                n_tiles > 0)
-    else:
-        _store_partials(p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK, n_tiles > 0)
 
 
 @gluon.jit
 def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr,
                            BH: gl.constexpr, D: gl.constexpr, BK: gl.constexpr, store_o):
-    """kernel_gluon_fp8._store_partials through shared memory: o (normalised, in o_part's dtype)
+    """A split's partials through shared memory: o (normalised, in o_part's dtype)
     into the ring, free once both warpgroups' last PV is done, then out 16 bytes a thread, a warp
     writing 512 contiguous bytes of one row. Stored straight from the accumulator's layout, a warp
     instruction writes 32 bytes (fp32) or 16 (bf16) of each of eight rows. The lse always; o only
@@ -258,100 +250,6 @@ def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s
         o_d = gl.arange(0, D, layout=gl.SliceLayout(0, OUT))
         row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_h
         gl.store(p_o_part + row_part[:, None] * D + o_d[None, :], stage.load(OUT))
-
-
-@gluon.jit
-def _store_or_merge(ring, q_smem, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done, b_acc, b_m, b_l, i_b,
-                    i_s, stride_ob, stride_oh, H, NSPLIT: gl.constexpr, BH: gl.constexpr, D: gl.constexpr,
-                    BK: gl.constexpr):
-    """The split merge in the request's last program, its own split kept on chip.
-
-    Each program takes a ticket in p_ticket[i_b] when its loop is done. Those before the last store
-    their bf16 partials (staged, as without MERGE) and count them in p_done[i_b]. The last one waits
-    until p_done says NSPLIT - 1, then:
-    - copies another split's partial (64 KiB) by cp.async into q's buffer, free after the last QK:
-      every load in flight at once, none behind a store (a first form read the partials with
-      loads in the accumulator's column slices, each slice's loads behind the previous slice's
-      stores: 31.2 against 30.1 µs with the combine at B = 64);
-    - meanwhile stages its own o, weighted, in fp32 in the ring;
-    - adds each other split's weighted o to it, and the last one's sum goes out as o [B, H, D],
-      with lse [B, H] (natural log), the weights as in kernel.py's combine (the sink included);
-    - puts both counts back to 0 for the next launch.
-
-    No deadlock: the last program waits only for programs that already took a ticket, so are
-    resident and past their loop. Ordering: a partition barrier puts every thread's partial stores
-    before the one-thread release add; the spinning thread's acquire comes before the barrier
-    after which any thread reads another program's partials (through L2: lse by .cg loads, o by
-    cp.async). That barrier is the one Triton's lowering of a scalar atomic puts between the one
-    thread's load and the broadcast of its result (checked in the PTX for sm_90a, Triton 3.6)."""
-    gl.static_assert(NSPLIT > 1)
-    gl.static_assert(p_o_part.dtype.element_ty == gl.bfloat16)  # one split's partial fits q's buffer
-    ticket = gl.atomic_add(p_ticket + i_b, 1, sem="relaxed", scope="gpu")
-    if ticket < NSPLIT - 1:  # every split's o, idle or not: the last program reads them all
-        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK, True)
-        gl.thread_barrier()  # every thread's stores, before the release
-        gl.atomic_add(p_done + i_b, 1, sem="release", scope="gpu")
-    else:
-        O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                        instr_shape=[16, 256, 16])
-        # 16-byte units XOR-swizzled by row: a warp's store from the accumulator (eight rows, 32
-        # bytes each) hits every bank position twice, the fewest wavefronts for 256 bytes
-        STAGE: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
-        L16: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [gl.num_warps(), 1], [1, 0])  # 16 bytes a thread
-        DC: gl.constexpr = 128  # columns merged at a time: 32 registers a thread per operand
-        M: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [gl.num_warps(), 1], [1, 0])  # a warp: 128 columns of a row
-        HEAD: gl.constexpr = gl.SliceLayout(1, M)
-        row0 = (i_b * NSPLIT).to(gl.int64) * H  # split 0's first row of [B * NSPLIT * H]
-        o_hc = gl.arange(0, BH, layout=gl.SliceLayout(1, L16))
-        o_dc = gl.arange(0, D, layout=gl.SliceLayout(0, L16))
-        while gl.atomic_add(p_done + i_b, 0, sem="acquire", scope="gpu") < NSPLIT - 1:
-            pass
-        gl.store(p_ticket + i_b, 0)  # no program of this launch touches either count again
-        gl.store(p_done + i_b, 0)
-        s_first = (i_s <= 0).to(gl.int32)  # the first split that is not this one
-        cp.async_copy_global_to_shared(q_smem, p_o_part + (row0 + s_first * H + o_hc)[:, None] * D + o_dc[None, :])
-        cp.commit_group()
-
-        o_h = gl.arange(0, BH, layout=HEAD)
-        o_c = gl.arange(0, DC, layout=gl.SliceLayout(0, M))
-        m_any = b_l > 0
-        b_lse_own = gl.where(m_any, b_m + gl.log2(gl.where(m_any, b_l, 1.0)), float("-inf"))  # [BH] base 2
-        b_sink = gl.load(p_sink + o_h).to(gl.float32) * LOG2E_  # [BH] base 2
-        b_top = gl.maximum(b_sink, gl.convert_layout(b_lse_own, HEAD))  # the sink keeps it finite
-        for j in gl.static_range(NSPLIT - 1):
-            s = j + (i_s <= j).to(gl.int32)  # the other splits in turn
-            b_top = gl.maximum(b_top, gl.load(p_lse_part + row0 + s * H + o_h, cache_modifier=".cg"))
-        b_den = gl.exp2(b_sink - b_top) + gl.exp2(gl.convert_layout(b_lse_own, HEAD) - b_top)  # [BH]
-        for j in gl.static_range(NSPLIT - 1):
-            s = j + (i_s <= j).to(gl.int32)
-            b_den += gl.exp2(gl.load(p_lse_part + row0 + s * H + o_h, cache_modifier=".cg") - b_top)
-        # own o times its weight over the denominator: b_acc / l * 2^(lse_own - top) / den
-        w_own = gl.where(m_any, gl.exp2(b_m - gl.convert_layout(b_top, b_m.type.layout)), 0.0)
-        scale_own = w_own / gl.convert_layout(b_den, b_m.type.layout)
-        stage = ring._reinterpret(gl.float32, [BH, D], STAGE)
-        gl.thread_barrier()  # both warpgroups' last PV has read the ring
-        stage.store(b_acc * gl.convert_layout(scale_own, gl.SliceLayout(1, O_MMA))[:, None])
-
-        for j in gl.static_range(NSPLIT - 1):
-            s = j + (i_s <= j).to(gl.int32)
-            b_w = gl.exp2(gl.load(p_lse_part + row0 + s * H + o_h, cache_modifier=".cg") - b_top) / b_den  # [BH]
-            cp.wait_group(0)
-            gl.thread_barrier()  # split s's partial in q's buffer and the stage, for every thread
-            for c in gl.static_range(D // DC):
-                b_o = stage.slice(c * DC, DC, dim=1).load(M)
-                b_o += q_smem.slice(c * DC, DC, dim=1).load(M).to(gl.float32) * b_w[:, None]
-                if j == NSPLIT - 2:
-                    p_out = p_o + i_b * stride_ob + o_h[:, None] * stride_oh + (c * DC + o_c)[None, :]
-                    gl.store(p_out, b_o.to(p_o.dtype.element_ty))
-                else:
-                    stage.slice(c * DC, DC, dim=1).store(b_o)
-            if j < NSPLIT - 2:
-                gl.thread_barrier()  # every thread past q's buffer before the next split's copy
-                s_next = (j + 1) + (i_s <= j + 1).to(gl.int32)
-                cp.async_copy_global_to_shared(q_smem, p_o_part + (row0 + s_next * H + o_hc)[:, None] * D
-                                               + o_dc[None, :])
-                cp.commit_group()
-        gl.store(p_lse + i_b * H + o_h, (b_top + gl.log2(b_den)) * LN2_)
 
 
 @gluon.jit
@@ -380,19 +278,17 @@ def _ring_barriers():
 
 @gluon.jit
 def gluon_fp8_ws_sparse_decode_kernel(
-    p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket, p_done,
-    stride_qb, stride_iw, stride_ix, stride_ob, stride_oh, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
+    p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part,
+    stride_qb, stride_iw, stride_ix, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
     KW: gl.constexpr, KX: gl.constexpr, NSPLIT: gl.constexpr,
     PS_W: gl.constexpr, PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr,
     D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr, SUB_: gl.constexpr, NST: gl.constexpr,
-    PRODUCER_REGS_: gl.constexpr, STAGED: gl.constexpr, MERGE: gl.constexpr, ABLATE_: gl.constexpr,
+    PRODUCER_REGS_: gl.constexpr, ABLATE_: gl.constexpr,
 ):
     """One program: request i_b, all BH heads, split i_s of the request's used slots of the KW
-    window slots then the KX compressed-cache slots (kernel_gluon_fp8's contract); writes split i_s of
-    o_part [B, NSPLIT, H, D] (fp32 or bf16) and lse_part [B, NSPLIT, H] fp32 (base 2). MERGE: the
-    request's last program merges the splits and the sink [H] into o [B, H, D] and lse [B, H]
-    (`_store_or_merge`, counts p_ticket and p_done [B] int32, zero at launch); without it p_sink to
-    stride_oh are not read."""
+    window slots then the KX compressed-cache slots (gluon_blocks.split_slots); writes split i_s of
+    o_part [B, NSPLIT, H, D] bf16 and lse_part [B, NSPLIT, H] fp32 (base 2), which kernel.py's combine
+    merges with the sink."""
     gl.static_assert(gl.num_warps() == 8)
     gl.static_assert(BK == 64)
     gl.static_assert(D == _NOPE_TILES * _TILE + _ROPE)
@@ -411,9 +307,8 @@ def gluon_fp8_ws_sparse_decode_kernel(
     gl.thread_barrier()  # the initialised barriers, before the partitions start
 
     gl.warp_specialize(
-        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, p_sink, p_o, p_lse, p_ticket,
-                      p_done, i_b, i_s, n_tiles, stride_qb, stride_ob, stride_oh, H, qk_scale_log2, NSPLIT, D, BH, BK,
-                      STAGED, MERGE, ABLATE_)),
+        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, n_tiles, stride_qb, H,
+                      qk_scale_log2, NSPLIT, D, BH, BK, ABLATE_)),
          (_producer, (ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_idx, p_kv8, p_kv16, p_kv32, i_b, start,
                       end, n_w, n_tiles, stride_iw, stride_ix, idx_x_delta, x_delta, PS_W, PB_W, PS_X, PB_X, BK, SUB_,
                       NST, ABLATE_))],
@@ -421,12 +316,10 @@ def gluon_fp8_ws_sparse_decode_kernel(
 
 
 def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths,
-                                        o_part, lse_part, nsplit: int, scale: float,
-                                        staged: bool = False, merge: tuple | None = None) -> None:
-    """kernel_gluon_fp8.gluon_fp8_sparse_decode_partials, warp-specialised; o_part fp32 or bf16,
-    `staged`: o written out through shared memory in whole lines. `merge` (sink, o, lse, counts
-    [2, B] int32 zeros): the request's last program merges the splits into o and lse
-    (`_store_or_merge`; the others' partials go staged), no combine needed."""
+                                        o_part, lse_part, nsplit: int, scale: float) -> None:
+    """One launch over the FP8 window cache then the FP8 compressed cache (at fixed offsets from it,
+    operands.extra_offsets): o_part [B, nsplit, 64, 512] bf16 and lse_part [B, nsplit, 64] fp32
+    (base 2) for kernel.py's combine."""
     from dsv4opt.optimizations.mma_attn.operands import extra_offsets
 
     B, H, D = q.shape
@@ -438,22 +331,11 @@ def gluon_fp8_ws_sparse_decode_partials(q, swa, swa_indices, swa_lengths, extra,
                                                                      extra_indices, extra_lengths)
     gluon_fp8_ws_sparse_decode_kernel[(B, 1, nsplit)](
         p_q=q, p_kv8=kvu8, p_kv16=kv16, p_kv32=kvu8.view(torch.int32), p_idx=swa_indices, p_len=swa_lengths,
-        p_o_part=o_part, p_lse_part=lse_part, **merge_args(merge, lse_part), stride_qb=q.stride(0),
+        p_o_part=o_part, p_lse_part=lse_part, stride_qb=q.stride(0),
         stride_iw=swa_indices.stride(0), stride_ix=stride_ix, H=H, qk_scale_log2=scale * LOG2E, x_delta=x_delta, idx_x_delta=idx_x_delta,
         len_x_delta=len_x_delta, KW=swa_indices.shape[1], KX=kx, NSPLIT=nsplit,
         PS_W=L.page_size, PB_W=L.page_bytes, PS_X=LX.page_size, PB_X=LX.page_bytes,
-        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS, STAGED=staged or merge is not None,
+        D=D, BH=H, BK=BLOCK_K, SUB_=SUB, NST=NUM_STAGE, PRODUCER_REGS_=PRODUCER_REGS,
         ABLATE_=ABLATE, num_warps=8,
     )
 
-
-def merge_args(merge: tuple | None, lse_part: torch.Tensor) -> dict:
-    """The warp-specialised kernels' merge arguments: MERGE and its pointers and strides from
-    `merge` (sink, o, lse, counts [2, B]), or with None stand-ins that the kernel does not read."""
-    if merge is None:
-        return dict(p_sink=lse_part, p_o=lse_part, p_lse=lse_part, p_ticket=lse_part, p_done=lse_part,
-                    stride_ob=0, stride_oh=0, MERGE=False)
-    sink, o, lse, counts = merge
-    assert counts.shape == (2, o.shape[0]) and counts.dtype == torch.int32, counts.shape
-    return dict(p_sink=sink, p_o=o, p_lse=lse, p_ticket=counts[0], p_done=counts[1], stride_ob=o.stride(0),
-                stride_oh=o.stride(1), MERGE=True)
