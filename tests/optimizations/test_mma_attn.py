@@ -284,6 +284,18 @@ def test_lse_without_sink_fails_the_check_when_the_flag_is_ignored(tiles):
     assert torch.isposinf(without[0]).all() and torch.allclose(with_sink[0], x.sink, atol=1e-6)
 
 
+def _combine_kernel(o_part, lse_part, sink, split_loop, **flags):
+    """The combine kernel launched straight (one program a request and head) into NaN-filled o, lse."""
+    B, S, H, D = o_part.shape
+    o = torch.full((B, H, D), float("nan"))
+    lse = torch.full((B, H), float("nan"))
+    kernel._attn_combine_splits_kernel[(B, H)](
+        p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse, stride_ob=o.stride(0),
+        stride_oh=o.stride(1), H=H, NSPLIT=S, NS_P=triton.next_power_of_2(S), D=D, D_P=D,
+        SPLIT_LOOP=split_loop, **flags)
+    return o, lse
+
+
 @on_cpu
 @pytest.mark.parametrize("split_loop", [False, True], ids=["tile", "split-loop"])
 def test_the_combine_without_the_sink_merges_the_splits_lse_alone(split_loop):
@@ -302,12 +314,7 @@ def test_the_combine_without_the_sink_merges_the_splits_lse_alone(split_loop):
     ref = torch.where(torch.isneginf(ref), torch.full_like(ref, float("inf")), ref)
     outs = {}
     for with_sink in (True, False):
-        o = torch.full((B, H, D), float("nan"))
-        lse = torch.full((B, H), float("nan"))
-        kernel._attn_combine_splits_kernel[(B, H)](
-            p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse, stride_ob=o.stride(0),
-            stride_oh=o.stride(1), H=H, NSPLIT=S, NS_P=triton.next_power_of_2(S), D=D, D_P=D,
-            SPLIT_LOOP=split_loop, LSE_WITH_SINK=with_sink)
+        o, lse = _combine_kernel(o_part, lse_part, sink, split_loop, LSE_WITH_SINK=with_sink)
         outs[with_sink] = (o, lse)
     assert_lse_of_scores(outs[False][1], ref, tol=1e-6)
     assert torch.equal(outs[False][0], outs[True][0]) and not torch.isnan(outs[False][0]).any()
@@ -821,8 +828,6 @@ def test_the_combine_s_split_loop_and_tile_forms_agree_with_a_torch_merge():
     """kernel.py's combine in both forms (SPLIT_LOOP for bf16 partials, the tile for fp32) against
     the merge written out in torch: weights 2^(lse_s - top), the sink in the denominator, an empty
     split (lse -inf) weighing nothing, 5 splits (not a power of two)."""
-    import triton
-
     gen = torch.Generator().manual_seed(3)
     B, S, H, D = 2, 5, 4, 64
     lse_part = torch.randn(B, S, H, generator=gen) * 3
@@ -837,12 +842,7 @@ def test_the_combine_s_split_loop_and_tile_forms_agree_with_a_torch_merge():
         ref_o = (o_part.double() * w[..., None].double()).sum(1) / den[..., None].double()
         ref_lse = (top + torch.log2(den)) * kernel.LN2
         for split_loop in (False, True):
-            o = torch.full((B, H, D), float("nan"))
-            lse = torch.full((B, H), float("nan"))
-            kernel._attn_combine_splits_kernel[(B, H)](
-                p_o_part=o_part, p_lse_part=lse_part, p_sink=sink, p_o=o, p_lse=lse, stride_ob=o.stride(0),
-                stride_oh=o.stride(1), H=H, NSPLIT=S, NS_P=triton.next_power_of_2(S), D=D, D_P=D,
-                SPLIT_LOOP=split_loop)
+            o, lse = _combine_kernel(o_part, lse_part, sink, split_loop)
             assert torch.allclose(o.double(), ref_o, rtol=1e-5, atol=1e-6), (dtype, split_loop)
             assert torch.allclose(lse, ref_lse, rtol=1e-5, atol=1e-5), (dtype, split_loop)
 
