@@ -120,7 +120,7 @@ def test_run_peers_wiring_on_a_cpu(monkeypatch):
     """run_peers end to end with the GPU parts stood in for (caches on the CPU, timing by one call,
     FlashMLA 1.0.0 by the float64 reference in FlashMLA's convention): every callable checked, then
     timed; a wrong result is not timed. The speed itself is the H200's to measure."""
-    from dsv4opt.optimizations.mma_attn import bench
+    from dsv4opt.optimizations.mma_attn import bench_inputs
 
     s, swa, extra = inputs(seed=3, widths=(32, 48))  # the wiring, not the kernel: few slots keep the interpreter quick
     calls = []
@@ -138,9 +138,9 @@ def test_run_peers_wiring_on_a_cpu(monkeypatch):
             o, _, bare = P.reference(s, swa, extra, SCALE)
             return o.to(torch.bfloat16).unsqueeze(1), bare.float().unsqueeze(-1)
 
-    monkeypatch.setattr(bench, "window_cache", lambda kv, batch, gen: swa)
-    monkeypatch.setattr(bench, "input_sets", lambda batch, swa_, extra_, gen: [s, s])
-    monkeypatch.setattr(bench, "median_graph_ms", lambda fn: (fn(), fn(), 0.001)[-1])
+    monkeypatch.setattr(bench_inputs, "window_cache", lambda kv, batch, gen: swa)
+    monkeypatch.setattr(bench_inputs, "input_sets", lambda batch, swa_, extra_, gen: [s, s])
+    monkeypatch.setattr(P.timing, "median_graph_ms", lambda fn: (fn(), fn(), 0.001)[-1])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(P, "shipped_flash_mla", lambda: (FakeFlashMLA, "yes"))
     monkeypatch.setattr(P, "_poison_allocator", lambda *shapes: set())

@@ -12,7 +12,6 @@ would otherwise find a B = 32 call's 21 MB of rows still in L2).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
@@ -21,21 +20,14 @@ import torch
 from dsv4opt.errors import DsvOptError
 from dsv4opt.optimizations.registry import CheckResult
 from dsv4opt.optimizations.timing import L2_SPAN, MAX_SETS, copy_bandwidth_gbps, median_graph_ms, sets_needed  # noqa: F401
+from dsv4opt.optimizations.mma_attn.bench_inputs import (  # noqa: F401  (the benchmarks/ scripts read them here)
+    DIM, EXTRA_PAGE, HEADS, POOL_GB, ROPE, TILE, TOPK, WINDOW, WINDOW_PAGE, bench_inputs, input_sets, pool_cache,
+    rotating, window_cache,
+)
 from dsv4opt.workload.config import ModelConfig
 
-# dsv4-flash attention (docs/kernels/mma_attn.md): 64 heads, latent 512 (448 nope + 64 rope),
-# top-512 compressed entries plus the 128-token window, each in its own cache.
 _CFG = ModelConfig.from_name("dsv4-flash")
-HEADS = _CFG.heads
-DIM = _CFG.head_dim
-ROPE = _CFG.rope_dim
-TILE = _CFG.kv_tile
-TOPK = _CFG.index_topk
-WINDOW = _CFG.window
-WINDOW_PAGE = _CFG.window_page
-EXTRA_PAGE = _CFG.extra_page("csa")
 BATCHES = (1, 16, 32, 64)
-POOL_GB = 4.0
 _median_graph_ms = median_graph_ms
 # The graph-width case: SGLang's CUDA-graph decode sizes the HCA layers' compressed-cache index
 # rows to context_len / 128 (1,048,576 / 128 = 8192 slots at the model's maximum context, the
@@ -115,54 +107,6 @@ def matmul_tflops(n: int = 8192) -> float:
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def _layout(kv: str, page: int):
-    from dsv4opt.workload.kvcache import KVLayout
-
-    return KVLayout(kv == "fp8", DIM - ROPE, ROPE, TILE, page)
-
-
-def pool_cache(kv: str, gen: torch.Generator, pool_gb: float = POOL_GB, device="cuda"):
-    """The compressed cache the timed calls gather from: pool_gb of random rows, far above L2."""
-    from dsv4opt.workload.kvcache import KVCache
-
-    layout = _layout(kv, EXTRA_PAGE)
-    cache = KVCache.allocate(layout, int(pool_gb * 2**30) // (layout.token_bytes * EXTRA_PAGE), torch.bfloat16, device)
-    cache.fill_random(gen)
-    return cache
-
-
-def window_cache(kv: str, batch: int, gen: torch.Generator, device="cuda"):
-    """A window cache of one page per request, random rows."""
-    from dsv4opt.workload.kvcache import KVCache
-
-    cache = KVCache.allocate(_layout(kv, WINDOW_PAGE), batch, torch.bfloat16, device)
-    cache.fill_random(gen)
-    return cache
-
-
-def bench_inputs(batch: int, swa, extra, gen: torch.Generator):
-    """Inputs for one batch size: distinct random tokens of each cache per request, every slot used."""
-    def pick(cache, width):
-        n = cache.tokens
-        idx = torch.stack([torch.randperm(n, device="cuda", generator=gen)[:width] for _ in range(batch)])
-        return idx.to(torch.int32), torch.full((batch,), width, device="cuda", dtype=torch.int32)
-
-    q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-    sink = torch.randn(HEADS, device="cuda", generator=gen)
-    return (q, *pick(swa, WINDOW), *pick(extra, TOPK), sink)
-
-
-def input_sets(batch: int, swa, extra, gen: torch.Generator) -> list[tuple]:
-    """Independent input sets that together select L2_SPAN times the L2's size in KV rows."""
-    per_call = batch * (TOPK + WINDOW) * extra.layout.token_bytes
-    l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size
-    sets = [bench_inputs(batch, swa, extra, gen) for _ in range(sets_needed(per_call, l2_bytes))]
-    # do_bench_cudagraph runs on a stream of its own, with no wait on this one: without this the
-    # first calls can read indices that randperm has not written yet, and gather past the pool.
-    torch.cuda.synchronize()
-    return sets
-
-
 def graph_inputs(batch: int, width: int, used: int, swa, extra, gen: torch.Generator):
     """bench_inputs' window, and compressed-cache rows `width` wide of which the first `used` hold
     distinct random tokens and the rest -1 (SGLang's graph-width metadata), lengths `used`."""
@@ -200,18 +144,6 @@ def graph_width_rows(batches: Sequence[int], swa_for: Callable[[int], object], e
             ))
             del sets
     return rows
-
-
-def rotating(fn: Callable, swa, extra, sets: list[tuple], scale: float) -> Callable[[], object]:
-    """A call of fn on the next input set each time; a graph captured over many calls keeps the
-    order, so its replays cycle through the sets too."""
-    cycle = itertools.cycle(sets)
-
-    def call():
-        q, swa_idx, swa_len, idx, lengths, sink = next(cycle)
-        return fn(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale)
-
-    return call
 
 
 def torch_path(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale):

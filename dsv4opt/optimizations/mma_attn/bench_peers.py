@@ -36,7 +36,8 @@ from typing import Callable
 
 import torch
 
-from dsv4opt.optimizations.mma_attn import bench
+from dsv4opt.optimizations import timing
+from dsv4opt.optimizations.mma_attn import bench_inputs as inputs
 from dsv4opt.optimizations.mma_attn import sglang_contract as C
 
 # Relative: largest error over the largest reference magnitude. lse is fp32 in every kernel (the
@@ -179,8 +180,8 @@ def run_peers(batches, extra, gen: torch.Generator, scale: float,
     result = PeerResult(available={MMA: "yes", SLOT: "yes", SHIPPED: shipped_why, SOURCE: anchor_why})
     for batch in batches:
         on_step(f"peers, B = {batch}")
-        swa = bench.window_cache("fp8", batch, gen)
-        sets = bench.input_sets(batch, swa, extra, gen)
+        swa = inputs.window_cache("fp8", batch, gen)
+        sets = inputs.input_sets(batch, swa, extra, gen)
         o_ref, lse_ref, bare_ref = reference(sets[0], swa, extra, scale)
         err, poisoned, us = {}, {}, {}
         q, swa_idx, swa_len, idx, lengths, sink = sets[0]
@@ -189,7 +190,7 @@ def run_peers(batches, extra, gen: torch.Generator, scale: float,
             ok = _check(MMA, lambda: mma_attention(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale),
                         (o_ref, lse_ref), err, poisoned)
         if ok:
-            us[MMA] = bench.median_graph_ms(bench.rotating(mma_attention, swa, extra, sets, scale)) * 1e3
+            us[MMA] = timing.median_graph_ms(inputs.rotating(mma_attention, swa, extra, sets, scale)) * 1e3
 
         slot_calls = [backend_kwargs(s, swa, extra, scale, meta=None) for s in sets]
         with nan_poisoned_allocations():
@@ -203,7 +204,7 @@ def run_peers(batches, extra, gen: torch.Generator, scale: float,
                              for s in sets]
             for kw in shipped_calls:  # each set's schedule, filled by its first call, outside the timing
                 flash_mla.flash_mla_with_kvcache(**kw)
-            baits = _poison_allocator(((batch, 1, bench.HEADS, C.DIM), torch.bfloat16), ((batch, bench.HEADS, 1), torch.float32))
+            baits = _poison_allocator(((batch, 1, inputs.HEADS, C.DIM), torch.bfloat16), ((batch, inputs.HEADS, 1), torch.float32))
             ok = _check(SHIPPED, lambda: _squeezed(flash_mla.flash_mla_with_kvcache(**shipped_calls[0])),
                         (o_ref, bare_ref), err, poisoned,
                         poisoned=lambda out: {out[0].data_ptr(), out[1].data_ptr()} <= baits)
@@ -217,7 +218,7 @@ def run_peers(batches, extra, gen: torch.Generator, scale: float,
             fm.lse.fill_(float("nan"))
             ok = _check(SOURCE, lambda: fm.call(0), (o_ref, bare_ref), err, poisoned)
             if ok:
-                us[SOURCE] = bench.median_graph_ms(lambda: fm.call()) * 1e3
+                us[SOURCE] = timing.median_graph_ms(lambda: fm.call()) * 1e3
         result.rows.append(PeerRow(batch, len(sets), err, poisoned, us))
     return result
 
@@ -230,7 +231,7 @@ def _squeezed(out: tuple) -> tuple:
 def _time_cycle(fn: Callable[[dict], object], calls: list[dict]) -> float:
     """Median µs of fn over the calls in turn, replayed as a CUDA graph."""
     cycle = itertools.cycle(calls)
-    return bench.median_graph_ms(lambda: fn(next(cycle))) * 1e3
+    return timing.median_graph_ms(lambda: fn(next(cycle))) * 1e3
 
 
 def render(result: PeerResult):
