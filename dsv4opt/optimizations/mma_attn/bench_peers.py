@@ -1,6 +1,7 @@
 """mma-attn beside FlashMLA, in one run on the same inputs: `dsv4opt bench mma-attn` (FP8 cache).
 
-Four callables, each on the rotating input sets of the main bench (bench.py) over the same 4 GB pool:
+Four callables, each on the rotating input sets the main bench times (bench_inputs.py), over the
+same 4 GB pool:
 
 - "mma-attn": the kernel (`mma_attention`), as the main table times it;
 - "mma-attn slot": the drop-in in SGLang 0.5.23's Hopper slot (`sglang_entry.flash_mla_with_kvcache`),
