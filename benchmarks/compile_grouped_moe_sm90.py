@@ -25,7 +25,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from dsv4opt.optimizations.grouped_moe import configs, kernel  # noqa: E402
+from dsv4opt.workload.kernels import grouped_moe as kernel  # noqa: E402
+from dsv4opt.workload.kernels import grouped_moe_configs as configs  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 D16 = [["tt.divisibility", 16]]

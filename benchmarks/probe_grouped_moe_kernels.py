@@ -19,7 +19,7 @@ from collections import defaultdict
 import torch
 
 from dsv4opt.optimizations.grouped_moe import bench
-from dsv4opt.optimizations.grouped_moe.kernel import grouped_routed_experts
+from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
 from dsv4opt.optimizations.timing import copy_bandwidth_gbps
 
 

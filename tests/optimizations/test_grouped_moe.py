@@ -12,7 +12,9 @@ import torch
 
 from dsv4opt.errors import DsvOptError
 from dsv4opt.numerics import error_report
-from dsv4opt.optimizations.grouped_moe import configs, kernel, layout
+from dsv4opt.workload.kernels import grouped_moe as kernel
+from dsv4opt.workload.kernels import grouped_moe_configs as configs
+from dsv4opt.workload.kernels import grouped_moe_layout as layout
 from dsv4opt.optimizations.grouped_moe.cases import MoeCase, interpreter_cases, make_inputs
 from dsv4opt.workload import quant
 from dsv4opt.workload.baseline import routed_experts_sm120

@@ -184,8 +184,8 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
         raise DsvOptError("dsv4opt bench grouped-moe needs a CUDA GPU (on a CPU only the correctness check runs, under Triton's interpreter)")
     from dsv4opt.optimizations.grouped_moe import anchor
     from dsv4opt.optimizations.grouped_moe.check import check
-    from dsv4opt.optimizations.grouped_moe.configs import choose
-    from dsv4opt.optimizations.grouped_moe.kernel import grouped_routed_experts, route
+    from dsv4opt.workload.kernels.grouped_moe_configs import choose
+    from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts, route
     from dsv4opt.optimizations.timing import copy_bandwidth_gbps
     from dsv4opt.workload.baseline import routed_experts_sm120
     from dsv4opt.workload.kernels import naive
@@ -253,8 +253,8 @@ def run_sweep(concurrencies: Sequence[int] = CONCURRENCIES, layouts: Sequence[st
     """Each candidate config (configs.candidates) of each layout and concurrency: checked against the
     float64 definition on the first input set, then timed as the bench times. Diagnostic: the table
     in configs.py is edited by hand from what this prints."""
-    from dsv4opt.optimizations.grouped_moe.configs import candidates, choose
-    from dsv4opt.optimizations.grouped_moe.kernel import grouped_routed_experts
+    from dsv4opt.workload.kernels.grouped_moe_configs import candidates, choose
+    from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
     from dsv4opt.optimizations.timing import copy_bandwidth_gbps
     from dsv4opt.workload.kernels import naive
 

@@ -22,12 +22,12 @@ NAME = "grouped-moe"
 # bf16 rounding of the activation rows and of the output (2^-9 relative each) and fp32 sums: a few
 # 1e-3 in the norm; a slot dropped, doubled or sent to the wrong expert moves a row by O(1).
 REL_TOL = 1e-2
-_KERNEL_MODULES = ("dsv4opt.optimizations.grouped_moe.kernel", "dsv4opt.workload.kernels.moe")
+_KERNEL_MODULES = ("dsv4opt.workload.kernels.grouped_moe", "dsv4opt.workload.kernels.moe")
 
 
 def run_case(case: MoeCase, device: torch.device, dtype: torch.dtype, seed: int = 0, impl=None) -> dict:
     """Errors of grouped-moe (or `impl`) and of the baseline on one case, as plain figures."""
-    from dsv4opt.optimizations.grouped_moe.kernel import grouped_routed_experts
+    from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
     from dsv4opt.optimizations.grouped_moe.naive import routed_experts
     from dsv4opt.workload.baseline import routed_experts_sm120
 

@@ -1,19 +1,23 @@
 """Grouped MXFP4 routed experts: each local expert's slots once, weights on the tensor core's wide side.
 
-Stands in for the `routed_experts` slot (SGLang's `mxfp4_moe_forward_triton`: one CUDA-core GEMV per
-(token, expert) slot). Four launches, fixed shapes, no host synchronisation (CUDA-graph safe):
+The grouped-moe optimisation's `routed_experts` implementation on the sm_120 path (in place of
+SGLang's `mxfp4_moe_forward_triton`: one CUDA-core GEMV per (token, expert) slot), and on the Hopper
+path of SGLang 0.5.23 the stand-in for FlashInfer's CUTLASS W4A16 grouped MoE, which builds only
+with nvcc at run time (dsv4opt/workload/paths.py). Four launches, fixed shapes, no host
+synchronisation (CUDA-graph safe):
 
 1. `route` (one program, atomics): the slots on this rank grouped by expert into tiles of BM slots;
    other ranks' slots (-1) dropped; the tile count left on the device.
 2. gate/up (`_moe_up_kernel`, persistent): per work item (tile, BN rows of gate and of up, K split),
-   the expert's weights in the production layout (`layout.py`) decoded by shifts and masks into bf16
-   pairs with the e8m0 scale folded into one bf16x2 multiply, multiplied as the MMA's A operand
+   the expert's weights in the production layout (`grouped_moe_layout.py`) decoded by shifts and
+   masks into bf16 pairs with the e8m0 scale folded into one bf16x2 multiply, multiplied as the MMA's A operand
    (BN wide) against the tile's gathered tokens (BM narrow); the clamped SwiGLU in the epilogue, or
    fp32 partial sums when K is split (the down kernel sums them and applies the SwiGLU).
 3. down (`_moe_down_kernel`, persistent): the same against w2, fp32 rows per slot (per K split).
 4. combine: each token's slots (and splits) summed with their gates.
 
-Tile choices come from `configs.py`. Maths, bytes and floors: docs/optimizations/grouped_moe.md.
+Tile choices come from `grouped_moe_configs.py`. Maths, bytes and floors:
+docs/optimizations/grouped_moe.md.
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4opt.optimizations.grouped_moe.configs import MoeConfig, choose
-from dsv4opt.optimizations.grouped_moe.layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES, PackedExperts, packed_experts
+from dsv4opt.workload.kernels.grouped_moe_configs import MoeConfig, choose
+from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES, PackedExperts, packed_experts
 from dsv4opt.tritonlib import dot_dtype_ok, interpreted, runs_triton
 from dsv4opt.workload.kernels import naive
 from dsv4opt.workload.quant import MXFP4_GROUP
