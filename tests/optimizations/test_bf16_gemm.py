@@ -19,6 +19,7 @@ from dsv4opt.optimizations.bf16_gemm import kernel, naive
 from dsv4opt.optimizations.bf16_gemm.check import ModelSettings, run_check, selection_figures
 from dsv4opt.optimizations.registry import get, implementations
 from dsv4opt.workload.kernels import naive as workload_naive
+from dsv4opt.workload.kernels import indexer_tc
 
 # The package exports the function `check`, which hides the submodule of the same name.
 check_module = importlib.import_module("dsv4opt.optimizations.bf16_gemm.check")
@@ -87,7 +88,7 @@ def test_indexer_emulation_and_baseline_match_float64(B, H, D, S):
     """e4m3 products are exact in fp32, so only fp32 summation error remains, on either path."""
     inp = _indexer_inputs(B, H, D, S)
     args = check_module._to(inp, torch.device("cpu"))
-    for out in (kernel._indexer_logits_emulated(*args), naive.indexer_logits_fp32(*args)):
+    for out in (indexer_tc._indexer_logits_emulated(*args), naive.indexer_logits_fp32(*args)):
         err = error_report(out, _reference(inp))
         assert err.ok(1e-5), err
 
@@ -132,16 +133,26 @@ PREMIX_SIGNATURE = {
 }
 
 
-@pytest.mark.parametrize("name,signature,constexprs", [
-    pytest.param("_indexer_logits_kernel", INDEXER_SIGNATURE,
-                 {"H": 64, "D": 128, "D_P": 128, "BLOCK_S": 64, "BLOCK_H": 64, "DOT_FP16": False}, id="indexer-flash"),
-    pytest.param("_premix_mm_kernel", PREMIX_SIGNATURE,
-                 {"K_PER_SPLIT": 128, "BLOCK_T": 64, "BLOCK_N": 32, "BLOCK_K": 128}, id="premix-64-tokens"),
-    pytest.param("_premix_mm_kernel", PREMIX_SIGNATURE,
-                 {"K_PER_SPLIT": 128, "BLOCK_T": 16, "BLOCK_N": 32, "BLOCK_K": 128}, id="premix-1-token"),
+INDEXER = "dsv4opt.workload.kernels.indexer_tc"
+PREMIX = "dsv4opt.optimizations.bf16_gemm.kernel"
+BF16_MMA = r"mma\S*\.f32\.bf16\.bf16"
+FP8_MMA = r"mma\S*\.f32\.e4m3\.e4m3"
+INDEXER_FLASH = {"H": 64, "D": 128, "D_P": 128, "BLOCK_S": 64, "BLOCK_H": 64}
+
+
+@pytest.mark.parametrize("module,name,signature,constexprs,mma", [
+    pytest.param(INDEXER, "_indexer_logits_kernel", INDEXER_SIGNATURE, {**INDEXER_FLASH, "OPERAND": 1}, BF16_MMA,
+                 id="indexer-flash-bf16"),
+    # the Hopper path's stand-in for DeepGEMM's fp8_paged_mqa_logits: FP8 operands kept
+    pytest.param(INDEXER, "_indexer_logits_kernel", INDEXER_SIGNATURE, {**INDEXER_FLASH, "OPERAND": 2}, FP8_MMA,
+                 id="indexer-flash-fp8"),
+    pytest.param(PREMIX, "_premix_mm_kernel", PREMIX_SIGNATURE,
+                 {"K_PER_SPLIT": 128, "BLOCK_T": 64, "BLOCK_N": 32, "BLOCK_K": 128}, BF16_MMA, id="premix-64-tokens"),
+    pytest.param(PREMIX, "_premix_mm_kernel", PREMIX_SIGNATURE,
+                 {"K_PER_SPLIT": 128, "BLOCK_T": 16, "BLOCK_N": 32, "BLOCK_K": 128}, BF16_MMA, id="premix-1-token"),
 ])
-def test_kernels_compile_to_bf16_tensor_core_mma_on_sm90(name, signature, constexprs):
-    """Compiled ahead of time for an H200 (no GPU needed): bf16 MMAs with fp32 accumulators.
+def test_kernels_compile_to_tensor_core_mma_on_sm90(module, name, signature, constexprs, mma):
+    """Compiled ahead of time for an H200 (no GPU needed): bf16 (or e4m3) MMAs with fp32 accumulators.
 
     In a fresh interpreter without TRITON_INTERPRET: once the interpreter has run a kernel in this
     process, triton.language is patched and a real compile would fail for reasons of its own.
@@ -154,17 +165,17 @@ def test_kernels_compile_to_bf16_tensor_core_mma_on_sm90(name, signature, conste
 import re, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from dsv4opt.optimizations.bf16_gemm import kernel
+import importlib
 sig = dict({signature!r}, **{{k: "constexpr" for k in {constexprs!r}}})
-fn = getattr(kernel, {name!r})
+fn = getattr(importlib.import_module({module!r}), {name!r})
 ptx = triton.compile(ASTSource(fn, sig, constexprs={constexprs!r}), target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-print(bool(re.search(r"mma\\S*\\.f32\\.bf16\\.bf16", ptx)))
+print(bool(re.search({mma!r}, ptx)))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
                           cwd=str(Path(__file__).resolve().parents[2]))
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().lower()), "no bf16 tensor-core MMA with fp32 accumulation"
+    assert json.loads(done.stdout.strip().lower()), f"no tensor-core MMA matching {mma} with fp32 accumulation"
 
 
 def test_references_are_the_workload_baseline():
