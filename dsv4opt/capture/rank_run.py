@@ -32,6 +32,7 @@ from dsv4opt.fileio import check_new_file
 from dsv4opt.optimizations.registry import implementations
 from dsv4opt.workload.config import ModelConfig
 from dsv4opt.workload.layout import Deployment, Layout
+from dsv4opt.workload.paths import DEFAULT_PATH
 from dsv4opt.workload.memory import estimate_memory
 
 GPU_CONFIG, CPU_CONFIG = "dsv4-flash", "dsv4-tiny"
@@ -114,7 +115,7 @@ def run_rank(settings: EmbeddedSettings, plan: RunPlan, trace_path: Path, eager_
             experts_resident=settings.experts_resident, impls=implementations(settings.optimizations),
             seed=settings.seed, dtype=plan.dtype, kv=_kv(settings), max_new_tokens=plan.max_new,
             on_layer=lambda i: progress.advance(), comm=comm, layout=settings.layout,
-            graph_context=plan.graph_context or None,
+            graph_context=plan.graph_context or None, sglang=getattr(settings, "sglang", DEFAULT_PATH),
         )
         # Under DP attention every rank draws the tokens of all ranks and keeps its own, as it does
         # its requests; tensor-parallel ranks all decode the same requests.
@@ -305,6 +306,8 @@ def _meta(settings, wl, plan: RunPlan, device, stamp) -> dict:
         "layers": wl.cfg.layers,
         "experts_resident": wl.experts_resident,
         "layout": wl.deploy.layout,
+        "sglang": wl.path.name,  # the SGLang decode path reproduced (dsv4opt/workload/paths.py)
+        "sglang_family": wl.path.family,
         # what one rank holds and runs: heads (and padded heads), groups, experts and their width
         "deployment": dataclasses.asdict(wl.deploy),
         "graph_context": plan.graph_context,  # 0: index rows as wide as the drawn contexts need

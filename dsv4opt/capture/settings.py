@@ -34,6 +34,7 @@ class EmbeddedSettings:
     trace_dir: Path | None = None  # keep the raw trace here when given
     seed: int = 0
     layout: str = "tp4"  # how the deployment is split (dsv4opt/workload/layout.py): tp4, tp8 or dp-ep
+    sglang: str = "0.5.14"  # the SGLang decode path reproduced (dsv4opt/workload/paths.py)
     # tokens SGLang's decode metadata is sized to: None = the model's context length (SGLang's
     # default), 0 = as wide as the drawn contexts need (the project's profiles before this setting)
     graph_context: int | None = None

@@ -36,7 +36,8 @@ def profile(
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out file.")] = False,
     trace_dir: Annotated[Optional[Path], typer.Option(help="Keep the raw trace(s) here (sglang: where the server writes them).")] = None,
     seed: Annotated[int, typer.Option(help="Embedded: seed for weights and contexts.")] = 0,
-    layout: Annotated[str, typer.Option(help="Embedded: how the deployment is split: tp4 (SGLang's sm_120 recipe: tensor parallel over 4 GPUs), tp8, or dp-ep (DP attention + EP over 8, not an SGLang recipe for sm_120). C is the deployment's requests under tp, one rank's under dp-ep.")] = "tp4",
+    sglang: Annotated[str, typer.Option("--sglang", help="Embedded: the SGLang decode path reproduced: 0.5.14 (its sm_120 path of June 2026, the story's; default) or 0.5.23 (today's Hopper path: FlashMLA itself, FP8 indexer, fused mHC, grouped W4A16 MoE).")] = "0.5.14",
+    layout: Annotated[Optional[str], typer.Option(help="Embedded: how the deployment is split: tp4 (SGLang's sm_120 recipe: tensor parallel over 4 GPUs), tp8, or dp-ep (DP attention + EP over 8, not an SGLang recipe for sm_120); default the recipe of the --sglang path. C is the deployment's requests under tp, one rank's under dp-ep.")] = None,
     graph_context: Annotated[Optional[int], typer.Option(min=0, help="Embedded: tokens SGLang's CUDA-graph decode metadata is sized to (index rows, the indexer's page table); default the model's context length, as SGLang does unless --context-length is set; 0: as wide as the drawn contexts need.")] = None,
     ranks: Annotated[int, typer.Option(min=1, help="Embedded: run the layout's ranks as processes on this host (one GPU each over NCCL, or the CPU over gloo): tp4 with 4, tp8 with 8 (all-reduces), dp-ep with 2, 4 or 8 (each its own C requests, experts/N experts, all-gather and reduce-scatter). 1: one rank alone, communication not run.")] = 1,
     rendezvous_timeout: Annotated[float, typer.Option(min=0.1, help="Embedded, --ranks: seconds the ranks may take to meet before the run is given up.")] = 120.0,
@@ -53,6 +54,7 @@ def profile(
     \b
     Examples:
       dsv4opt profile -c 32 --repeat 5
+      dsv4opt profile -c 32 --sglang 0.5.23
       dsv4opt profile --device cpu --config dsv4-tiny -c 4 --steps 3
       dsv4opt profile --target sglang --url http://127.0.0.1:30000 -c 32
     """
@@ -68,6 +70,7 @@ def profile(
     check_new_file(out, force, "--out")
     if target is Target.embedded:
         from dsv4opt.loop.profiles import profile_embedded
+        from dsv4opt.workload.paths import SGLangPath
         from dsv4opt.report.progress import rich_progress
 
         make_output_folder(trace_dir, "--trace-dir")
@@ -75,7 +78,8 @@ def profile(
             concurrency=concurrency, context=context, steps=steps, warmup=warmup, repeat=repeat, config=config,
             layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv.value,
             optimizations=enabled_optimizations(_split(with_)), out=out, force=force, trace_dir=trace_dir, seed=seed,
-            ranks=ranks, rendezvous_timeout_s=rendezvous_timeout, layout=layout, graph_context=graph_context,
+            ranks=ranks, rendezvous_timeout_s=rendezvous_timeout, layout=layout or SGLangPath.from_name(sglang).layout,
+            graph_context=graph_context, sglang=sglang,
         )
         with rich_progress() as progress:
             prof, path = profile_embedded(settings, progress)

@@ -250,20 +250,31 @@ def speculative(c: Candidate) -> bool:
 
 
 def sglang_version_notes(profile: Profile, cands: list[Candidate]) -> list[str]:
-    """On a profile of an SGLang server, what that version already does (optimizations/sglang_versions.py):
-    a candidate SGLang runs upstream on the profile's GPU family (every family when the profile does
-    not say) is not recommended and says so, and a speed-up on record timed against a kernel that
-    version does not run is not used."""
-    if profile.meta.get("target") != "sglang":
-        return []
+    """On a profile of an SGLang server, or of the embedded workload on another SGLang path than the
+    default, what that version already does (optimizations/sglang_versions.py): a candidate SGLang
+    runs upstream on the profile's GPU family (every family when the profile does not say) is not
+    recommended and says so, and a speed-up on record timed against a kernel that version does not
+    run is not used."""
     from dsv4opt.optimizations import sglang_versions as V
+    from dsv4opt.workload.paths import DEFAULT_PATH, PATHS
 
-    version = profile.meta.get("sglang_version")
-    entry = V.VERSIONS.get(str(version)) if version else None
-    if entry is None:
-        return [f"SGLang {version or '(version not recorded)'} is not a version dsv4opt knows ({V.known()}): "
-                "what it already does upstream is not checked"]
-    family = V.family_of_device(profile.meta.get("device")) or V.family_of_kernels(k.name for k in profile.kernels)
+    meta = profile.meta
+    if meta.get("target") == "embedded":
+        # The default path reproduces a fork's sm_120 fallbacks (docs/workload.md), which the table's
+        # 0.5.14 entry (the PyPI wheel) does not describe; another path is that version on its family.
+        path = PATHS.get(str(meta.get("sglang", DEFAULT_PATH)))
+        if path is None or path.name == DEFAULT_PATH:
+            return []
+        entry, family = V.VERSIONS.get(path.name), path.family_code
+    elif meta.get("target") == "sglang":
+        version = meta.get("sglang_version")
+        entry = V.VERSIONS.get(str(version)) if version else None
+        if entry is None:
+            return [f"SGLang {version or '(version not recorded)'} is not a version dsv4opt knows ({V.known()}): "
+                    "what it already does upstream is not checked"]
+        family = V.family_of_device(meta.get("device")) or V.family_of_kernels(k.name for k in profile.kernels)
+    else:
+        return []
     lines = []
     for c in cands:
         parts = {f: p for f in ([family] if family else V.FAMILIES) if (p := entry.part(c.name, f)) is not None}

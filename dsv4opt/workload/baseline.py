@@ -1,4 +1,6 @@
-"""The baseline: SGLang's sm_120 path, reproduced with our own kernels (see docs/workload.md).
+"""The baseline: SGLang's decode path, reproduced with our own kernels (see docs/workload.md).
+
+The sm_120 path of SGLang 0.5.14 (the default, `IMPLEMENTATIONS`):
 
 - attention: `flash_mla_sparse_decode_triton`: the CUDA-core Triton kernel over the window cache,
   then the compressed cache, eager LSE merge and sink (dsv4opt/workload/attention/sm120.py);
@@ -12,6 +14,15 @@
   hyper-connection split and sum, the local-expert map, the per-slot path's set-up, activation and
   combine;
 - regions: each block as written, op by op (SGLang's eager glue).
+
+The Hopper path of SGLang 0.5.23 (`hopper_0523()`; dsv4opt/workload/paths.py):
+
+- attention: FlashMLA's sparse FP8 decode from sgl-flash-mla, called itself (attention/flashmla.py);
+- indexer logits: e4m3 operands on FP8 tensor cores, standing in for DeepGEMM's
+  `fp8_paged_mqa_logits` (kernels/indexer_tc.py);
+- routed experts: the grouped MXFP4 kernel (kernels/grouped_moe.py), standing in for Marlin's W4A16
+  grouped MoE (`fused_marlin_moe`, the recipe's `--moe-runner-backend marlin`);
+- the hyper-connection pre step is fused in the model itself (no pre-mix slot is called).
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import torch.nn.functional as F
 from dsv4opt.workload import glue
 from dsv4opt.workload.attention.sm120 import sparse_decode_sm120
 from dsv4opt.workload.kernels.indexer import index_logits_torch
+from dsv4opt.workload.kernels.indexer_tc import index_logits_tc
 from dsv4opt.workload.kernels.moe import mxfp4_slot_gemv
 from dsv4opt.workload.weights import Mxfp4Experts
 
@@ -50,6 +62,21 @@ def routed_experts_sm120(x, local_ids, gates, w13: Mxfp4Experts, w2: Mxfp4Expert
 def as_written(block, impls):
     """The baseline `regions` slot: the block itself."""
     return block
+
+
+def index_logits_fp8(q8, weights, cache, seq_lens, page_table, max_len):
+    """The `indexer_logits` slot on FP8 tensor cores: the Hopper path's DeepGEMM stand-in."""
+    return index_logits_tc(q8, weights, cache, seq_lens, page_table, max_len, operands="fp8")
+
+
+def hopper_0523() -> dict:
+    """The Hopper path's slot implementations (a new FlashMLA caller each time: it holds a step's
+    scheduler metadata)."""
+    from dsv4opt.workload.attention.flashmla import FlashMLADecode
+    from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
+
+    return {**IMPLEMENTATIONS, "attention": FlashMLADecode(), "indexer_logits": index_logits_fp8,
+            "routed_experts": grouped_routed_experts}
 
 
 IMPLEMENTATIONS = {

@@ -44,18 +44,19 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from dsv4opt.errors import DsvOptError
-from dsv4opt.workload.baseline import IMPLEMENTATIONS
 from dsv4opt.workload.collectives import ModelledRanks, ProcessGroupRanks
 from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
 from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_rope_store
 from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, topk_transform
 from dsv4opt.workload.kernels.linear import mm_out_fp32
 from dsv4opt.workload.kernels.mhc import hc_post, hc_prenorm
+from dsv4opt.workload.kernels.mhc_fused import hc_pre_big_fuse, hc_pre_gemm
 from dsv4opt.workload.kernels.moe import moe_gate, silu_mul_clamp
 from dsv4opt.workload.kernels.norm import rms_norm
 from dsv4opt.workload.kernels.rope import kv_norm_rope_store, q_norm_rope, rope_inplace
 from dsv4opt.workload.kvcache import BF16_LAYOUT, FP8_LAYOUT, IndexKeyCache, KVCache, KVLayout
-from dsv4opt.workload.layout import DEFAULT_LAYOUT, Layout
+from dsv4opt.workload.layout import Layout
+from dsv4opt.workload.paths import DEFAULT_PATH, SGLangPath
 from dsv4opt.workload.slots import with_overrides
 from dsv4opt.workload.weights import Fp8Linear, Mxfp4Experts, derived_seed
 
@@ -105,15 +106,17 @@ class DecodeWorkload:
         max_new_tokens: int = 256,
         on_layer: Callable[[int], None] | None = None,
         comm: ModelledRanks | ProcessGroupRanks | None = None,
-        layout: str = DEFAULT_LAYOUT,
+        layout: str | None = None,
         graph_context: int | None = None,
+        sglang: str = DEFAULT_PATH,
     ):
         if concurrency < 1 or context < 1:
             raise DsvOptError("concurrency and context must be at least 1")
         if kv not in (FP8_LAYOUT, BF16_LAYOUT):
             raise DsvOptError(f"unknown KV layout {kv!r}; use fp8 or bf16")
         real = comm is not None and comm.real
-        self.deploy = dep = Layout.from_name(layout).deploy(cfg, comm.ranks if real else None)
+        self.path = SGLangPath.from_name(sglang)
+        self.deploy = dep = Layout.from_name(layout or self.path.layout).deploy(cfg, comm.ranks if real else None)
         self.tensor_parallel = tp = dep.tensor_parallel
         if not tp:
             cfg = cfg.with_expert_parallel(dep.ranks)
@@ -134,7 +137,7 @@ class DecodeWorkload:
         if real and R != dep.experts:
             raise DsvOptError(f"with {self.comm.ranks} ranks each holds {dep.experts} experts; "
                               "leave --experts-resident out")
-        self.impls = with_overrides(IMPLEMENTATIONS, impls or {})
+        self.impls = with_overrides(self.path.implementations(), impls or {})
         # Under DP attention every rank draws the requests of all ranks and keeps its own (rank-major);
         # under tensor parallelism every rank holds them all. The slice of heads, groups, expert and
         # shared-expert widths a rank holds is its rank's (0 when one process plays the rank).
@@ -337,6 +340,9 @@ class DecodeWorkload:
         """tokens: [C] int64 -> logits [C, vocab] fp32; every request advances by one token."""
         cfg, C = self.cfg, self.concurrency
         with record_function("embed"):
+            new_step = getattr(self.impls["attention"], "new_step", None)
+            if new_step is not None:  # FlashMLA's scheduler metadata is made anew each forward
+                new_step()
             x = self.embed[tokens]
             h = x[:, None, :].expand(C, cfg.hc, cfg.hidden).contiguous()
             meta = self._metadata(tokens)
@@ -415,6 +421,20 @@ class DecodeWorkload:
             return layer.index_pages
         return -(-self.graph_context // (self.cfg.index_page * self.cfg.csa_ratio))
 
+    def _pre(self, layer: Layer, sub: str, h: torch.Tensor):
+        """The hyper-connection pre step and the sublayer's RMSNorm -> (x normed, post, comb). On the
+        Hopper path one GEMM (DeepGEMM's tf32 pre-norm GEMM) and one kernel for the rest, the norm
+        included (TileLang's mhc_pre_big_fuse_with_norm), as SGLang 0.5.23 runs it."""
+        cfg, w = self.cfg, layer.w
+        if self.path.fused_mhc_pre:
+            with record_function("mhc_pre"):
+                mix, squares = hc_pre_gemm(h, w[f"hc_{sub}_fn"])
+                return hc_pre_big_fuse(mix, squares, h, w[f"hc_{sub}_scale"], w[f"hc_{sub}_base"], w[f"{sub}_norm"],
+                                       cfg.hc, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.norm_eps, self.dtype)
+        x, post, comb = self._hc_pre(layer, sub, h)
+        with record_function(f"{sub}_norm"):
+            return rms_norm(x, w[f"{sub}_norm"], cfg.norm_eps), post, comb
+
     def _hc_pre(self, layer: Layer, sub: str, h: torch.Tensor):
         """The hyper-connection pre-mix (SGLang's hc_pre with TILELANG_MHC_PRE off, deepseek_v4.py:1234-1332)."""
         cfg, w = self.cfg, layer.w
@@ -427,9 +447,7 @@ class DecodeWorkload:
     def _attention_block(self, layer: Layer, h: torch.Tensor, meta: dict) -> torch.Tensor:
         cfg, w, C, pos = self.cfg, layer.w, self.concurrency, self.pos
         H, D, R = cfg.heads, cfg.head_dim, cfg.rope_dim
-        x_in, post, comb = self._hc_pre(layer, "attn", h)
-        with record_function("attn_norm"):
-            x = rms_norm(x_in, w["attn_norm"], cfg.norm_eps)
+        x, post, comb = self._pre(layer, "attn", h)
         with record_function("qkv"):
             qkv_a = w["wqkv_a"](x)
             q_lora = rms_norm(qkv_a[:, : cfg.q_lora], w["q_norm"], cfg.norm_eps)
@@ -493,9 +511,7 @@ class DecodeWorkload:
 
     def _ffn_block(self, layer: Layer, h: torch.Tensor, meta: dict) -> torch.Tensor:
         cfg, w = self.cfg, layer.w
-        x_in, post, comb = self._hc_pre(layer, "ffn", h)
-        with record_function("ffn_norm"):
-            x = rms_norm(x_in, w["ffn_norm"], cfg.norm_eps)
+        x, post, comb = self._pre(layer, "ffn", h)
         with record_function("moe"):
             y = self._moe(layer, x, meta["gathered_tokens"])
         with record_function("mhc_post"):
@@ -513,7 +529,7 @@ class DecodeWorkload:
         ids, gates = moe_gate(logits, w["router_bias"], cfg.experts_per_token, tokens if table is not None else None, table)
         local = ids if self.tensor_parallel else self.impls["moe_local"](ids, self.local_expert, self.row_rank)
         routed = self.impls["routed_experts"](xg, local, gates, w["w13"], w["w2"], cfg.swiglu_limit, cfg.routed_scale)
-        shared.add_(routed, alpha=cfg.routed_scale)
+        shared.add_(routed, alpha=cfg.routed_scale if self.path.routed_scaled_twice else 1.0)
         if self.tensor_parallel:
             return self.comm.all_reduce(shared)  # the partial sums of every rank's expert slices
         return self.comm.reduce_scatter(shared)  # combine: this rank's rows, summed over the ranks

@@ -172,6 +172,7 @@ class _Request:
             act = naive.silu_mul_clamp(w["w13"].dense(r) @ x, limit)
             routed = routed + g * (w["w2"].dense(r) @ act)
         # SGLang's sm_120 path scales the routed sum inside its MoE kernel and again when it adds
-        # the shared expert (see docs/workload.md).
-        return shared + cfg.routed_scale * (cfg.routed_scale * routed)
+        # the shared expert (see docs/workload.md); 0.5.23's Hopper path once.
+        again = cfg.routed_scale if wl.path.routed_scaled_twice else 1.0
+        return shared + again * (cfg.routed_scale * routed)
 

@@ -207,3 +207,30 @@ def moe_combine(down, invalid, gates, scale: float) -> torch.Tensor:
     M, k = gates.shape
     valid = down.to(dt).masked_fill(invalid[:, None], 0.0).view(M, k, -1)
     return (scale * (valid * gates.to(dt)[:, :, None]).sum(1)).to(down.dtype)
+
+
+def hc_pre_gemm(h2: torch.Tensor, fn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """h2: [T, K] -> (h2 @ fn^T [T, N], sum(h2^2) [T]), computed in fp32 (float64 stays float64)."""
+    dt = _acc(h2, fn)
+    flat = h2.to(dt)
+    return flat @ fn.to(dt).t(), flat.square().sum(-1)
+
+
+def hc_pre_from_partials(mix, sq, h, scale, base, norm_weight, hc: int, iters: int, hc_eps: float, norm_eps: float,
+                         dtype: torch.dtype):
+    """The Hopper path's pre step after its GEMM: partials [S, T, N] and [S, T] summed, the RMS factor,
+    split and Sinkhorn, the weighted sum of the copies h [T, hc, d] in `dtype`, its RMSNorm."""
+    T, _, d = h.shape
+    dt = mix.dtype
+    rsqrt = torch.rsqrt(sq.sum(0) / (hc * d) + norm_eps)
+    pre, post, comb = hc_split_sinkhorn(mix.sum(0) * rsqrt[:, None], scale, base, hc, iters, hc_eps)
+    x = (pre[:, :, None] * h.to(dt)).sum(1).to(dtype)
+    return rms_norm(x, norm_weight, norm_eps), post, comb
+
+
+def hc_pre_fused(h, fn, scale, base, norm_weight, hc: int, iters: int, hc_eps: float, norm_eps: float,
+                 dtype: torch.dtype):
+    """The whole pre step and the sublayer's RMSNorm from the copies h [T, hc, d]: the definition
+    both paths compute (sm_120: hc_prenorm, F.linear, split and sum, rms_norm; Hopper: mhc_fused.py)."""
+    mix, sq = hc_pre_gemm(h.reshape(h.shape[0], -1), fn)
+    return hc_pre_from_partials(mix[None], sq[None], h, scale, base, norm_weight, hc, iters, hc_eps, norm_eps, dtype)

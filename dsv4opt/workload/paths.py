@@ -1,0 +1,71 @@
+"""Which SGLang decode path the embedded workload reproduces: the version, the GPU family, the kernels.
+
+- **0.5.14 on sm_120** (the default; the story's path, sgl-project/sglang@37ef295c7): SGLang's
+  sm_120 fallbacks of June 2026, on a card this tool does not have: the CUDA-core sparse-MLA kernel
+  with an eager merge, the float32 indexer `bmm` and mHC pre-mix, per-slot MXFP4 GEMVs
+  (dsv4opt/workload/baseline.py). Default layout tp4, SGLang's sm_120 recipe.
+- **0.5.23 on Hopper**: what a user of an H200 runs with today's SGLang (read from the PyPI wheel,
+  docs/workload.md "The Hopper path"), under the H200 recipe for the FP4 checkpoint: TP 4, Marlin
+  MoE, no DP attention or EP (the cookbook cell h200 / flash / fp4 / high-throughput, the one without
+  speculative decoding; Leoyzen/sglang@06ad7b2b0 docs/src/snippets/configs/deepseek-ai/
+  deepseek-v4.jsx:1970-1981, DeepSeek-V4.mdx:300-307). FlashMLA's sparse FP8 decode itself
+  (sgl-flash-mla, loaded and called: dsv4opt/workload/attention/flashmla.py), DeepGEMM's FP8 indexer
+  logits, the fused mHC pre step (DeepGEMM's tf32 pre-norm GEMM, then one TileLang kernel for
+  Sinkhorn, the weighted sum and the RMSNorm) and Marlin's W4A16 grouped MoE (sgl-kernel's
+  `moe_wna16_marlin_gemm`, the routed scale folded into the top-k weights). DeepGEMM and TileLang
+  compile their kernels with nvcc at run time and sgl-kernel is built for torch 2.14, none of which
+  this tool's GPU machine has; our Triton kernels stand in for them, each docstring naming what it
+  stands for.
+
+The path sets the baseline's slot implementations (an optimisation replaces them as on any path),
+the structure of the hyper-connection pre step, and the default layout. Adding a path is one entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from dsv4opt.errors import DsvOptError
+
+
+@dataclass(frozen=True)
+class SGLangPath:
+    """One SGLang release's decode path for DeepSeek-V4-Flash on one GPU family."""
+
+    name: str  # what --sglang takes: the SGLang version
+    family: str  # the GPU family it runs on, in words
+    family_code: str  # the same as optimizations/sglang_versions.py names it: sm_120, sm_90
+    layout: str  # the layout of SGLang's recipe for that family (dsv4opt/workload/layout.py)
+    what: str
+    fused_mhc_pre: bool  # the pre step as one GEMM and one fused Sinkhorn + sum + norm kernel
+    # the routed experts' sum scaled inside the MoE and again when added to the shared expert (the
+    # sm_120 fork's per-slot path, docs/workload.md), else once (0.5.23's Marlin folds the scale into
+    # the top-k weights and adds with alpha 1: mxfp4_flashinfer_trtllm_moe.py:561-565)
+    routed_scaled_twice: bool
+
+    def implementations(self) -> dict[str, Callable]:
+        """The baseline's slot implementations on this path (imported here: they load Triton)."""
+        from dsv4opt.workload.baseline import IMPLEMENTATIONS, hopper_0523
+
+        return dict(IMPLEMENTATIONS) if self.name == SM120_0514 else hopper_0523()
+
+    @classmethod
+    def from_name(cls, name: str) -> "SGLangPath":
+        try:
+            return PATHS[name]
+        except KeyError:
+            raise DsvOptError(f"unknown SGLang path {name!r}; use {', '.join(PATHS)}") from None
+
+
+SM120_0514, HOPPER_0523 = "0.5.14", "0.5.23"
+PATHS = {
+    p.name: p
+    for p in (
+        SGLangPath(SM120_0514, "sm_120", "sm_120", "tp4", "SGLang 0.5.14's sm_120 path of June 2026 (the story's; "
+                   "sgl-project/sglang@37ef295c7)", fused_mhc_pre=False, routed_scaled_twice=True),
+        SGLangPath(HOPPER_0523, "Hopper (sm_90)", "sm_90", "tp4", "SGLang 0.5.23's Hopper path (FlashMLA, DeepGEMM FP8, "
+                   "fused mHC, Marlin W4A16 MoE)", fused_mhc_pre=True, routed_scaled_twice=False),
+    )
+}
+DEFAULT_PATH = SM120_0514
