@@ -48,7 +48,7 @@ from dsv4opt.workload.collectives import ModelledRanks, ProcessGroupRanks
 from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
 from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_rope_store
 from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, topk_transform
-from dsv4opt.workload.kernels.linear import mm_out_fp32
+from dsv4opt.workload.kernels.linear import block_fp8_matmul, group_quant_fp8, mm_out_fp32
 from dsv4opt.workload.kernels.mhc import hc_post, hc_prenorm
 from dsv4opt.workload.kernels.mhc_fused import hc_pre_big_fuse, hc_pre_gemm
 from dsv4opt.workload.kernels.moe import moe_gate, silu_mul_clamp
@@ -279,8 +279,10 @@ class DecodeWorkload:
             "wq_b": Fp8Linear(self._sliced(self._randn(H * D, cfg.q_lora), 0), cfg.fp8_block),
             "kv_norm": self._norm_weight(D),
             "sink": self._padded_sink(self._randn(H, dtype=torch.float32, scale=1.0)),
-            # bf16 (FP8_WO_A_GEMM is off on sm_120); this rank's output groups
-            "wo_a": self._sliced(self._randn(G, cfg.o_lora, H // G * D), 0),
+            # this rank's output groups: bf16 on sm_120 (FP8_WO_A_GEMM off there), block FP8 on the
+            # Hopper path (on by default: srt/environ.py:1871; DeepGEMM's fp8_einsum, one Fp8Linear
+            # a group here)
+            "wo_a": self._wo_a(self._sliced(self._randn(G, cfg.o_lora, H // G * D), 0)),
             # row-parallel: the columns of this rank's groups; the partial outputs are all-reduced
             "wo_b": Fp8Linear(self._sliced(self._randn(d, G * cfg.o_lora), 1), cfg.fp8_block),
             "ffn_norm": self._norm_weight(d),
@@ -478,12 +480,32 @@ class DecodeWorkload:
             o = o[:, : self.deploy.heads]  # this rank's heads (a view; the padded ones are dropped)
             rope_inplace(o, self.cos, self.sin, pos, R, inverse=True)
         with record_function("o_proj"):
-            low = torch.einsum("tgd,grd->tgr", o.view(C, self.deploy.groups, -1), w["wo_a"])
-            y = w["wo_b"](low.flatten(1))
+            if self.path.fp8_wo_a:
+                low = self._wo_a_fp8(o.reshape(C, -1), w["wo_a"])
+            else:
+                low = torch.einsum("tgd,grd->tgr", o.view(C, self.deploy.groups, -1), w["wo_a"]).flatten(1)
+            y = w["wo_b"](low)
             if self.tensor_parallel:
                 y = self.comm.all_reduce(y)  # row-parallel wo_b (reduce_results=attn_tp_size > 1)
         with record_function("mhc_post"):
             return hc_post(y, h, post, comb)
+
+    def _wo_a(self, weight: torch.Tensor):
+        """wo_a [G, o_lora, heads/G * D] as the path keeps it: bf16, or one block-FP8 linear a group."""
+        if not self.path.fp8_wo_a:
+            return weight
+        return [Fp8Linear(w, self.cfg.fp8_block) for w in weight]
+
+    def _wo_a_fp8(self, o: torch.Tensor, groups: list[Fp8Linear]) -> torch.Tensor:
+        """o [C, G * K] -> [C, G * o_lora]: the activations quantised once per token group of 128
+        (sglang_per_token_group_quant_fp8_dsv4_wo_a), then each output group's block-FP8 GEMM over
+        its K columns, standing in for DeepGEMM's one fp8_einsum "bhr,hdr->bhd" (deepseek_v4.py:705-722)."""
+        block = self.cfg.fp8_block
+        q, s = group_quant_fp8(o, block)
+        K = q.shape[1] // len(groups)
+        outs = [block_fp8_matmul(q[:, g * K : (g + 1) * K], s[:, g * K // block : (g + 1) * K // block], lin.w8,
+                                 lin.w_scale, block, o.dtype) for g, lin in enumerate(groups)]
+        return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
 
     def _query(self, q: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """q [C, heads * D] -> per-head norm + rope, [C, padded heads, D]: under tensor parallelism
@@ -539,6 +561,8 @@ class DecodeWorkload:
     def state_bytes(self) -> dict[str, int]:
         """Bytes held on the device: weights and caches (what the memory estimate predicts)."""
         def size(v) -> int:
+            if isinstance(v, list):  # one linear a group (wo_a in FP8)
+                return sum(size(x) for x in v)
             return v.nbytes if isinstance(v, (torch.Tensor, Fp8Linear, Mxfp4Experts)) else 0
 
         weights = self.embed.nbytes + self.lm_head.nbytes + self.hc_head_fn.nbytes + self.final_norm.nbytes

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dsv4opt.errors import DsvOptError
+from dsv4opt.workload.baseline import IMPLEMENTATIONS, hopper_0523
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,10 @@ class SGLangPath:
     # sm_120 fork's per-slot path, docs/workload.md), else once (0.5.23's Marlin folds the scale into
     # the top-k weights and adds with alpha 1: mxfp4_flashinfer_trtllm_moe.py:561-565)
     routed_scaled_twice: bool
+    fp8_wo_a: bool  # wo_a block FP8 (SGLANG_OPT_FP8_WO_A_GEMM), else bf16
 
     def implementations(self) -> dict[str, Callable]:
-        """The baseline's slot implementations on this path (imported here: they load Triton)."""
-        from dsv4opt.workload.baseline import IMPLEMENTATIONS, hopper_0523
-
+        """The baseline's slot implementations on this path."""
         return dict(IMPLEMENTATIONS) if self.name == SM120_0514 else hopper_0523()
 
     @classmethod
@@ -63,9 +63,11 @@ PATHS = {
     p.name: p
     for p in (
         SGLangPath(SM120_0514, "sm_120", "sm_120", "tp4", "SGLang 0.5.14's sm_120 path of June 2026 (the story's; "
-                   "sgl-project/sglang@37ef295c7)", fused_mhc_pre=False, routed_scaled_twice=True),
+                   "sgl-project/sglang@37ef295c7)", fused_mhc_pre=False, routed_scaled_twice=True,
+                   fp8_wo_a=False),
         SGLangPath(HOPPER_0523, "Hopper (sm_90)", "sm_90", "tp4", "SGLang 0.5.23's Hopper path (FlashMLA, DeepGEMM FP8, "
-                   "fused mHC, Marlin W4A16 MoE)", fused_mhc_pre=True, routed_scaled_twice=False),
+                   "fused mHC, Marlin W4A16 MoE)", fused_mhc_pre=True, routed_scaled_twice=False,
+                   fp8_wo_a=True),
     )
 }
 DEFAULT_PATH = SM120_0514

@@ -110,8 +110,12 @@ class _Request:
         prob = torch.exp(logits - top[:, None])
         o = prob @ entries / (torch.exp(sink - top) + prob.sum(-1))[:, None]
         o = self.rope(o, p, inverse=True)
-        G = w["wo_a"].shape[0]  # this rank's output groups
-        low = torch.einsum("gk,glk->gl", o.reshape(G, -1), _f64(w["wo_a"]))
+        if isinstance(w["wo_a"], list):  # block FP8, one linear a group (the Hopper path)
+            G = len(w["wo_a"])
+            low = torch.stack([_fp8_linear(lin, og) for lin, og in zip(w["wo_a"], o.reshape(G, -1))])
+        else:
+            G = w["wo_a"].shape[0]  # this rank's output groups
+            low = torch.einsum("gk,glk->gl", o.reshape(G, -1), _f64(w["wo_a"]))
         return _fp8_linear(w["wo_b"], low.reshape(-1))
 
     def pooled(self, layer, prefix: str, x: torch.Tensor, ratio: int, overlap: bool) -> torch.Tensor:

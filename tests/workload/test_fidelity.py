@@ -92,3 +92,76 @@ def test_tp4_table_totals_near_sglangs_per_layer_count():
     ours = sum(expected(flash, "tp4").values()) / flash.layers
     sglang = ours + sum(SGLANG_COLLECTIVES["tp4"].values())
     assert 0.8 * 112 <= sglang <= 1.2 * 112, sglang
+
+
+# ---- SGLang 0.5.23's Hopper path (dsv4opt/workload/paths.py), counted from the 0.5.23 wheel ----------
+# part -> launches per layer; SGLang's accounts and file:line in docs/workload.md ("The Hopper path").
+HOPPER_PER_LAYER = {
+    # per sublayer: DeepGEMM's tf32 pre-norm GEMM, then TileLang's big fuse with the RMSNorm
+    # (mhc.py:1733-1832, more than 32 tokens; up to 32 the post joins the GEMM: one launch fewer)
+    "mhc_pre": 2 * 2,
+    "attn_norm": 0,
+    "ffn_norm": 0,
+    "qkv": 7,
+    # weights_proj, wq_b (2), q rope+Hadamard+quant, DeepGEMM's FP8 logits, top-k
+    "indexer": {CSA: 6},
+    "compress": {CSA: 6, HCA: 3},
+    # FlashMLA's split-KV kernel and its combine (counted from source: the CPU runs the sm_120
+    # kernel in its place, quietly), the inverse RoPE
+    "attn": 3,
+    # the per-token-group FP8 quant, one block-FP8 GEMM per output group (DeepGEMM: one fp8_einsum),
+    # the concatenation, wo_b (2)
+    "o_proj": {"groups": None},
+    "mhc_post": 2,
+    # shared expert (5), router GEMM, gate, the grouped kernel's 4 launches (Marlin: align, workspace
+    # zeros, two GEMMs, the clamped SwiGLU, the top-k sum), the add to the shared output
+    "moe": 12,
+}
+FLASHMLA_LAUNCHES = 2
+
+
+def hopper_expected(cfg: ModelConfig) -> dict[str, int]:
+    groups = Layout.from_name("tp4").deploy(cfg).groups
+    table = {**HOPPER_PER_LAYER, "o_proj": 1 + groups + (groups > 1) + 2}
+    kinds = [cfg.layer_kind(i) for i in range(cfg.layers)]
+    return {part: sum(per if isinstance(per, int) else per.get(kind, 0) for kind in kinds) for part, per in table.items()}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="counts Triton launches through the CPU interpreter")
+@pytest.mark.slow
+def test_launches_per_part_match_sglang_0523_hopper_path(monkeypatch):
+    from tests.conftest import _empty, _empty_like
+
+    monkeypatch.setattr(torch, "empty", _empty)
+    monkeypatch.setattr(torch, "empty_like", _empty_like)
+    wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.float16, seed=0, sglang="0.5.23")
+    def flashmla_counted(q, *args):
+        if not counter_box:  # the warm-up step, before counting
+            return q.new_zeros(q.shape), q.new_zeros(q.shape[:2], dtype=torch.float32)
+        counter = counter_box[0]
+        counter.counts[counter.part] += FLASHMLA_LAUNCHES
+        counter.ops[counter.part] += ["flashmla"] * FLASHMLA_LAUNCHES
+        counter.quiet += 1
+        try:  # what FlashMLA returns, made without a kernel the count would see
+            return q.new_zeros(q.shape), q.new_zeros(q.shape[:2], dtype=torch.float32)
+        finally:
+            counter.quiet -= 1
+
+    counter_box = []
+    import tests.workload.launch_count as lc
+
+    real = lc.LaunchCounter
+
+    class Boxed(real):
+        def __init__(self):
+            super().__init__()
+            counter_box.append(self)
+
+    monkeypatch.setattr(lc, "LaunchCounter", Boxed)
+    wl.impls["attention"] = flashmla_counted
+    wl.step(torch.tensor([3, 9]))  # the grouped kernel repacks its weights once, on the first call
+    counted = count_step(wl, torch.tensor([3, 9]), monkeypatch)
+    want = hopper_expected(TINY)
+    got = {part: counted.counts[part] for part in want}
+    assert got == want, {p: (got[p], want[p], counted.ops[p][: got[p] // TINY.layers + 3]) for p in want if got[p] != want[p]}
+    assert got == want, {p: (got[p], want[p], counted.ops[p][: got[p] // TINY.layers + 3]) for p in want if got[p] != want[p]}

@@ -1,0 +1,92 @@
+"""The SGLang paths the embedded workload reproduces (dsv4opt/workload/paths.py): the Hopper path of
+0.5.23 computes the model's function (against the float64 reference, which follows each path's
+routed scale), differs from the sm_120 path only where SGLang's paths differ, and calls FlashMLA as
+SGLang's backend does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4opt.errors import DsvOptError
+from dsv4opt.numerics import error_report
+from dsv4opt.workload.attention import flashmla
+from dsv4opt.workload.config import ModelConfig
+from dsv4opt.workload.kvcache import KVCache, KVLayout
+from dsv4opt.workload.model import DecodeWorkload
+from dsv4opt.workload.paths import PATHS, SGLangPath
+from dsv4opt.workload.reference import decode_step_ref
+
+TINY = ModelConfig.from_name("dsv4-tiny")
+REL_TOL = 3e-2
+
+
+def _steps_match(wl, tokens, steps):
+    for _ in range(steps):
+        ref_logits, ref_hidden = decode_step_ref(wl, tokens)
+        logits = wl.step(tokens)
+        for out, ref in ((logits, ref_logits), (wl.last_hidden, ref_hidden)):
+            report = error_report(out, ref)
+            assert report.ok(REL_TOL), report
+        tokens = logits.argmax(-1)
+
+
+@pytest.mark.parametrize("layout,graph_context", [("tp4", None), ("tp4", TINY.max_context), ("dp-ep", None)])
+def test_hopper_path_matches_float64_reference(layout, graph_context, torch_path):
+    wl = DecodeWorkload(TINY, concurrency=3, context=40, dtype=torch.float32, seed=1, layout=layout,
+                        graph_context=graph_context, sglang="0.5.23")
+    assert wl.path.fused_mhc_pre and isinstance(wl.layers[0].w["wo_a"], list)
+    _steps_match(wl, torch.tensor([3, 9, 11]), 2)
+
+
+@pytest.mark.slow
+def test_hopper_path_triton_kernels_match_float64_reference():
+    """The path's Triton kernels (the fused pre step, FP8 logits, grouped MoE, FP8 wo_a) under the
+    interpreter, in fp16 (the interpreter cannot multiply bf16)."""
+    wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.float16, seed=2, sglang="0.5.23")
+    tokens = torch.tensor([3, 9])
+    ref, _ = decode_step_ref(wl, tokens)
+    assert error_report(wl.step(tokens), ref).ok(0.1)
+
+
+def test_the_paths_differ_where_sglang_differs(torch_path):
+    """Same weights and caches on both paths, yet different logits: 0.5.23 scales the routed experts
+    once, the sm_120 path twice; the reference follows each (so it is not vacuous)."""
+    tokens = torch.tensor([3, 9, 11])
+    out = {name: DecodeWorkload(TINY, concurrency=3, context=40, dtype=torch.float32, seed=1, sglang=name).step(tokens)
+           for name in PATHS}
+    assert not error_report(out["0.5.23"], out["0.5.14"]).ok(10 * REL_TOL)
+
+
+def test_the_hopper_recipe_is_the_default_layout():
+    wl = DecodeWorkload(TINY, concurrency=1, context=8, dtype=torch.float32, sglang="0.5.23")
+    assert wl.deploy.layout == PATHS["0.5.23"].layout == "tp4"
+
+
+def test_an_unknown_path_is_a_one_line_error():
+    with pytest.raises(DsvOptError, match="unknown SGLang path '0.5.99'; use 0.5.14, 0.5.23"):
+        SGLangPath.from_name("0.5.99")
+
+
+def test_flashmla_takes_sglangs_pool_views():
+    """k_cache as the backend passes it: e4m3 [pages, page_size, 1, 584], the page stride kept."""
+    layout = KVLayout(True, 448, 64, 64, 64)
+    cache = KVCache.allocate(layout, 3, torch.bfloat16, "cpu")
+    view = flashmla.k_cache_view(cache)
+    assert view.shape == (3, 64, 1, 584) and view.dtype == torch.float8_e4m3fn
+    assert view.stride() == (layout.page_bytes, 584, 584, 1)
+    assert view.data_ptr() == cache.data.data_ptr()
+
+
+def test_flashmla_stands_aside_off_hopper(torch_path):
+    """On a CPU the sm_120 kernel computes the slot in FlashMLA's place, and says so."""
+    wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.float32, sglang="0.5.23")
+    wl.step(torch.tensor([1, 2]))
+    assert not flashmla.runs_flashmla(torch.zeros(1, 64, 512), wl.layers[0].swa)
+    assert wl.impls["attention"].ran == "stand-in"
+
+
+def test_a_missing_flashmla_is_named(monkeypatch):
+    monkeypatch.setattr(flashmla.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DsvOptError, match=r"pip install --no-deps sgl-flash-mla==1\.0\.0"):
+        flashmla.flash_mla_module()
