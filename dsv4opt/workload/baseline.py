@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from dsv4opt.workload import glue
 from dsv4opt.workload.attention.sm120 import sparse_decode_sm120
-from dsv4opt.workload.attention.flashmla import FlashMLADecode
+from dsv4opt.workload.attention.flashmla import sparse_decode_flashmla
 from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
 from dsv4opt.workload.kernels.indexer import index_logits_torch
 from dsv4opt.workload.kernels.indexer_tc import index_logits_tc
@@ -72,9 +72,8 @@ def index_logits_fp8(q8, weights, cache, seq_lens, page_table, max_len):
 
 
 def hopper_0523() -> dict:
-    """The Hopper path's slot implementations (a new FlashMLA caller each time: it holds a step's
-    scheduler metadata)."""
-    return {**IMPLEMENTATIONS, "attention": FlashMLADecode(), "indexer_logits": index_logits_fp8,
+    """The Hopper path's slot implementations."""
+    return {**IMPLEMENTATIONS, "attention": sparse_decode_flashmla, "indexer_logits": index_logits_fp8,
             "routed_experts": grouped_routed_experts}
 
 

@@ -342,9 +342,6 @@ class DecodeWorkload:
         """tokens: [C] int64 -> logits [C, vocab] fp32; every request advances by one token."""
         cfg, C = self.cfg, self.concurrency
         with record_function("embed"):
-            new_step = getattr(self.impls["attention"], "new_step", None)
-            if new_step is not None:  # FlashMLA's scheduler metadata is made anew each forward
-                new_step()
             x = self.embed[tokens]
             h = x[:, None, :].expand(C, cfg.hc, cfg.hidden).contiguous()
             meta = self._metadata(tokens)

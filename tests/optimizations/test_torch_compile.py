@@ -8,6 +8,7 @@ takes seconds; one slow test runs Inductor's C++ code generation on the CPU.
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import torch
 from dsv4opt.optimizations.torch_compile import ops
 from dsv4opt.optimizations.torch_compile.check import BOUNDS, GateSettings, run_check
 from dsv4opt.optimizations.torch_compile.regions import CompiledRegions
+from dsv4opt.workload.paths import PATHS
 
 # One window-only layer: an attention block and a hash-routed FFN block, two graphs.
 SMALL = GateSettings(config="dsv4-tiny", concurrency=2, context=24, steps=1, layers=1, bf16_report=False)
@@ -35,6 +37,15 @@ def test_every_stand_in_takes_its_kernels_arguments():
 
 
 @pytest.mark.slow
+def test_the_hopper_path_compiles_whole_and_matches_eager(torch_path):
+    """0.5.23's blocks: the fused pre step's two ops, FP8 wo_a, the path's slots opaque by contract."""
+    r = run_check(torch.device("cpu"), aot_eager(), replace(EVERY_KIND, sglang="0.5.23"))
+    assert r.passed, r.summary
+    assert r.figures["graphs"] == 5 and r.figures["graph_breaks"] == 0, r.summary
+    assert r.figures["block_rel_worst"] <= 1e-6 and r.figures["step_rel_worst"] <= 1e-6, r.summary
+
+
+@pytest.mark.slow
 def test_every_kind_of_block_compiles_whole_and_matches_eager(torch_path):
     r = run_check(torch.device("cpu"), aot_eager(), EVERY_KIND)
     assert r.passed, r.summary
@@ -48,10 +59,13 @@ def test_step_goes_unbounded_only_beside_an_optimisation_that_changes_selection(
 
     check_mod = importlib.import_module("dsv4opt.optimizations.torch_compile.check")
     seen = []
-    monkeypatch.setattr(check_mod, "run_check", lambda dev, impls, settings=None, step_bounded=True: seen.append(step_bounded))
+    monkeypatch.setattr(check_mod, "run_check",
+                        lambda dev, impls, settings=None, step_bounded=True: seen.append((settings.sglang, step_bounded)))
+    monkeypatch.setattr(check_mod, "_together", lambda results: None)
     for others in ((), ("grouped-moe", "mma-attn"), ("mma-attn", "bf16-gemm")):
         check_mod.check("cpu", others=others)
-    assert seen == [True, True, False]
+    # every path the workload reproduces is compiled by the gate
+    assert seen == [(path, bounded) for bounded in (True, True, False) for path in PATHS]
 
 
 def test_a_wrong_stand_in_fails_the_gate_with_the_step_unbounded(torch_path, monkeypatch):

@@ -79,11 +79,10 @@ def test_flashmla_takes_sglangs_pool_views():
 
 
 def test_flashmla_stands_aside_off_hopper(torch_path):
-    """On a CPU the sm_120 kernel computes the slot in FlashMLA's place, and says so."""
+    """On a CPU the sm_120 kernel computes the slot in FlashMLA's place."""
     wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.float32, sglang="0.5.23")
-    wl.step(torch.tensor([1, 2]))
+    assert wl.impls["attention"] is flashmla.sparse_decode_flashmla
     assert not flashmla.runs_flashmla(torch.zeros(1, 64, 512), wl.layers[0].swa)
-    assert wl.impls["attention"].ran == "stand-in"
 
 
 def test_a_missing_flashmla_is_named(monkeypatch):

@@ -17,7 +17,7 @@ Every bounded figure is "bad when large": pass iff each is <= its bound and noth
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable
 
 import torch
@@ -25,6 +25,7 @@ import torch
 from dsv4opt.compilestats import CompileCounters
 from dsv4opt.numerics import error_report
 from dsv4opt.optimizations.registry import CheckResult, get
+from dsv4opt.workload.paths import DEFAULT_PATH, PATHS
 
 NAME = "torch-compile"
 
@@ -56,6 +57,7 @@ class GateSettings:
     layers: int  # four layers hold every kind of block: window, CSA (hash-routed FFN), HCA
     bf16_report: bool
     layout: str = "tp4"  # dp-ep adds the gather, the local-expert map and other ranks' slots
+    sglang: str = "0.5.14"  # the SGLang path compiled (dsv4opt/workload/paths.py)
 
 
 def gate_settings(device: torch.device) -> GateSettings:
@@ -119,7 +121,8 @@ def _workload(settings: GateSettings, device, dtype, impls=None):
 
     return DecodeWorkload(ModelConfig.from_name(settings.config), concurrency=settings.concurrency,
                           context=settings.context, device=device, layers=settings.layers, seed=0, dtype=dtype,
-                          impls=impls, max_new_tokens=settings.steps + 2, layout=settings.layout)
+                          impls=impls, max_new_tokens=settings.steps + 2, layout=settings.layout,
+                          sglang=settings.sglang)
 
 
 def _tokens(settings: GateSettings, vocab: int, device) -> torch.Tensor:
@@ -229,5 +232,24 @@ def check(device: str | None = None, others: Iterable[str] = ()) -> CheckResult:
     # token 1.7e-2, while every block matched its eager twin within 1.7e-4 on the same input. The
     # step cannot tell compiler error from selection there; the blocks can, and stay bounded.
     changes_selection = any(get(o).changes_selection for o in others)
-    return run_check(dev, {**implementations(others), **get(NAME).implementations()},
-                     step_bounded=not changes_selection)
+    impls = {**implementations(others), **get(NAME).implementations()}
+    # Every SGLang path the workload reproduces: each calls kernels of its own (0.5.23's fused pre
+    # step, FlashMLA and the other stand-ins as opaque ops), and a profile of either may apply this.
+    results = [run_check(dev, impls, replace(gate_settings(dev), sglang=path), step_bounded=not changes_selection)
+               for path in PATHS]
+    return _together(results)
+
+
+def _together(results: list[CheckResult]) -> CheckResult:
+    """One gate result of the per-path results: passed when each passed; the default path's figures
+    as they are, another path's prefixed by its name."""
+    figures, bounds, details = {}, {}, {}
+    for r in results:
+        path = r.details["settings"]["sglang"]
+        tag = "" if path == DEFAULT_PATH else f"{path} "
+        figures.update({tag + k: v for k, v in r.figures.items()})
+        bounds.update({tag + k: v for k, v in r.bounds.items()})
+        details[path] = r.details
+    return CheckResult(name=NAME, passed=all(r.passed for r in results), device=results[0].device, figures=figures,
+                       bounds=bounds, summary=" | ".join(f"SGLang {r.details['settings']['sglang']} path: {r.summary}"
+                                                          for r in results), details=details)

@@ -21,12 +21,14 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from dsv4opt.tritonlib import runs_triton
 from dsv4opt.workload import baseline
 from dsv4opt.workload.attention.sm120 import one_cache
 from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_rope_store
 from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, topk_transform
 from dsv4opt.workload.kernels.linear import block_fp8_matmul, group_quant_fp8, mm_out_fp32
 from dsv4opt.workload.kernels.mhc import hc_post, hc_prenorm, hc_split_sinkhorn
+from dsv4opt.workload.kernels.mhc_fused import gemm_splits, hc_pre_big_fuse, hc_pre_gemm
 from dsv4opt.workload.kernels.moe import moe_gate, mxfp4_slot_gemv, silu_mul_clamp
 from dsv4opt.workload.kernels.norm import rms_norm
 from dsv4opt.workload.kernels.rope import kv_norm_rope_store, q_norm_rope, rope_inplace
@@ -106,6 +108,32 @@ def hc_post_op(y: Tensor, residual: Tensor, post: Tensor, comb: Tensor) -> Tenso
 @hc_post_op.register_fake
 def _(y, residual, post, comb):
     return residual.new_empty(residual.shape)
+
+
+@torch.library.custom_op(f"{LIB}::hc_pre_gemm", mutates_args=())
+def hc_pre_gemm_op(h: Tensor, fn: Tensor, splits: Optional[int]) -> tuple[Tensor, Tensor]:
+    return _own(*hc_pre_gemm(h, fn, splits), inputs=(h, fn))
+
+
+@hc_pre_gemm_op.register_fake
+def _(h, fn, splits):
+    T, (N, K) = h.shape[0], fn.shape
+    S = gemm_splits(T, K, splits)[0] if runs_triton(h) else 1  # the plain-torch path returns one split
+    return h.new_empty(S, T, N, dtype=torch.float32), h.new_empty(S, T, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{LIB}::hc_pre_big_fuse", mutates_args=())
+def hc_pre_big_fuse_op(mix: Tensor, sq: Tensor, h: Tensor, scale: Tensor, base: Tensor, norm_weight: Tensor, hc: int,
+                       iters: int, hc_eps: float, norm_eps: float, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    out = hc_pre_big_fuse(mix, sq, h, scale, base, norm_weight, hc, iters, hc_eps, norm_eps, dtype)
+    return _own(*out, inputs=(mix, sq, h, scale, base, norm_weight))
+
+
+@hc_pre_big_fuse_op.register_fake
+def _(mix, sq, h, scale, base, norm_weight, hc, iters, hc_eps, norm_eps, dtype):
+    T, d = h.shape[0], h.shape[2]
+    dt = _acc(mix)
+    return h.new_empty(T, d, dtype=dtype), h.new_empty(T, hc, dtype=dt), h.new_empty(T, hc, hc, dtype=dt)
 
 
 @torch.library.custom_op(f"{LIB}::group_quant_fp8", mutates_args=())
@@ -306,6 +334,14 @@ def _hc_post(y, residual, post, comb):
     return torch.ops.dsv4opt.hc_post(y, residual, post, comb)
 
 
+def _hc_pre_gemm(h, fn, splits=None):
+    return torch.ops.dsv4opt.hc_pre_gemm(h, fn, splits)
+
+
+def _hc_pre_big_fuse(mix, sq, h, scale, base, norm_weight, hc, iters, hc_eps, norm_eps, dtype):
+    return torch.ops.dsv4opt.hc_pre_big_fuse(mix, sq, h, scale, base, norm_weight, hc, iters, hc_eps, norm_eps, dtype)
+
+
 def _group_quant_fp8(x, group):
     return torch.ops.dsv4opt.group_quant_fp8(x, group)
 
@@ -371,7 +407,7 @@ def _one_cache(q, cache, indices, lengths, scale):
 
 
 KERNELS: dict[str, Callable] = {fn.__name__: fn for fn in (
-    rms_norm, hc_prenorm, hc_split_sinkhorn, hc_post, group_quant_fp8, block_fp8_matmul, mm_out_fp32, q_norm_rope,
+    rms_norm, hc_prenorm, hc_split_sinkhorn, hc_post, hc_pre_gemm, hc_pre_big_fuse, group_quant_fp8, block_fp8_matmul, mm_out_fp32, q_norm_rope,
     kv_norm_rope_store, rope_inplace, compress_forward, compress_norm_rope_store, index_q_rope_hadamard_quant,
     topk_transform, moe_gate, silu_mul_clamp, mxfp4_slot_gemv, one_cache,
 )}

@@ -5,13 +5,14 @@ for every decode layer of DeepSeek-V4 (srt/layers/attention/deepseek_v4_backend.
 with use_legacy=True at :1262-1272): q [B, 1, H, 512] bf16 with H padded to 64, each pool viewed as
 e4m3 [pages, page_size, 1, 584], index rows [B, 1, K] (K a multiple of 64), top-k lengths [B],
 attn_sink [H] fp32, and one `FlashMLASchedMeta` per compress ratio, made empty once per forward,
-filled by the first layer that uses it and reused by the later ones (:210-215). The wheel's objects
+filled by the first layer that uses it and reused by the later ones (:210-215; here one a call). The
+wheel's objects
 use torch's stable C interface, so they load under this tool's torch on a Hopper GPU; this module
 calls them, the production kernel and not a stand-in. Its lse excludes the sink; the model does not
 read lse.
 
 Where FlashMLA cannot run (a CPU, the tiny config's shapes) the sm_120 path's kernel computes the
-same function in its place (`FlashMLADecode.ran` says which ran).
+same function in its place; a profile's kernel names say which ran.
 """
 
 from __future__ import annotations
@@ -42,9 +43,10 @@ def flash_mla_module():
 
 
 def runs_flashmla(q: torch.Tensor, swa: KVCache) -> bool:
-    """FlashMLA can take this call: a Hopper GPU, SGLang's FP8 pools, its head counts and width."""
+    """FlashMLA can take this call: a Hopper GPU, SGLang's FP8 pools, bf16 queries of its head counts
+    and width."""
     return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and swa.layout.fp8
-            and q.shape[1] in HEADS and q.shape[2] == DIM)
+            and q.dtype == torch.bfloat16 and q.shape[1] in HEADS and q.shape[2] == DIM)
 
 
 def k_cache_view(cache: KVCache) -> torch.Tensor:
@@ -53,36 +55,21 @@ def k_cache_view(cache: KVCache) -> torch.Tensor:
     return cache.data.view(torch.float8_e4m3fn)[:, : size * TOKEN_BYTES].view(cache.data.shape[0], size, 1, TOKEN_BYTES)
 
 
-class FlashMLADecode:
-    """The `attention` slot on the Hopper path (contract: dsv4opt/workload/slots.py, lse aside).
-
-    `new_step()` drops the scheduler metadata, as SGLang's backend makes it anew each forward; the
-    model calls it once a step, before the layers.
-    """
-
-    def __init__(self):
-        self._meta: dict[int, object] = {}
-        self.ran = None  # "flashmla" or "stand-in": what the last call ran
-
-    def new_step(self) -> None:
-        self._meta = {}
-
-    def __call__(self, q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices,
-                 extra_lengths, sink, scale):
-        if not runs_flashmla(q, swa):
-            self.ran = "stand-in"
-            return sparse_decode_sm120(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale)
-        fm = flash_mla_module()
-        ratio = 0 if extra is None else swa.layout.page_size // extra.layout.page_size
-        if ratio not in self._meta:
-            self._meta[ratio] = fm.get_mla_metadata()[0]
-        out, lse = fm.flash_mla_with_kvcache(
-            q=q.unsqueeze(1), k_cache=k_cache_view(swa), block_table=None, cache_seqlens=None, head_dim_v=DIM,
-            tile_scheduler_metadata=self._meta[ratio], softmax_scale=scale, causal=False, is_fp8_kvcache=True,
-            indices=swa_indices.unsqueeze(1), attn_sink=sink.float(),
-            extra_k_cache=None if extra is None else k_cache_view(extra),
-            extra_indices_in_kvcache=None if extra is None else extra_indices.unsqueeze(1),
-            topk_length=swa_lengths, extra_topk_length=None if extra is None else extra_lengths, use_legacy=True,
-        )
-        self.ran = "flashmla"
-        return out.squeeze(1), lse.squeeze(-1)
+def sparse_decode_flashmla(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices,
+                           extra_lengths, sink, scale):
+    """The `attention` slot on the Hopper path (contract: dsv4opt/workload/slots.py; lse without the
+    sink, FlashMLA's). Each call makes its own scheduler metadata, where SGLang makes one per compress
+    ratio a step and reuses it (:210-215): one metadata launch a layer rather than three a step, and
+    no state between calls, so the slot stays one plain function (torch-compile makes it one op)."""
+    if not runs_flashmla(q, swa):
+        return sparse_decode_sm120(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale)
+    fm = flash_mla_module()
+    out, lse = fm.flash_mla_with_kvcache(
+        q=q.unsqueeze(1), k_cache=k_cache_view(swa), block_table=None, cache_seqlens=None, head_dim_v=DIM,
+        tile_scheduler_metadata=fm.get_mla_metadata()[0], softmax_scale=scale, causal=False, is_fp8_kvcache=True,
+        indices=swa_indices.unsqueeze(1), attn_sink=sink.float(),
+        extra_k_cache=None if extra is None else k_cache_view(extra),
+        extra_indices_in_kvcache=None if extra is None else extra_indices.unsqueeze(1),
+        topk_length=swa_lengths, extra_topk_length=None if extra is None else extra_lengths, use_legacy=True,
+    )
+    return out.squeeze(1), lse.squeeze(-1)

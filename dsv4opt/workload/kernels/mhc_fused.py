@@ -55,6 +55,22 @@ def _hc_pre_gemm_kernel(p_h, p_fn, p_mix, p_sq, T, N, K, s_ht, s_fn, s_ms, s_mt,
     tl.store(p_sq + i_split * T + o_t, b_sq, mask=m_t)
 
 
+def _block_t(T: int) -> int:
+    return min(64, max(16, triton.next_power_of_2(T)))
+
+
+_BLOCK_K = 128
+
+
+def gemm_splits(T: int, K: int, splits: int | None = None) -> tuple[int, int]:
+    """(K splits, columns a split) hc_pre_gemm uses for T tokens and K columns; `splits` asked or
+    enough programs to fill the GPU. Its partials' first dimension (a fake needs it too)."""
+    n_t = triton.cdiv(T, _block_t(T))
+    splits = splits or max(1, min(triton.cdiv(K, _BLOCK_K), _TARGET_PROGRAMS // n_t))
+    k_per_split = triton.cdiv(triton.cdiv(K, splits), _BLOCK_K) * _BLOCK_K
+    return triton.cdiv(K, k_per_split), k_per_split
+
+
 def hc_pre_gemm(h: torch.Tensor, fn: torch.Tensor, splits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """h: [T, hc, d] (model dtype), fn: [N, hc*d] fp32 -> (mix partials [S, T, N], sum-of-squares
     partials [S, T]), fp32: summed over S they are flat @ fn^T and sum(flat^2), flat = h as fp32.
@@ -66,11 +82,9 @@ def hc_pre_gemm(h: torch.Tensor, fn: torch.Tensor, splits: int | None = None) ->
         return mix[None], sq[None]
     N, K = fn.shape
     assert h2.shape[1] == K and h2.stride(1) == 1 and fn.stride(1) == 1 and fn.dtype == torch.float32, (h2.shape, fn.shape)
-    BLOCK_T, BLOCK_K = min(64, max(16, triton.next_power_of_2(T))), 128
+    BLOCK_T, BLOCK_K = _block_t(T), _BLOCK_K
     n_t = triton.cdiv(T, BLOCK_T)
-    splits = splits or max(1, min(triton.cdiv(K, BLOCK_K), _TARGET_PROGRAMS // n_t))
-    k_per_split = triton.cdiv(triton.cdiv(K, splits), BLOCK_K) * BLOCK_K
-    splits = triton.cdiv(K, k_per_split)
+    splits, k_per_split = gemm_splits(T, K, splits)
     mix = torch.empty(splits, T, N, device=h.device, dtype=torch.float32)
     sq = torch.empty(splits, T, device=h.device, dtype=torch.float32)
     if T:
