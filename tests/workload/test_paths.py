@@ -89,3 +89,33 @@ def test_a_missing_flashmla_is_named(monkeypatch):
     monkeypatch.setattr(flashmla.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DsvOptError, match=r"pip install --no-deps sgl-flash-mla==1\.0\.0"):
         flashmla.flash_mla_module()
+
+
+def _hopper_with_flashmla() -> bool:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return False
+    try:
+        flashmla.flash_mla_module()
+    except DsvOptError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _hopper_with_flashmla(), reason="needs a Hopper GPU with sgl-flash-mla 1.0.0")
+def test_flashmla_in_the_model_matches_the_sm120_kernel(monkeypatch):
+    """FlashMLA itself in every attention block of a 4-layer dsv4-flash (window, CSA, HCA layers) against
+    the sm_120 kernel on the same input and state: the views, index rows and sink are passed right."""
+    from dsv4opt.workload.attention.sm120 import sparse_decode_sm120
+
+    calls = []
+    real = flashmla.flash_mla_module
+    monkeypatch.setattr(flashmla, "flash_mla_module", lambda: calls.append(1) or real())
+    flash = ModelConfig.from_name("dsv4-flash")
+    wl = DecodeWorkload(flash, concurrency=5, context=700, layers=4, device="cuda", sglang="0.5.23")
+    rel = {}
+    wl.compare_impls = {"attention": sparse_decode_sm120}
+    wl.on_block = lambda block, i, out, other: rel.setdefault((block, i), error_report(out, other).rel)
+    wl.step(torch.arange(5, device="cuda"))
+    assert len(calls) == 4  # one FlashMLA call a layer; the sm_120 kernel ran in the comparison only
+    attention = {k: v for k, v in rel.items() if k[0] == "attention_block"}
+    assert len(attention) == 4 and max(attention.values()) < 2e-2, rel
