@@ -103,6 +103,16 @@ RULES: tuple[Rule, ...] = (
     Rule(ELEMENTWISE, r"^mhc_post_tilelang_kernel",
          "mhc_post_tilelang_kernel",
          "TileLang's mHC post step, out = post * f(y) + comb @ residual (SGLang 0.5.23 kernels/ops/layernorm/mhc.py:1272)"),
+    # This tool's embedded workload, where a name would read wrong: the indexer logits kernel (e4m3
+    # or bf16 operands on tensor cores) is a GEMM, not an index copy; the Hopper path's fused mHC pre
+    # step is what TileLang's big fuse above is.
+    Rule(GEMM_TC, r"^_indexer_logits_kernel$",
+         "_indexer_logits_kernel",
+         "dsv4opt's indexer logits on tensor cores (dsv4opt/workload/kernels/indexer_tc.py): the Hopper path's "
+         "stand-in for DeepGEMM's fp8_paged_mqa_logits, and bf16-gemm's kernel"),
+    Rule(REDUCTION, r"^_hc_pre_big_fuse_kernel$",
+         "_hc_pre_big_fuse_kernel",
+         "dsv4opt's stand-in for TileLang's mhc_pre_big_fuse_with_norm (dsv4opt/workload/kernels/mhc_fused.py)"),
     Rule(ATTENTION, r"flash(?!infer)|fmha|sdpa|mla|attn|attention|batchdecode|batchprefill|paged_?attention|decode_?kernel|_fwd(?:_grouped)?_kernel_stage|merge_?state|single_?(?:decode|prefill)|cascade",
          "void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t, ...>, false, true, false, false, true, true, false>(pytorch_flash::Flash_fwd_params)",
          "attention kernels; FlashInfer's namespace alone says nothing (its norm, rope and sampling kernels live there too)"),

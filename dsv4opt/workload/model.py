@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from dsv4opt.errors import DsvOptError
+from dsv4opt.workload.attention import flashmla
 from dsv4opt.workload.collectives import ModelledRanks, ProcessGroupRanks
 from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
 from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_rope_store
@@ -207,7 +208,12 @@ class DecodeWorkload:
         return torch.cat([mine, mine.new_zeros(self.deploy.padded_heads - mine.shape[0])])
 
     def _fp8(self, out_features: int, in_features: int) -> Fp8Linear:
-        return Fp8Linear(self._randn(out_features, in_features), self.cfg.fp8_block)
+        return self._linear(self._randn(out_features, in_features))
+
+    def _linear(self, weight: torch.Tensor) -> Fp8Linear:
+        """A block-FP8 linear of this path: SGLang 0.5.14's sm_120 Triton GEMM, or 0.5.23's DeepGEMM
+        on Hopper (its stand-in fills the SMs)."""
+        return Fp8Linear(weight, self.cfg.fp8_block, fill_sms=self.path.fp8_gemm_fills_sms)
 
     def _mine(self, drawn: torch.Tensor, rows_per_request: int = 1) -> torch.Tensor:
         """This rank's rows of a tensor drawn for every rank's requests."""
@@ -230,7 +236,7 @@ class DecodeWorkload:
         w13, w2 = self._randn(2 * width, cfg.hidden), self._randn(cfg.hidden, width)
         cols = slice(self.shard * shard, (self.shard + 1) * shard)
         gate_up = torch.cat([w13[:width][cols], w13[width:][cols]])
-        return Fp8Linear(gate_up, cfg.fp8_block), Fp8Linear(w2[:, cols].contiguous(), cfg.fp8_block)
+        return self._linear(gate_up), self._linear(w2[:, cols].contiguous())
 
     def _experts(self, layer: int, name: str, out_features: int, in_features: int) -> Mxfp4Experts:
         """The resident experts' weight sets, each from a generator seeded by (seed, layer, name, expert);
@@ -276,7 +282,7 @@ class DecodeWorkload:
             "wqkv_a": self._fp8(cfg.q_lora + D, d),  # wq_a and wkv fused (SGLANG_OPT_FUSE_WQA_WKV)
             "q_norm": self._norm_weight(cfg.q_lora),
             # column-parallel: this rank's heads (all of them under DP attention)
-            "wq_b": Fp8Linear(self._sliced(self._randn(H * D, cfg.q_lora), 0), cfg.fp8_block),
+            "wq_b": self._linear(self._sliced(self._randn(H * D, cfg.q_lora), 0)),
             "kv_norm": self._norm_weight(D),
             "sink": self._padded_sink(self._randn(H, dtype=torch.float32, scale=1.0)),
             # this rank's output groups: bf16 on sm_120 (FP8_WO_A_GEMM off there), block FP8 on the
@@ -284,7 +290,7 @@ class DecodeWorkload:
             # a group here)
             "wo_a": self._wo_a(self._sliced(self._randn(G, cfg.o_lora, H // G * D), 0)),
             # row-parallel: the columns of this rank's groups; the partial outputs are all-reduced
-            "wo_b": Fp8Linear(self._sliced(self._randn(d, G * cfg.o_lora), 1), cfg.fp8_block),
+            "wo_b": self._linear(self._sliced(self._randn(d, G * cfg.o_lora), 1)),
             "ffn_norm": self._norm_weight(d),
             "router": self._randn(cfg.experts, d),
             "router_bias": self._randn(cfg.experts, dtype=torch.float32, scale=0.1),
@@ -342,6 +348,7 @@ class DecodeWorkload:
         """tokens: [C] int64 -> logits [C, vocab] fp32; every request advances by one token."""
         cfg, C = self.cfg, self.concurrency
         with record_function("embed"):
+            flashmla.new_step()  # the Hopper path's FlashMLA scheduler metadata, made anew each forward
             x = self.embed[tokens]
             h = x[:, None, :].expand(C, cfg.hc, cfg.hidden).contiguous()
             meta = self._metadata(tokens)
@@ -491,7 +498,7 @@ class DecodeWorkload:
         """wo_a [G, o_lora, heads/G * D] as the path keeps it: bf16, or one block-FP8 linear a group."""
         if not self.path.fp8_wo_a:
             return weight
-        return [Fp8Linear(w, self.cfg.fp8_block) for w in weight]
+        return [self._linear(w) for w in weight]
 
     def _wo_a_fp8(self, o: torch.Tensor, groups: list[Fp8Linear]) -> torch.Tensor:
         """o [C, G * K] -> [C, G * o_lora]: the activations quantised once per token group of 128
@@ -501,7 +508,7 @@ class DecodeWorkload:
         q, s = group_quant_fp8(o, block)
         K = q.shape[1] // len(groups)
         outs = [block_fp8_matmul(q[:, g * K : (g + 1) * K], s[:, g * K // block : (g + 1) * K // block], lin.w8,
-                                 lin.w_scale, block, o.dtype) for g, lin in enumerate(groups)]
+                                 lin.w_scale, block, o.dtype, lin.fill_sms) for g, lin in enumerate(groups)]
         return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
 
     def _query(self, q: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,7 @@ class SGLangPath:
     # the top-k weights and adds with alpha 1: mxfp4_flashinfer_trtllm_moe.py:561-565)
     routed_scaled_twice: bool
     fp8_wo_a: bool  # wo_a block FP8 (SGLANG_OPT_FP8_WO_A_GEMM), else bf16
+    fp8_gemm_fills_sms: bool  # the block-FP8 GEMM's tiles fill the SMs (DeepGEMM's stand-in)
 
     def implementations(self) -> dict[str, Callable]:
         """The baseline's slot implementations on this path."""
@@ -64,10 +65,10 @@ PATHS = {
     for p in (
         SGLangPath(SM120_0514, "sm_120", "sm_120", "tp4", "SGLang 0.5.14's sm_120 path of June 2026 (the story's; "
                    "sgl-project/sglang@37ef295c7)", fused_mhc_pre=False, routed_scaled_twice=True,
-                   fp8_wo_a=False),
+                   fp8_wo_a=False, fp8_gemm_fills_sms=False),
         SGLangPath(HOPPER_0523, "Hopper (sm_90)", "sm_90", "tp4", "SGLang 0.5.23's Hopper path (FlashMLA, DeepGEMM FP8, "
                    "fused mHC, Marlin W4A16 MoE)", fused_mhc_pre=True, routed_scaled_twice=False,
-                   fp8_wo_a=True),
+                   fp8_wo_a=True, fp8_gemm_fills_sms=True),
     )
 }
 DEFAULT_PATH = SM120_0514

@@ -19,14 +19,15 @@ class Fp8Linear:
     (one kernel). The output is in x's dtype.
     """
 
-    def __init__(self, weight: torch.Tensor, block: int):
+    def __init__(self, weight: torch.Tensor, block: int, fill_sms: bool = False):
         self.out_features, self.in_features = weight.shape
         self.block = block
+        self.fill_sms = fill_sms  # tiles chosen to occupy every SM (the Hopper path's DeepGEMM stand-in)
         self.w8, self.w_scale = quant.quantize_block_fp8(weight, block)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         q, s = group_quant_fp8(x, self.block)
-        return block_fp8_matmul(q, s, self.w8, self.w_scale, self.block, x.dtype)
+        return block_fp8_matmul(q, s, self.w8, self.w_scale, self.block, x.dtype, self.fill_sms)
 
     def dense(self) -> torch.Tensor:
         """The weight this layer applies, [out, in] float64 on the CPU (for references)."""

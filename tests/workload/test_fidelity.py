@@ -106,10 +106,10 @@ HOPPER_PER_LAYER = {
     # weights_proj, wq_b (2), q rope+Hadamard+quant, DeepGEMM's FP8 logits, top-k
     "indexer": {CSA: 6},
     "compress": {CSA: 6, HCA: 3},
-    # FlashMLA's tile-scheduler metadata (SGLang: once a step per compress ratio; here once a call),
-    # its split-KV kernel and its combine (counted from source: the CPU runs the sm_120 kernel in
-    # its place, quietly), the inverse RoPE
-    "attn": 4,
+    # FlashMLA's split-KV kernel and its combine (counted from source: the CPU runs the sm_120
+    # kernel in its place, quietly), the inverse RoPE; its scheduler metadata once a step per
+    # compress ratio (three a step, not per layer)
+    "attn": 3,
     # the per-token-group FP8 quant, one block-FP8 GEMM per output group (DeepGEMM: one fp8_einsum),
     # the concatenation, wo_b (2)
     "o_proj": {"groups": None},
@@ -118,7 +118,7 @@ HOPPER_PER_LAYER = {
     # zeros, two GEMMs, the clamped SwiGLU, the top-k sum), the add to the shared output
     "moe": 12,
 }
-FLASHMLA_LAUNCHES = 3
+FLASHMLA_LAUNCHES = 2
 
 
 def hopper_expected(cfg: ModelConfig) -> dict[str, int]:

@@ -117,5 +117,7 @@ def test_flashmla_in_the_model_matches_the_sm120_kernel(monkeypatch):
     wl.on_block = lambda block, i, out, other: rel.setdefault((block, i), error_report(out, other).rel)
     wl.step(torch.arange(5, device="cuda"))
     assert len(calls) == 4  # one FlashMLA call a layer; the sm_120 kernel ran in the comparison only
+    # one scheduler metadata a compress ratio (window-only, C4, C128), shared by the layers of that ratio
+    assert set(flashmla._STEP_METADATA) == {0, 4, 128}
     attention = {k: v for k, v in rel.items() if k[0] == "attention_block"}
     assert len(attention) == 4 and max(attention.values()) < 2e-2, rel

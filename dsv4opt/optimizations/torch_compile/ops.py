@@ -149,12 +149,13 @@ def _(x, group):
 
 @torch.library.custom_op(f"{LIB}::block_fp8_matmul", mutates_args=())
 def block_fp8_matmul_op(a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor, block: int,
-                        out_dtype: torch.dtype) -> Tensor:
-    return _own(block_fp8_matmul(a, a_scale, w, w_scale, block, out_dtype), inputs=(a, a_scale, w, w_scale))[0]
+                        out_dtype: torch.dtype, fill_sms: bool) -> Tensor:
+    out = block_fp8_matmul(a, a_scale, w, w_scale, block, out_dtype, fill_sms)
+    return _own(out, inputs=(a, a_scale, w, w_scale))[0]
 
 
 @block_fp8_matmul_op.register_fake
-def _(a, a_scale, w, w_scale, block, out_dtype):
+def _(a, a_scale, w, w_scale, block, out_dtype, fill_sms):
     return a.new_empty(a.shape[0], w.shape[0], dtype=out_dtype)
 
 
@@ -346,8 +347,8 @@ def _group_quant_fp8(x, group):
     return torch.ops.dsv4opt.group_quant_fp8(x, group)
 
 
-def _block_fp8_matmul(a, a_scale, w, w_scale, block, out_dtype):
-    return torch.ops.dsv4opt.block_fp8_matmul(a, a_scale, w, w_scale, block, out_dtype)
+def _block_fp8_matmul(a, a_scale, w, w_scale, block, out_dtype, fill_sms=False):
+    return torch.ops.dsv4opt.block_fp8_matmul(a, a_scale, w, w_scale, block, out_dtype, fill_sms)
 
 
 def _mm_out_fp32(x, w):
@@ -407,7 +408,8 @@ def _one_cache(q, cache, indices, lengths, scale):
 
 
 KERNELS: dict[str, Callable] = {fn.__name__: fn for fn in (
-    rms_norm, hc_prenorm, hc_split_sinkhorn, hc_post, hc_pre_gemm, hc_pre_big_fuse, group_quant_fp8, block_fp8_matmul, mm_out_fp32, q_norm_rope,
+    rms_norm, hc_prenorm, hc_split_sinkhorn, hc_post, hc_pre_gemm, hc_pre_big_fuse, group_quant_fp8, block_fp8_matmul,
+    mm_out_fp32, q_norm_rope,
     kv_norm_rope_store, rope_inplace, compress_forward, compress_norm_rope_store, index_q_rope_hadamard_quant,
     topk_transform, moe_gate, silu_mul_clamp, mxfp4_slot_gemv, one_cache,
 )}

@@ -5,8 +5,7 @@ for every decode layer of DeepSeek-V4 (srt/layers/attention/deepseek_v4_backend.
 with use_legacy=True at :1262-1272): q [B, 1, H, 512] bf16 with H padded to 64, each pool viewed as
 e4m3 [pages, page_size, 1, 584], index rows [B, 1, K] (K a multiple of 64), top-k lengths [B],
 attn_sink [H] fp32, and one `FlashMLASchedMeta` per compress ratio, made empty once per forward,
-filled by the first layer that uses it and reused by the later ones (:210-215; here one a call). The
-wheel's objects
+filled by the first layer that uses it and reused by the later ones (:210-215). The wheel's objects
 use torch's stable C interface, so they load under this tool's torch on a Hopper GPU; this module
 calls them, the production kernel and not a stand-in. Its lse excludes the sink; the model does not
 read lse.
@@ -55,18 +54,31 @@ def k_cache_view(cache: KVCache) -> torch.Tensor:
     return cache.data.view(torch.float8_e4m3fn)[:, : size * TOKEN_BYTES].view(cache.data.shape[0], size, 1, TOKEN_BYTES)
 
 
+_STEP_METADATA: dict[int, object] = {}  # compress ratio -> this step's FlashMLASchedMeta
+
+
+def new_step() -> None:
+    """Forget the scheduler metadata: the model calls this before each step's layers, as SGLang's
+    backend makes new metadata each forward (under CUDA graphs the step that is captured makes it,
+    and every replay recomputes it in the graph)."""
+    _STEP_METADATA.clear()
+
+
 def sparse_decode_flashmla(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices,
                            extra_lengths, sink, scale):
     """The `attention` slot on the Hopper path (contract: dsv4opt/workload/slots.py; lse without the
-    sink, FlashMLA's). Each call makes its own scheduler metadata, where SGLang makes one per compress
-    ratio a step and reuses it (:210-215): one metadata launch a layer rather than three a step, and
-    no state between calls, so the slot stays one plain function (torch-compile makes it one op)."""
+    sink, FlashMLA's). One FlashMLASchedMeta per compress ratio a step (0: window only), made empty
+    by the first layer of its ratio, filled by FlashMLA there and reused by the later layers, as
+    SGLang's backend does (deepseek_v4_backend.py:210-215)."""
     if not runs_flashmla(q, swa):
         return sparse_decode_sm120(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale)
     fm = flash_mla_module()
+    ratio = 0 if extra is None else swa.layout.page_size // extra.layout.page_size
+    if ratio not in _STEP_METADATA:
+        _STEP_METADATA[ratio] = fm.get_mla_metadata()[0]
     out, lse = fm.flash_mla_with_kvcache(
         q=q.unsqueeze(1), k_cache=k_cache_view(swa), block_table=None, cache_seqlens=None, head_dim_v=DIM,
-        tile_scheduler_metadata=fm.get_mla_metadata()[0], softmax_scale=scale, causal=False, is_fp8_kvcache=True,
+        tile_scheduler_metadata=_STEP_METADATA[ratio], softmax_scale=scale, causal=False, is_fp8_kvcache=True,
         indices=swa_indices.unsqueeze(1), attn_sink=sink.float(),
         extra_k_cache=None if extra is None else k_cache_view(extra),
         extra_indices_in_kvcache=None if extra is None else extra_indices.unsqueeze(1),

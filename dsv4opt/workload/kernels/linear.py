@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -81,9 +83,13 @@ def _block_fp8_matmul_kernel(p_a, p_b, p_c, p_as, p_bs, M, N,
 
 
 def block_fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                     block: int, out_dtype: torch.dtype) -> torch.Tensor:
+                     block: int, out_dtype: torch.dtype, fill_sms: bool = False) -> torch.Tensor:
     """a: [M, K] e4m3 with group scales a_scale [M, K/block]; w: [N, K] e4m3 with block scales
-    w_scale [ceil(N/block), K/block] -> a @ w^T: [M, N] in out_dtype (fp32 accumulation)."""
+    w_scale [ceil(N/block), K/block] -> a @ w^T: [M, N] in out_dtype (fp32 accumulation).
+
+    `fill_sms`: N tiles narrowed (to 32 at the least) until the grid covers the GPU's SMs, as the
+    Hopper path's stand-in for DeepGEMM's `fp8_gemm_nt`, whose heuristics choose block sizes so a
+    decode-sized GEMM occupies every SM; the sm_120 path keeps the fixed tiles it was measured with."""
     if not runs_triton(a):
         return naive.block_fp8_matmul(a, a_scale, w, w_scale, block).to(out_dtype)
     M, K = a.shape
@@ -92,6 +98,9 @@ def block_fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_
     c = torch.empty(M, N, device=a.device, dtype=out_dtype)
     block_m = min(64, max(16, triton.next_power_of_2(M)))
     block_n = min(128, max(16, triton.next_power_of_2(N)))
+    if fill_sms and a.is_cuda:
+        while block_n > 32 and triton.cdiv(M, block_m) * triton.cdiv(N, block_n) < _sms(a.device):
+            block_n //= 2
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     if M:
         _block_fp8_matmul_kernel[grid](
@@ -103,6 +112,11 @@ def block_fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_
             num_warps=4, num_stages=3,
         )
     return c
+
+
+@functools.lru_cache(maxsize=None)
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def mm_out_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
