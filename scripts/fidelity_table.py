@@ -1,4 +1,4 @@
-"""Launches per layer, part by part, of a committed embedded profile against SGLang's sm_120 path.
+"""Launches per layer, part by part, of a committed embedded profile against the SGLang path it reproduces.
 
     python scripts/fidelity_table.py profiles/embedded-dsv4-flash-c32-ctx8192-baseline.json
 
@@ -38,24 +38,43 @@ SGLANG_TP = {
 }
 
 
+# SGLang 0.5.23 on Hopper under tp4 (its PyPI wheel; docs/workload.md "The Hopper path"), more than
+# 32 tokens: per boundary mhc_post, DeepGEMM's tf32 pre-norm GEMM and the big fuse with the norm
+# (kernels/ops/layernorm/mhc.py:1733-1832; up to 32 tokens the post and the GEMM are one launch)
+SGLANG_HOPPER = {
+    ("mhc_pre",): (4, "DeepGEMM tf32_hc_prenorm_gemm + TileLang mhc_pre_big_fuse_with_norm, twice"),
+    ("mhc_post",): (2, "TileLang mhc_post, twice (joined with the GEMM up to 32 tokens)"),
+    ("attn_norm", "ffn_norm"): (0, "in the big fuse"),
+    ("qkv",): (7, "wqkv_a (2), q_norm, wq_b (2), fused_q_norm_rope, kv norm+rope+FP8 store"),
+    ("compress",): (4.3, "3 per compressor: 6 on CSA layers (core + indexer), 3 on HCA"),
+    ("indexer",): (2.9, "6 per CSA layer: weights_proj, wq_b (2), q rope+Hadamard+quant, DeepGEMM fp8_paged_mqa_logits, top-k"),
+    ("attn",): (3, "FlashMLA split-KV + combine, inverse RoPE (its scheduler metadata once a step per compress ratio)"),
+    ("o_proj",): (5, "per-token-group FP8 quant, DeepGEMM fp8_einsum, wo_b (2), all-reduce"),
+    ("moe",): (16, "shared expert (5), router, gate, Marlin MoE (align, workspace zeros, 2 GEMMs, SwiGLU, top-k sum), add, all-reduce"),
+}
+
+
 def main(path: str) -> None:
     prof = Profile.load(path)
     steps = prof.steps["count"]
     layers = prof.meta["layers"]
     parts = {p.part: p for p in prof.parts or []}
     layout = prof.meta.get("layout") or "dp-ep"
-    table = SGLANG if layout == "dp-ep" else SGLANG_TP
+    hopper = prof.meta.get("sglang") == "0.5.23"
+    table = SGLANG_HOPPER if hopper else SGLANG if layout == "dp-ep" else SGLANG_TP
+    family = "SGLang 0.5.23 Hopper" if hopper else "SGLang sm_120"
     print(f"From `{path}` ({prof.meta['device']}, layout {layout}, C = {prof.meta['concurrency']}, context "
           f"{prof.meta['context']}, commit {prof.meta.get('commit')}): launches per step "
           f"{prof.steps['launches_per_step']:.0f}.\n")
-    print("| part | ours (H200, per layer) | SGLang sm_120 (per layer) | ours / SGLang | SGLang's launches |")
+    print(f"| part | ours (H200, per layer) | {family} (per layer) | ours / SGLang | SGLang's launches |")
     print("|---|---:|---:|---:|---|")
     total_ours = total_sgl = 0.0
     for names, (sgl, what) in table.items():
         ours = sum(parts[n].count for n in names if n in parts) / steps / layers
         total_ours += ours
         total_sgl += sgl
-        print(f"| {' + '.join(names)} | {ours:.1f} | {sgl:g} | {ours / sgl:.2f} | {what} |")
+        ratio = f"{ours / sgl:.2f}" if sgl else "-"
+        print(f"| {' + '.join(names)} | {ours:.1f} | {sgl:g} | {ratio} | {what} |")
     per_step = sum(parts[n].count for n in ("embed", "mhc_head", "lm_head") if n in parts) / steps
     print(f"| **per layer** | **{total_ours:.1f}** | **{total_sgl:.0f}** | {total_ours / total_sgl:.2f} | |")
     print(f"| per step, outside the layers (embedding and index metadata, head) | {per_step:.0f} | | | |")
