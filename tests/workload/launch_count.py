@@ -67,11 +67,12 @@ class LaunchCounter:
         return wrapped
 
 
-def count_step(wl, tokens, monkeypatch) -> LaunchCounter:
-    """Run wl.step(tokens) once, counting launches per record_function part."""
+def count_step(wl, tokens, monkeypatch, counter: LaunchCounter | None = None) -> LaunchCounter:
+    """Run wl.step(tokens) once, counting launches per record_function part (into `counter` when given:
+    a stand-in may count what it stands for there)."""
     import dsv4opt.workload.model as model
 
-    counter = LaunchCounter()
+    counter = counter or LaunchCounter()
     monkeypatch.setattr(model, "record_function", counter.record_function)
     monkeypatch.setattr(model, "mm_out_fp32", counter.one_launch(model.mm_out_fp32, "mm_out_fp32"))
     real_run = InterpretedFunction.run

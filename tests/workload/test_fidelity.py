@@ -12,7 +12,7 @@ import torch
 from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
 from dsv4opt.workload.layout import Layout
 from dsv4opt.workload.model import DecodeWorkload
-from tests.workload.launch_count import count_step
+from tests.workload.launch_count import LaunchCounter, count_step
 
 TINY = ModelConfig.from_name("dsv4-tiny")
 
@@ -136,33 +136,23 @@ def test_launches_per_part_match_sglang_0523_hopper_path(monkeypatch):
     monkeypatch.setattr(torch, "empty", _empty)
     monkeypatch.setattr(torch, "empty_like", _empty_like)
     wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.float16, seed=0, sglang="0.5.23")
+    counter = LaunchCounter()
+
     def flashmla_counted(q, *args):
-        if not counter_box:  # the warm-up step, before counting
-            return q.new_zeros(q.shape), q.new_zeros(q.shape[:2], dtype=torch.float32)
-        counter = counter_box[0]
+        """FlashMLA's launches counted from source; what it returns made without a kernel to count."""
         counter.counts[counter.part] += FLASHMLA_LAUNCHES
         counter.ops[counter.part] += ["flashmla"] * FLASHMLA_LAUNCHES
         counter.quiet += 1
-        try:  # what FlashMLA returns, made without a kernel the count would see
+        try:
             return q.new_zeros(q.shape), q.new_zeros(q.shape[:2], dtype=torch.float32)
         finally:
             counter.quiet -= 1
 
-    counter_box = []
-    import tests.workload.launch_count as lc
-
-    real = lc.LaunchCounter
-
-    class Boxed(real):
-        def __init__(self):
-            super().__init__()
-            counter_box.append(self)
-
-    monkeypatch.setattr(lc, "LaunchCounter", Boxed)
     wl.impls["attention"] = flashmla_counted
     wl.step(torch.tensor([3, 9]))  # the grouped kernel repacks its weights once, on the first call
-    counted = count_step(wl, torch.tensor([3, 9]), monkeypatch)
+    counter.counts.clear()
+    counter.ops.clear()
+    counted = count_step(wl, torch.tensor([3, 9]), monkeypatch, counter)
     want = hopper_expected(TINY)
     got = {part: counted.counts[part] for part in want}
-    assert got == want, {p: (got[p], want[p], counted.ops[p][: got[p] // TINY.layers + 3]) for p in want if got[p] != want[p]}
     assert got == want, {p: (got[p], want[p], counted.ops[p][: got[p] // TINY.layers + 3]) for p in want if got[p] != want[p]}
