@@ -12,6 +12,7 @@ they promise too little: a lever is advice, its bound is an upper limit nobody h
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 
@@ -124,7 +125,8 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
         in_parts = replaced_share(profile, opt)
         if opt.target_category == GLUE_TARGET:
             share, note, known = _glue_share(profile, opt, frag)
-            share_of = "all glue" if opt.fuses_all_glue or not known else "glue it fuses"
+            share_of = ("eager glue" if profile.meta.get("target") == "embedded" else "all glue") \
+                if opt.fuses_all_glue else "glue it fuses" if known else "all glue"
             if known:
                 notes.append(note)
             else:  # what it fuses cannot be told: listed, never chosen
@@ -166,6 +168,10 @@ def _glue_share(profile: Profile, opt: Optimization, frag: Fragmentation) -> tup
     """The share an optimisation of glue slots targets: the regions it fuses, when the profile's
     regions say which (known); else all of the glue, an upper limit nobody can vouch for."""
     if opt.fuses_all_glue:
+        if profile.meta.get("target") == "embedded":
+            eager = eager_glue_share(profile)
+            return eager, (f"works on the glue eager torch launches: bound by that ({eager:.1%}); the workload's own "
+                           f"Triton glue kernels ({frag.share - eager:.1%}) stay opaque under it"), True
         return frag.share, "works on every glue region: bound by all of the glue", True
     if glue_of(profile) is None:
         return frag.share, "the profile holds no glue regions, so what it fuses cannot be told", False
@@ -175,6 +181,17 @@ def _glue_share(profile: Profile, opt: Optimization, frag: Fragmentation) -> tup
     return plan.share, (f"fuses {len(plan.regions)} glue regions, {plan.share:.2%} of GPU time: "
                         f"{plan.launches_saved_per_step:.0f} launches/step fewer, predicted to save "
                         f"{plan.saving_us_per_step:.1f} µs/step"), True
+
+
+# The embedded workload's own Triton kernels (`_name_kernel`), which torch-compile keeps opaque: its
+# custom ops (optimizations/torch_compile/ops.py). Inductor's own are `triton_*`, ATen's C++ names.
+_OWN_TRITON = re.compile(r"^_\w+_kernel$")
+
+
+def eager_glue_share(profile: Profile) -> float:
+    """The share of glue kernels an embedded profile's eager torch launched (not the workload's Triton)."""
+    own = sum(k.total_us for k in profile.kernels if k.category in members(GLUE_TARGET) and _OWN_TRITON.match(k.name))
+    return max(0.0, fragmentation(profile, members(GLUE_TARGET)).share - own / profile.total_us) if profile.total_us else 0.0
 
 
 def _levers(profile: Profile) -> list[Candidate]:

@@ -90,7 +90,7 @@ def test_elsewhere_the_category_rule_stands(meta, parts):
 
 def test_glue_optimisations_keep_the_glue_rule():
     _, cands = by_name(profile())
-    assert cands["torch-compile"].share_of == "all glue"
+    assert cands["torch-compile"].share_of == "eager glue"
     # 3,000 copy + 2,500 elementwise µs of 10,000: the glue categories, not the mhc_pre and moe parts
     assert cands["torch-compile"].share == pytest.approx(0.55)
     assert not cands["fuse-glue"].share_of.startswith("parts")
@@ -110,3 +110,22 @@ def test_the_table_says_what_each_share_is_of():
     print_recommendation(recommend(profile()), Console(file=out, width=220, force_terminal=False))
     text = out.getvalue()
     assert "share of" in text and "parts indexer, mhc_pre" in text and "parts moe" in text
+
+
+# The Hopper path's shape: most glue time is the workload's own Triton kernels, which torch-compile
+# keeps opaque (its custom ops), and a little is eager torch.
+OWN_GLUE = [
+    ("_moe_up_kernel", "moe", 430, 4000.0),
+    ("_index_q_kernel", "copy", 430, 2000.0),  # own Triton: opaque under torch-compile
+    ("_hc_pre_big_fuse_kernel", "reduction", 860, 3000.0),  # own Triton: opaque
+    ("vectorized_elementwise_kernel<4, ...>", "elementwise", 860, 1000.0),  # eager torch
+]
+
+
+@pytest.mark.parametrize("target,share", [("embedded", 0.10), ("sglang", 0.60)])
+def test_torch_compile_is_bound_by_the_glue_eager_torch_launches_on_embedded_profiles(target, share):
+    """On an embedded profile the workload's `_name_kernel` Triton glue is not torch-compile's to fuse:
+    10% eager glue of 60% -> bound 1/0.9; an SGLang trace's kernels are not told apart (all 60%)."""
+    rec = recommend(make_profile(OWN_GLUE, meta={**EMBEDDED, "target": target}))
+    tc = {c.name: c for c in rec.candidates}["torch-compile"]
+    assert tc.share == pytest.approx(share) and tc.amdahl_bound == pytest.approx(1 / (1 - share))
