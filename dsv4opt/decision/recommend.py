@@ -235,8 +235,21 @@ def _largest_without_lever(profile: Profile, cands: list[Candidate]) -> str | No
         return f"{head}: {', '.join(c.name for c in mine)} already on, no further lever here"
     enabled = set(profile.meta.get("optimizations") or [])
     reasons = [r for o in OPTIMIZATIONS.values() if top.category in members(o.target_category)
-               if (r := _does_not_fit(profile, o, profile_model(profile), enabled))]
+               if (r := _upstream_on_path(profile, o) or _does_not_fit(profile, o, profile_model(profile), enabled))]
     return f"{head}: no lever here ({'; '.join(reasons) or 'dsv4opt has no optimisation for it'})"
+
+
+def _upstream_on_path(profile: Profile, opt: Optimization) -> str | None:
+    """On an embedded profile of a path other than the default, what that SGLang version already runs
+    where `opt` works (the version table), or None."""
+    from dsv4opt.optimizations import sglang_versions as V
+    from dsv4opt.workload.paths import DEFAULT_PATH, PATHS
+
+    path = PATHS.get(str(profile.meta.get("sglang", DEFAULT_PATH)))
+    if profile.meta.get("target") != "embedded" or path is None or path.name == DEFAULT_PATH:
+        return None
+    part = V.VERSIONS[path.name].part(opt.name, path.family_code)
+    return f"{opt.name}: already upstream in SGLang {path.name} ({part.upstream})" if part and part.upstream else None
 
 
 def _runs(profile: Profile, opt: Optimization) -> bool:

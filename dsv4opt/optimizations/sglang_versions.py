@@ -251,9 +251,10 @@ V0_5_23 = SGLangVersion(
                      "srt/layers/quantization/fp8.py:459-466)",
         ),
         ("grouped-moe", SM90): Part(
-            sglang_runs="FlashInfer's CUTLASS W4A16 mixed-input grouped MoE (flashinfer_mxfp4), Marlin W4A16 opt-in",
-            upstream="the experts run FlashInfer's CUTLASS W4A16 grouped GEMM (flashinfer_mxfp4; Marlin W4A16 with "
-                     "--moe-runner-backend marlin)",
+            sglang_runs="FlashInfer's CUTLASS W4A16 mixed-input grouped MoE (flashinfer_mxfp4) by default; Marlin "
+                        "W4A16 under the H200 recipe (--moe-runner-backend marlin)",
+            upstream="the experts run a grouped W4A16 tensor-core MoE: FlashInfer's CUTLASS (flashinfer_mxfp4) by "
+                     "default, Marlin's under the H200 recipe (--moe-runner-backend marlin, fused_marlin_moe.py:140)",
         ),
     },
     notes=("a live server needs torch 2.14.1, FlashInfer 0.7.2 and sglang-kernel 0.4.10 (METADATA:232-281)",),

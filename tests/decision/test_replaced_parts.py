@@ -129,3 +129,12 @@ def test_torch_compile_is_bound_by_the_glue_eager_torch_launches_on_embedded_pro
     rec = recommend(make_profile(OWN_GLUE, meta={**EMBEDDED, "target": target}))
     tc = {c.name: c for c in rec.candidates}["torch-compile"]
     assert tc.share == pytest.approx(share) and tc.amdahl_bound == pytest.approx(1 / (1 - share))
+
+
+def test_the_hopper_paths_moe_says_it_is_upstream():
+    """On the 0.5.23 Hopper path the MoE is already a grouped W4A16 kernel: the largest category names
+    the version table's reason, where the sm_120 path's profile says grouped-moe finds no slot GEMV."""
+    hopper = recommend(make_profile(OWN_GLUE, meta={**EMBEDDED, "sglang": "0.5.23"}))
+    sm120 = recommend(make_profile(OWN_GLUE, meta=EMBEDDED))
+    assert "grouped-moe: already upstream in SGLang 0.5.23" in " ".join(hopper.explanation)
+    assert "grouped-moe replaces slot_gemv kernels" in " ".join(sm120.explanation)
