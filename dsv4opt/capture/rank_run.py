@@ -30,10 +30,11 @@ from dsv4opt.compilestats import CompileCounters
 from dsv4opt.errors import CaptureError
 from dsv4opt.fileio import check_new_file
 from dsv4opt.optimizations.registry import implementations
+from dsv4opt.workload.attention.flashmla import missing_on
 from dsv4opt.workload.config import ModelConfig
 from dsv4opt.workload.layout import Deployment, Layout
-from dsv4opt.workload.paths import DEFAULT_PATH
 from dsv4opt.workload.memory import estimate_memory
+from dsv4opt.workload.paths import DEFAULT_PATH, HOPPER_0523, SGLangPath
 
 GPU_CONFIG, CPU_CONFIG = "dsv4-flash", "dsv4-tiny"
 MEMORY_HEADROOM = 0.95  # of the free device memory a run may plan to use
@@ -72,10 +73,15 @@ def plan_run(settings: EmbeddedSettings, device: torch.device | None = None) -> 
     if graph_context and graph_context < longest:
         raise CaptureError(f"--graph-context {graph_context} is shorter than the longest request can grow ({longest} "
                            f"tokens at --context {settings.context}); raise it, or pass 0 to size it to the contexts")
+    path = SGLangPath.from_name(getattr(settings, "sglang", DEFAULT_PATH))
+    if path.name == HOPPER_0523 and (missing := missing_on(device)):
+        raise CaptureError(missing)  # before minutes of building: the path runs FlashMLA itself on Hopper
     notes = []
     if device.type == "cpu":
         notes.append(f"no GPU in use: running {config_name} on the CPU; the ranking is over CPU operators by "
                      "self time, not GPU kernels")
+    if path.name == HOPPER_0523 and not (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9):
+        notes.append(f"SGLang {path.name}'s Hopper path off Hopper: the sm_120 kernel stands in for FlashMLA")
     return RunPlan(device=device, config_name=config_name, cfg=cfg,
                    dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
                    max_new=max_new, use_graph=settings.cuda_graph and device.type == "cuda",

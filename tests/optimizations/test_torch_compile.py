@@ -247,3 +247,24 @@ def test_the_gate_passes_on_the_gpu(others):
     r = check("cuda", others=others)
     assert r.passed, r.summary
     assert r.figures["graph_breaks"] == 0, r.details["break_reasons"]
+
+
+def test_the_gate_leaves_out_a_path_that_cannot_run_here(monkeypatch):
+    """A Hopper GPU without sgl-flash-mla: the gate compiles the default path only, and says why."""
+    import importlib
+
+    import dsv4opt.workload.attention.flashmla as flashmla
+    from dsv4opt.optimizations.registry import CheckResult
+
+    check_mod = importlib.import_module("dsv4opt.optimizations.torch_compile.check")
+    seen = []
+
+    def fake(dev, impls, settings=None, step_bounded=True):
+        seen.append(settings.sglang)
+        return CheckResult(name="torch-compile", passed=True, device="cpu", figures={}, bounds={}, summary="ok",
+                           details={"settings": {"sglang": settings.sglang}})
+
+    monkeypatch.setattr(check_mod, "run_check", fake)
+    monkeypatch.setattr(flashmla, "missing_on", lambda device: "no sgl-flash-mla here")
+    r = check_mod.check("cpu")
+    assert seen == ["0.5.14"] and r.passed and "no sgl-flash-mla here" in r.notes[0]

@@ -121,3 +121,19 @@ def test_flashmla_in_the_model_matches_the_sm120_kernel(monkeypatch):
     assert set(flashmla._STEP_METADATA) == {0, 4, 128}
     attention = {k: v for k, v in rel.items() if k[0] == "attention_block"}
     assert len(attention) == 4 and max(attention.values()) < 2e-2, rel
+
+
+def test_a_hopper_gpu_without_flashmla_is_refused_before_building(monkeypatch):
+    """The profile refuses at once, in one line, rather than after minutes of building the model."""
+    import dsv4opt.capture.rank_run as rank_run
+    from dsv4opt.capture.settings import EmbeddedSettings
+    from dsv4opt.errors import CaptureError
+
+    monkeypatch.setattr(rank_run, "missing_on", lambda device: "the SGLang 0.5.23 Hopper path runs FlashMLA itself")
+    with pytest.raises(CaptureError, match="runs FlashMLA itself"):
+        rank_run.plan_run(EmbeddedSettings(config="dsv4-tiny", device="cpu", sglang="0.5.23"))
+    rank_run.plan_run(EmbeddedSettings(config="dsv4-tiny", device="cpu"))  # the default path needs no FlashMLA
+
+
+def test_off_hopper_nothing_is_missing():
+    assert flashmla.missing_on(torch.device("cpu")) is None

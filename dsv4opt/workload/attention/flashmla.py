@@ -41,6 +41,18 @@ def flash_mla_module():
     return flash_mla
 
 
+def missing_on(device: torch.device) -> str | None:
+    """Why the Hopper path cannot run on `device` (a Hopper GPU without the wheel), or None: off Hopper
+    the sm_120 kernel stands in, so only a Hopper GPU needs FlashMLA."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+        return None
+    try:
+        flash_mla_module()
+    except DsvOptError as exc:
+        return str(exc)
+    return None
+
+
 def runs_flashmla(q: torch.Tensor, swa: KVCache) -> bool:
     """FlashMLA can take this call: a Hopper GPU, SGLang's FP8 pools, bf16 queries of its head counts
     and width."""
