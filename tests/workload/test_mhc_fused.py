@@ -23,18 +23,19 @@ ACT = torch.bfloat16 if DEV == "cuda" else torch.float16
 # x is rounded to the model dtype twice (the sum, then the norm): a few units of its last place
 # (fp16 2^-11, bf16 2^-8); post and comb see only the GEMM's error: fp32 sums on the CPU, tf32
 # products (10 mantissa bits, 2^-11 each, averaging down over K) on the GPU.
-X_TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2}[ACT]
+# fp32 copies: x is as exact as the GEMM behind pre.
 MIX_TOL = 1e-5 if DEV == "cpu" else 2e-3
+X_TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float32: MIX_TOL}
 HC, N, ITERS, EPS = 4, 24, 20, 1e-6
 
 
-def _inputs(T: int, d: int, seed: int = 0):
+def _inputs(T: int, d: int, seed: int = 0, dtype: torch.dtype = ACT):
     g = torch.Generator().manual_seed(seed)
-    h = torch.randn(T, HC, d, generator=g).to(ACT)
+    h = torch.randn(T, HC, d, generator=g).to(dtype)
     fn = torch.randn(N, HC * d, generator=g) * (HC * d) ** -0.5
     scale = torch.rand(3, generator=g) + 0.5
     base = torch.randn(N, generator=g) * 0.1
-    norm = (1 + 0.1 * torch.randn(d, generator=g)).to(ACT)
+    norm = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype)
     return [t.to(DEV) for t in (h, fn, scale, base, norm)]
 
 
@@ -46,20 +47,23 @@ def _reference(h, fn, scale, base, norm):
 
 def _fused(h, fn, scale, base, norm, splits=None):
     mix, sq = mhc_fused.hc_pre_gemm(h, fn, splits)
-    return mhc_fused.hc_pre_big_fuse(mix, sq, h, scale, base, norm, HC, ITERS, EPS, EPS, ACT)
+    return mhc_fused.hc_pre_big_fuse(mix, sq, h, scale, base, norm, HC, ITERS, EPS, EPS, h.dtype)
 
 
 def _assert_close(got, want):
-    for name, out, ref, tol in zip(("x", "post", "comb"), got, want, (X_TOL, MIX_TOL, MIX_TOL)):
+    for name, out, ref, tol in zip(("x", "post", "comb"), got, want, (X_TOL[got[0].dtype], MIX_TOL, MIX_TOL)):
         report = error_report(out.cpu(), ref)
         assert report.ok(tol), (name, report)
 
 
 # d 24 and 100 are no power of two; K = 4d runs from 32 (one block) to 400 (several splits, the
 # last one short); 33 tokens is past one tile of 16 and not a multiple of it.
-@pytest.mark.parametrize("T,d,splits", [(1, 8, None), (3, 24, 1), (3, 100, 3), (33, 64, 2), (17, 100, None)])
-def test_fused_pre_step_matches_float64(T, d, splits):
-    inputs = _inputs(T, d)
+@pytest.mark.parametrize("T,d,splits,dtype", [
+    (1, 8, None, ACT), (3, 24, 1, ACT), (3, 100, 3, ACT), (33, 64, 2, ACT), (17, 100, None, ACT),
+    (33, 24, 3, torch.float32), (3, 100, None, torch.float32),
+], ids=lambda v: str(v).removeprefix("torch."))
+def test_fused_pre_step_matches_float64(T, d, splits, dtype):
+    inputs = _inputs(T, d, dtype=dtype)
     _assert_close(_fused(*inputs, splits=splits), _reference(*inputs))
 
 
@@ -90,3 +94,20 @@ def test_the_comparison_fails_when_a_split_is_dropped():
                                        EPS, EPS, ACT)
     with pytest.raises(AssertionError):
         _assert_close(broken, _reference(h, fn, scale, base, norm))
+
+
+def test_each_wrapper_is_one_launch(monkeypatch):
+    """Each wrapper is one Triton kernel and no ATen kernel (views and allocations only)."""
+    from tests.conftest import _empty
+    from tests.workload.launch_count import LaunchCounter, _Counter
+
+    monkeypatch.setattr(torch, "empty", _empty)  # the NaN poison's fill would count as a launch
+    counter = LaunchCounter()
+    kind = type(mhc_fused._hc_pre_gemm_kernel)  # InterpretedFunction on the CPU, JITFunction on a GPU
+    monkeypatch.setattr(kind, "run", counter.one_launch(kind.run, "triton"))
+    h, fn, scale, base, norm = _inputs(33, 100)
+    with _Counter(counter), counter.record_function("gemm"):
+        mix, sq = mhc_fused.hc_pre_gemm(h, fn, splits=3)
+    with _Counter(counter), counter.record_function("fuse"):
+        mhc_fused.hc_pre_big_fuse(mix, sq, h, scale, base, norm, HC, ITERS, EPS, EPS, ACT)
+    assert mix.shape[0] > 1 and counter.counts == {"gemm": 1, "fuse": 1}, counter.ops

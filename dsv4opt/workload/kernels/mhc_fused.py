@@ -144,6 +144,7 @@ def hc_pre_big_fuse(mix: torch.Tensor, sq: torch.Tensor, h: torch.Tensor, scale:
         return naive.hc_pre_from_partials(mix, sq, h, scale, base, norm_weight, hc, iters, hc_eps, norm_eps, dtype)
     S, _, N = mix.shape
     assert mix.is_contiguous() and sq.is_contiguous() and h.stride(2) == 1 and hc & (hc - 1) == 0, (mix.shape, hc)
+    assert scale.is_contiguous() and base.is_contiguous() and norm_weight.is_contiguous(), "1-D weights read densely"
     row = torch.empty(T, N, device=h.device, dtype=torch.float32)
     x = torch.empty(T, d, device=h.device, dtype=dtype)
     post = torch.empty(T, hc, device=h.device, dtype=torch.float32)
