@@ -1,8 +1,10 @@
-"""One rank's batched decode step of DeepSeek-V4-Flash as SGLang runs it on sm_120 (random weights).
+"""One rank's batched decode step of DeepSeek-V4-Flash as SGLang runs it (random weights).
 
 The step launches what SGLang's sm_120 path launches at sgl-project/sglang@37ef295c7, part by part
 (docs/workload.md has the table, with SGLang's source lines), with our
-own kernels standing in for SGLang's TileLang/JIT/sgl-kernel ones (dsv4opt/workload/kernels/).
+own kernels standing in for SGLang's TileLang/JIT/sgl-kernel ones (dsv4opt/workload/kernels/); or,
+with `sglang="0.5.23"`, what SGLang 0.5.23 launches on Hopper, FlashMLA itself among it
+(dsv4opt/workload/paths.py says what each path changes).
 Every part runs inside a `torch.profiler.record_function` range named after it (PARTS), and the
 step is free of host syncs so it can be captured as a CUDA graph.
 
