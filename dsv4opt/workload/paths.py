@@ -11,10 +11,10 @@
   deepseek-v4.jsx:1970-1981, DeepSeek-V4.mdx:300-307). FlashMLA's sparse FP8 decode itself
   (sgl-flash-mla, loaded and called: dsv4opt/workload/attention/flashmla.py), DeepGEMM's FP8 indexer
   logits, the fused mHC pre step (DeepGEMM's tf32 pre-norm GEMM, then one TileLang kernel for
-  Sinkhorn, the weighted sum and the RMSNorm) and Marlin's W4A16 grouped MoE (sgl-kernel's
-  `moe_wna16_marlin_gemm`, the routed scale folded into the top-k weights). DeepGEMM and TileLang
-  compile their kernels with nvcc at run time and sgl-kernel is built for torch 2.14, none of which
-  this tool's GPU machine has; our Triton kernels stand in for them, each docstring naming what it
+  Sinkhorn, the weighted sum and the RMSNorm) and Marlin's W4A16 grouped MoE (SGLang's own
+  `moe_wna16_marlin_gemm`, the routed scale folded into the top-k weights). DeepGEMM, TileLang and
+  SGLang's JIT kernels (Marlin's among them: kernels/ops/moe/moe_wna16_marlin.py:7-35, `load_jit`)
+  compile with nvcc at run time, which this tool's GPU machine does not have; our Triton kernels stand in for them, each docstring naming what it
   stands for.
 
 The path sets the baseline's slot implementations (an optimisation replaces them as on any path),

@@ -2,9 +2,9 @@
 
 The grouped-moe optimisation's `routed_experts` implementation on the sm_120 path (in place of
 SGLang's `mxfp4_moe_forward_triton`: one CUDA-core GEMV per (token, expert) slot), and on the Hopper
-path of SGLang 0.5.23 the stand-in for Marlin's W4A16 grouped MoE (sgl-kernel's
-`moe_wna16_marlin_gemm`, built for torch 2.14; dsv4opt/workload/paths.py). Four launches, fixed
-shapes, no host synchronisation (CUDA-graph safe):
+path of SGLang 0.5.23 the stand-in for Marlin's W4A16 grouped MoE (SGLang's
+`moe_wna16_marlin_gemm`, JIT-compiled with nvcc at run time; dsv4opt/workload/paths.py). Four
+launches, fixed shapes, no host synchronisation (CUDA-graph safe):
 
 1. `route` (one program, atomics): the slots on this rank grouped by expert into tiles of BM slots;
    other ranks' slots (-1) dropped; the tile count left on the device.
