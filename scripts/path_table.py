@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsv4opt.analysis.profile import Profile, is_profile_file  # noqa: E402
 from dsv4opt.workload.config import ModelConfig  # noqa: E402
-from dsv4opt.workload.floor import step_floor  # noqa: E402
+from dsv4opt.workload.floor import fp8_weight_bytes, step_floor  # noqa: E402
 from dsv4opt.workload.paths import PATHS  # noqa: E402
 
 HBM_GBS = 4800  # H200 SXM: the peak the profiles' efficiency tables use
@@ -66,6 +66,17 @@ def main(paths: list[str]) -> None:
             floor, parts = floor_ms(p)
             print(f"C = {p.meta['concurrency']}: floor {floor:.2f} ms = " +
                   ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in parts.items()))
+    print()
+    for p in profiles:  # the block-FP8 GEMM (DeepGEMM's stand-in on the Hopper path) against its weights
+        gemm = [k for k in p.kernels if k.name == "_block_fp8_matmul_kernel"]
+        if variant(p) != "baseline" or not gemm:
+            continue
+        m = p.meta
+        cfg = ModelConfig.from_name(m["config"]).with_layers(m["layers"])
+        nbytes = fp8_weight_bytes(cfg, m["layout"], PATHS[m.get("sglang", "0.5.14")].fp8_wo_a)
+        us = gemm[0].total_us / p.steps["count"]
+        print(f"C = {m['concurrency']}: block-FP8 GEMM {us / 1e3:.2f} ms a step ({gemm[0].share:.1%}) for "
+              f"{nbytes / 1e9:.2f} GB of FP8 weights: {nbytes / us / 1e3:.0f} GB/s, {nbytes / us / 1e3 / HBM_GBS:.0%} of HBM")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from dsv4opt.compilestats import CompileCounters
 from dsv4opt.errors import CaptureError
 from dsv4opt.fileio import check_new_file
 from dsv4opt.optimizations.registry import implementations
-from dsv4opt.workload.attention.flashmla import missing_on
+from dsv4opt.workload.attention.flashmla import hopper, missing_on
 from dsv4opt.workload.config import ModelConfig
 from dsv4opt.workload.layout import Deployment, Layout
 from dsv4opt.workload.memory import estimate_memory
@@ -80,7 +80,7 @@ def plan_run(settings: EmbeddedSettings, device: torch.device | None = None) -> 
     if device.type == "cpu":
         notes.append(f"no GPU in use: running {config_name} on the CPU; the ranking is over CPU operators by "
                      "self time, not GPU kernels")
-    if path.name == HOPPER_0523 and not (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9):
+    if path.name == HOPPER_0523 and not hopper(device):
         notes.append(f"SGLang {path.name}'s Hopper path off Hopper: the sm_120 kernel stands in for FlashMLA")
     return RunPlan(device=device, config_name=config_name, cfg=cfg,
                    dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,

@@ -70,8 +70,8 @@ def profile(
     check_new_file(out, force, "--out")
     if target is Target.embedded:
         from dsv4opt.loop.profiles import profile_embedded
-        from dsv4opt.workload.paths import SGLangPath
         from dsv4opt.report.progress import rich_progress
+        from dsv4opt.workload.paths import SGLangPath
 
         make_output_folder(trace_dir, "--trace-dir")
         settings = EmbeddedSettings(

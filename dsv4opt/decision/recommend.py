@@ -125,8 +125,10 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
         in_parts = replaced_share(profile, opt)
         if opt.target_category == GLUE_TARGET:
             share, note, known = _glue_share(profile, opt, frag)
-            share_of = ("eager glue" if profile.meta.get("target") == "embedded" else "all glue") \
-                if opt.fuses_all_glue else "glue it fuses" if known else "all glue"
+            if opt.fuses_all_glue:
+                share_of = "eager glue" if profile.meta.get("target") == "embedded" else "all glue"
+            else:
+                share_of = "glue it fuses" if known else "all glue"
             if known:
                 notes.append(note)
             else:  # what it fuses cannot be told: listed, never chosen
@@ -190,8 +192,11 @@ _OWN_TRITON = re.compile(r"^_\w+_kernel$")
 
 def eager_glue_share(profile: Profile) -> float:
     """The share of glue kernels an embedded profile's eager torch launched (not the workload's Triton)."""
-    own = sum(k.total_us for k in profile.kernels if k.category in members(GLUE_TARGET) and _OWN_TRITON.match(k.name))
-    return max(0.0, fragmentation(profile, members(GLUE_TARGET)).share - own / profile.total_us) if profile.total_us else 0.0
+    if profile.total_us <= 0:
+        return 0.0
+    glue = members(GLUE_TARGET)
+    eager = sum(k.total_us for k in profile.kernels if k.category in glue and not _OWN_TRITON.match(k.name))
+    return eager / profile.total_us
 
 
 def _levers(profile: Profile) -> list[Candidate]:
@@ -239,14 +244,25 @@ def _largest_without_lever(profile: Profile, cands: list[Candidate]) -> str | No
     return f"{head}: no lever here ({'; '.join(reasons) or 'dsv4opt has no optimisation for it'})"
 
 
-def _upstream_on_path(profile: Profile, opt: Optimization) -> str | None:
-    """On an embedded profile of a path other than the default, what that SGLang version already runs
-    where `opt` works (the version table), or None."""
-    from dsv4opt.optimizations import sglang_versions as V
+def _other_path(profile: Profile):
+    """The SGLang path of an embedded profile when it is not the default one, else None. The default
+    reproduces a fork's sm_120 fallbacks (docs/workload.md), which the version table's 0.5.14 entry
+    (the PyPI wheel) does not describe; another path is that version on its GPU family."""
     from dsv4opt.workload.paths import DEFAULT_PATH, PATHS
 
+    if profile.meta.get("target") != "embedded":
+        return None
     path = PATHS.get(str(profile.meta.get("sglang", DEFAULT_PATH)))
-    if profile.meta.get("target") != "embedded" or path is None or path.name == DEFAULT_PATH:
+    return None if path is None or path.name == DEFAULT_PATH else path
+
+
+def _upstream_on_path(profile: Profile, opt: Optimization) -> str | None:
+    """On an embedded profile of another path than the default, what that SGLang version already runs
+    where `opt` works (the version table), or None."""
+    from dsv4opt.optimizations import sglang_versions as V
+
+    path = _other_path(profile)
+    if path is None:
         return None
     part = V.VERSIONS[path.name].part(opt.name, path.family_code)
     return f"{opt.name}: already upstream in SGLang {path.name} ({part.upstream})" if part and part.upstream else None
@@ -286,14 +302,11 @@ def sglang_version_notes(profile: Profile, cands: list[Candidate]) -> list[str]:
     recommended and says so, and a speed-up on record timed against a kernel that version does not
     run is not used."""
     from dsv4opt.optimizations import sglang_versions as V
-    from dsv4opt.workload.paths import DEFAULT_PATH, PATHS
 
     meta = profile.meta
     if meta.get("target") == "embedded":
-        # The default path reproduces a fork's sm_120 fallbacks (docs/workload.md), which the table's
-        # 0.5.14 entry (the PyPI wheel) does not describe; another path is that version on its family.
-        path = PATHS.get(str(meta.get("sglang", DEFAULT_PATH)))
-        if path is None or path.name == DEFAULT_PATH:
+        path = _other_path(profile)
+        if path is None:
             return []
         entry, family = V.VERSIONS.get(path.name), path.family_code
     elif meta.get("target") == "sglang":

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from dsv4opt.workload import glue
-from dsv4opt.workload.attention.sm120 import sparse_decode_sm120
 from dsv4opt.workload.attention.flashmla import sparse_decode_flashmla
+from dsv4opt.workload.attention.sm120 import sparse_decode_sm120
 from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
 from dsv4opt.workload.kernels.indexer import index_logits_torch
 from dsv4opt.workload.kernels.indexer_tc import index_logits_tc

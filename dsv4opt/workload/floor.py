@@ -50,26 +50,42 @@ def experts_touched(cfg: ModelConfig, tokens: int) -> float:
     return cfg.experts * (1 - (1 - cfg.experts_per_token / cfg.experts) ** tokens)
 
 
+def _fp8_linears(cfg: ModelConfig, dep, kind: str, fp8_wo_a: bool) -> int:
+    """Bytes of one layer's block-FP8 linears (with their scales) on one rank."""
+    D, d, Gl = cfg.head_dim, cfg.hidden, dep.groups
+    out = fp8_linear_bytes(cfg, cfg.q_lora + D, d) + fp8_linear_bytes(cfg, dep.heads * D, cfg.q_lora)
+    out += fp8_linear_bytes(cfg, d, Gl * cfg.o_lora)
+    out += fp8_linear_bytes(cfg, 2 * dep.shared_width, d) + fp8_linear_bytes(cfg, d, dep.shared_width)
+    if fp8_wo_a:
+        out += fp8_linear_bytes(cfg, Gl * cfg.o_lora, cfg.heads // cfg.o_groups * D)
+    if kind == CSA:
+        out += fp8_linear_bytes(cfg, cfg.index_heads * cfg.index_dim, cfg.q_lora)
+    return out
+
+
+def fp8_weight_bytes(cfg: ModelConfig, layout: str, fp8_wo_a: bool = False) -> int:
+    """Bytes of every block-FP8 linear of one rank's step: what its FP8 GEMMs must read."""
+    dep = Layout.from_name(layout).deploy(cfg)
+    return sum(_fp8_linears(cfg, dep, cfg.layer_kind(i), fp8_wo_a) for i in range(cfg.layers))
+
+
 def step_floor(cfg: ModelConfig, layout: str, contexts: list[int], graph_context: int = 0,
                fp8_wo_a: bool = False) -> StepFloor:
     """The floor of one step of one rank of `layout` decoding len(contexts) requests."""
     dep = Layout.from_name(layout).deploy(cfg)
     C, d, D = len(contexts), cfg.hidden, cfg.head_dim
-    Hl, Gl = dep.heads, dep.groups
+    Gl = dep.groups
     parts = {"dense weights": 0.0, "experts": 0.0, "KV and index keys": 0.0, "indexer logit rows": 0.0, "head": 0.0}
     expert = 3 * dep.expert_width * d * (0.5 + 1 / MXFP4_GROUP)  # one expert's slice: nibbles + e8m0 bytes
     touched = experts_touched(cfg, dep.moe_rows_per_request * C)
     wo_a = Gl * cfg.o_lora * (cfg.heads // cfg.o_groups * D)
     for i in range(cfg.layers):
         kind = cfg.layer_kind(i)
-        dense = fp8_linear_bytes(cfg, cfg.q_lora + D, d) + fp8_linear_bytes(cfg, Hl * D, cfg.q_lora)
-        dense += (fp8_linear_bytes(cfg, Gl * cfg.o_lora, cfg.heads // cfg.o_groups * D) if fp8_wo_a else wo_a * BF16)
-        dense += fp8_linear_bytes(cfg, d, Gl * cfg.o_lora)
-        dense += fp8_linear_bytes(cfg, 2 * dep.shared_width, d) + fp8_linear_bytes(cfg, d, dep.shared_width)
+        dense = _fp8_linears(cfg, dep, kind, fp8_wo_a) + (0 if fp8_wo_a else wo_a * BF16)
         dense += cfg.experts * d * BF16 + 2 * cfg.hc_mix * cfg.hc * d * FP32  # router, the two pre-mix weights
         kv = sum(min(n + 1, cfg.window) for n in contexts) * KV_RECORD
         if kind == CSA:
-            dense += fp8_linear_bytes(cfg, cfg.index_heads * cfg.index_dim, cfg.q_lora) + cfg.index_heads * d * BF16
+            dense += cfg.index_heads * d * BF16  # weights_proj
             dense += (2 * 2 * D + 2 * 2 * cfg.index_dim) * d * BF16  # the core and index compressors (overlapped)
             entries = [(n + 1) // cfg.csa_ratio for n in contexts]
             kv += sum(min(e, cfg.index_topk) for e in entries) * KV_RECORD + sum(entries) * INDEX_KEY

@@ -41,10 +41,15 @@ def flash_mla_module():
     return flash_mla
 
 
+def hopper(device: torch.device) -> bool:
+    """`device` is a Hopper GPU (sm_90), the one FlashMLA's sparse FP8 decode is built for here."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
 def missing_on(device: torch.device) -> str | None:
     """Why the Hopper path cannot run on `device` (a Hopper GPU without the wheel), or None: off Hopper
     the sm_120 kernel stands in, so only a Hopper GPU needs FlashMLA."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+    if not hopper(device):
         return None
     try:
         flash_mla_module()
@@ -56,8 +61,8 @@ def missing_on(device: torch.device) -> str | None:
 def runs_flashmla(q: torch.Tensor, swa: KVCache) -> bool:
     """FlashMLA can take this call: a Hopper GPU, SGLang's FP8 pools, bf16 queries of its head counts
     and width."""
-    return (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and swa.layout.fp8
-            and q.dtype == torch.bfloat16 and q.shape[1] in HEADS and q.shape[2] == DIM)
+    return (hopper(q.device) and swa.layout.fp8 and q.dtype == torch.bfloat16 and q.shape[1] in HEADS
+            and q.shape[2] == DIM)
 
 
 def k_cache_view(cache: KVCache) -> torch.Tensor:
