@@ -1,0 +1,130 @@
+"""How fast grouped-moe's weight stream can go, stage by stage: load only, load and decode, decode and MMA.
+
+    PYTHONPATH=. python3 benchmarks/probe_grouped_moe_ceiling.py [--layout tp4,dp-ep] [--ctas 3,4] [--json OUT]
+
+Streams every expert's gate/up weights of the bench's layout (tp4: 256 experts x 1024 x 4096, 0.86 GB;
+dp-ep: 32 x 4096 x 4096) through the production kernel's tiling (2 x 64 stacked rows x 128 columns a
+K step, 4 warps, 4 stages, persistent) in three modes, each a CUDA-graph median (GPU only):
+
+- load: the same 16-byte value loads and 4-byte scale loads, folded into one XOR a word;
+- decode: the same loads decoded to bf16 (`_unit_tile`, as the kernel does) and summed element-wise;
+- mma: the decoded tile times a fixed [128, 16] token tile on the tensor core (the gate/up kernel
+  without its gather, split or epilogue).
+
+The weights are far larger than L2, so no rotation is needed. Each mode's bytes over its time, as a
+fraction of the measured copy bandwidth, says which stage caps the GEMMs: if `load` reaches the copy
+bandwidth and `decode` does not, the decode's instructions are the ceiling (docs/optimizations/grouped_moe.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4opt.optimizations.grouped_moe import bench
+from dsv4opt.optimizations.timing import copy_bandwidth_gbps, median_graph_ms
+from dsv4opt.workload.kernels.grouped_moe import _persistent, _unit_tile
+from dsv4opt.workload.kernels.grouped_moe_configs import GemmTiles
+from dsv4opt.workload.kernels.grouped_moe_layout import packed_experts
+from dsv4opt.tritonlib import interpreted
+
+MODES = ("load", "decode", "mma")
+
+
+@triton.jit
+def _stream_kernel(p_w, p_w32, p_s, p_s32, p_x, p_out, num_progs, n_items, n_blk, K64,
+                   BN: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr, FOLD: tl.constexpr, EMULATE: tl.constexpr):
+    pid = tl.program_id(0)
+    DT = p_x.dtype.element_ty
+    U_N: tl.constexpr = 2 * BN // 16
+    U_K: tl.constexpr = BK // 64
+    steps = K64 // U_K
+    for w in range(pid, n_items, num_progs):
+        rows = (w // n_blk) * (U_N * n_blk) + (w % n_blk) * U_N + tl.arange(0, U_N)
+        if MODE == 0:
+            acc = tl.zeros([U_N, U_K, 32, 4], tl.int32)
+            acc_s = tl.zeros([U_N, U_K, 8], tl.int32)
+            for i in range(steps):
+                unit = rows.to(tl.int64)[:, None, None, None] * K64 + i * U_K + tl.arange(0, U_K)[None, :, None, None]
+                acc ^= tl.load(p_w32 + unit * 128 + tl.arange(0, 32)[None, None, :, None] * 4
+                               + tl.arange(0, 4)[None, None, None, :])
+                acc_s ^= tl.load(p_s32 + tl.reshape(unit, [U_N, U_K, 1]) * 8 + tl.arange(0, 8)[None, None, :])
+            tot = tl.sum(tl.reshape(acc, [U_N * U_K * 128]), 0) + tl.sum(tl.reshape(acc_s, [U_N * U_K * 8]), 0)
+            tl.store(p_out + pid, tot.to(tl.float32))
+        elif MODE == 1:
+            acc = tl.zeros([2 * BN, BK], DT)
+            for i in range(steps):
+                acc += _unit_tile(p_w, p_s, rows, rows >= 0, i * U_K, K64, U_N, U_K, FOLD, EMULATE, False, DT)
+            tl.store(p_out + pid, tl.sum(tl.sum(acc.to(tl.float32), 1), 0))
+        else:
+            b_x = tl.load(p_x + tl.arange(0, BK)[:, None] * 16 + tl.arange(0, 16)[None, :])  # [BK, 16], L1-resident
+            acc = tl.zeros([2 * BN, 16], tl.float32)
+            for i in range(steps):
+                w_t = _unit_tile(p_w, p_s, rows, rows >= 0, i * U_K, K64, U_N, U_K, FOLD, EMULATE, False, DT)
+                acc = tl.dot(w_t, b_x, acc)
+            tl.store(p_out + pid, tl.sum(tl.sum(acc, 1), 0))
+
+
+def stream_rates(packed, copy_gbps: float, ctas: int, stages: int = 4, dtype=torch.bfloat16,
+                 time_it=True) -> list[dict]:
+    """Each mode's µs and GB/s over all of `packed`'s experts (values and scales read once)."""
+    bn, bk = 64, 128
+    n16 = packed.n16
+    n_blk = n16 * 16 // (2 * bn)
+    n_items = packed.experts * n_blk
+    tiles = GemmTiles(bn=bn, bk=bk, warps=4, stages=stages, ctas=ctas)
+    dev = packed.values.device
+    out = torch.empty(tiles.ctas * (torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4),
+                      device=dev)
+    x = torch.randn(bk, 16, device=dev, dtype=dtype)
+    rows = []
+    for mode, name in enumerate(MODES):
+        def run(mode=mode):
+            _persistent(_stream_kernel, out.device, tiles, n_items, p_w=packed.values, p_w32=packed.values.view(torch.int32),
+                        p_s=packed.scales, p_s32=packed.scales.view(torch.int32), p_x=x, p_out=out, n_items=n_items,
+                        n_blk=n_blk, K64=packed.k64, BN=bn, BK=bk, MODE=mode, FOLD=packed.fold,
+                        EMULATE=interpreted())
+        run()
+        if not time_it:
+            rows.append(dict(mode=name, out=out.clone()))
+            continue
+        torch.cuda.synchronize()
+        us = median_graph_ms(run) * 1e3
+        gbps = packed.nbytes / (us * 1e-6) / 1e9
+        rows.append(dict(mode=name, ctas=ctas, stages=stages, us=us, gbps=gbps, frac_copy=gbps / copy_gbps,
+                         bytes=packed.nbytes))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layout", default="tp4,dp-ep")
+    ap.add_argument("--ctas", default="3,4")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    copy = copy_bandwidth_gbps()
+    print(f"copy bandwidth {copy:.0f} GB/s")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    rows = []
+    for name in a.layout.split(","):
+        w13, _w2 = bench._weights(bench.LAYOUTS[name], gen)
+        packed = packed_experts(w13)
+        for ctas in map(int, a.ctas.split(",")):
+            for r in stream_rates(packed, copy, ctas):
+                r["layout"] = name
+                rows.append(r)
+                print(f"{name:5} ctas {ctas} {r['mode']:6} {r['us']:9.1f} µs  {r['gbps']:7.0f} GB/s  "
+                      f"{r['frac_copy']:6.1%} of copy  ({r['bytes'] / 1e6:.0f} MB)", flush=True)
+        del w13, _w2, packed
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"copy_gbps": copy, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
