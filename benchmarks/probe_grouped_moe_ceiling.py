@@ -69,24 +69,21 @@ def _stream_kernel(p_w, p_w32, p_s, p_s32, p_x, p_out, num_progs, n_items, n_blk
             tl.store(p_out + pid, tl.sum(tl.sum(acc, 1), 0))
 
 
-def stream_rates(packed, copy_gbps: float, ctas: int, stages: int = 4, dtype=torch.bfloat16,
+def stream_rates(packed, copy_gbps: float, tiles: GemmTiles, modes=MODES, dtype=torch.bfloat16,
                  time_it=True) -> list[dict]:
     """Each mode's µs and GB/s over all of `packed`'s experts (values and scales read once)."""
-    bn, bk = 64, 128
-    n16 = packed.n16
-    n_blk = n16 * 16 // (2 * bn)
+    n_blk = packed.n16 * 16 // (2 * tiles.bn)
     n_items = packed.experts * n_blk
-    tiles = GemmTiles(bn=bn, bk=bk, warps=4, stages=stages, ctas=ctas)
     dev = packed.values.device
-    out = torch.empty(tiles.ctas * (torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4),
-                      device=dev)
-    x = torch.randn(bk, 16, device=dev, dtype=dtype)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
+    out = torch.empty(max(tiles.ctas, 8) * sms, device=dev)
+    x = torch.randn(tiles.bk, 16, device=dev, dtype=dtype)
     rows = []
-    for mode, name in enumerate(MODES):
-        def run(mode=mode):
+    for name in modes:
+        def run(mode=MODES.index(name)):
             _persistent(_stream_kernel, out.device, tiles, n_items, p_w=packed.values, p_w32=packed.values.view(torch.int32),
                         p_s=packed.scales, p_s32=packed.scales.view(torch.int32), p_x=x, p_out=out, n_items=n_items,
-                        n_blk=n_blk, K64=packed.k64, BN=bn, BK=bk, MODE=mode, FOLD=packed.fold,
+                        n_blk=n_blk, K64=packed.k64, BN=tiles.bn, BK=tiles.bk, MODE=mode, FOLD=packed.fold,
                         EMULATE=interpreted())
         run()
         if not time_it:
@@ -95,15 +92,21 @@ def stream_rates(packed, copy_gbps: float, ctas: int, stages: int = 4, dtype=tor
         torch.cuda.synchronize()
         us = median_graph_ms(run) * 1e3
         gbps = packed.nbytes / (us * 1e-6) / 1e9
-        rows.append(dict(mode=name, ctas=ctas, stages=stages, us=us, gbps=gbps, frac_copy=gbps / copy_gbps,
+        rows.append(dict(mode=name, tiles=tiles.short(), us=us, gbps=gbps, frac_copy=gbps / copy_gbps,
                          bytes=packed.nbytes))
     return rows
+
+
+# (bk, stages, programs an SM, register cap) for the mma mode beyond the kernel's own tiling
+VARIANTS = [(128, 4, 4, None), (128, 5, 4, None), (128, 6, 4, None), (256, 3, 4, None), (128, 4, 4, 128),
+            (128, 6, 4, 128), (256, 4, 4, 128)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layout", default="tp4,dp-ep")
     ap.add_argument("--ctas", default="3,4")
+    ap.add_argument("--variants", action="store_true", help="also the mma mode at deeper pipelines and register caps")
     ap.add_argument("--json")
     a = ap.parse_args()
     copy = copy_bandwidth_gbps()
@@ -113,11 +116,14 @@ def main() -> None:
     for name in a.layout.split(","):
         w13, _w2 = bench._weights(bench.LAYOUTS[name], gen)
         packed = packed_experts(w13)
-        for ctas in map(int, a.ctas.split(",")):
-            for r in stream_rates(packed, copy, ctas):
+        runs = [(GemmTiles(bn=64, bk=128, warps=4, stages=4, ctas=c), MODES) for c in map(int, a.ctas.split(","))]
+        if a.variants:
+            runs += [(GemmTiles(bn=64, bk=bk, warps=4, stages=st, ctas=c, maxnreg=r), ("mma",)) for bk, st, c, r in VARIANTS]
+        for tiles, modes in runs:
+            for r in stream_rates(packed, copy, tiles, modes):
                 r["layout"] = name
                 rows.append(r)
-                print(f"{name:5} ctas {ctas} {r['mode']:6} {r['us']:9.1f} µs  {r['gbps']:7.0f} GB/s  "
+                print(f"{name:5} {r['tiles']:18} {r['mode']:6} {r['us']:9.1f} µs  {r['gbps']:7.0f} GB/s  "
                       f"{r['frac_copy']:6.1%} of copy  ({r['bytes'] / 1e6:.0f} MB)", flush=True)
         del w13, _w2, packed
         torch.cuda.empty_cache()

@@ -486,7 +486,8 @@ def _persistent(kernel, device: torch.device, tiles, work_max: int, **args) -> N
     ctas = min(tiles.ctas, _RESIDENT.get(key, tiles.ctas))
     sms = _sms(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else 4
     progs = max(1, min(ctas * sms, work_max))
-    compiled = kernel[(progs,)](num_progs=progs, num_warps=tiles.warps, num_stages=tiles.stages, **args)
+    extra = {"maxnreg": tiles.maxnreg} if tiles.maxnreg else {}
+    compiled = kernel[(progs,)](num_progs=progs, num_warps=tiles.warps, num_stages=tiles.stages, **extra, **args)
     if key not in _RESIDENT and hasattr(compiled, "n_regs"):
         _RESIDENT[key] = _resident(compiled, tiles.warps)
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass, replace
 class GemmTiles:
     """One GEMM's launch: bn weight rows a work item (the MMA's wide side; for gate/up bn of gate
     and the same bn of up), bk columns a step (whole 64-column units), warps, pipeline stages, the
-    K split, persistent programs an SM (capped at what fits), and whether one loop runs over
-    (item, K step) so the pipeline does not drain between items (flat)."""
+    K split, persistent programs an SM (capped at what fits), whether one loop runs over
+    (item, K step) so the pipeline does not drain between items (flat), and a register cap a thread
+    (ptxas' maxnreg) so that more programs fit an SM, or None."""
 
     bn: int
     bk: int
@@ -26,9 +27,11 @@ class GemmTiles:
     split: int = 1
     ctas: int = 4
     flat: bool = False
+    maxnreg: int | None = None
 
     def short(self) -> str:
-        return f"{self.bn}x{self.bk}w{self.warps}s{self.stages}k{self.split}c{self.ctas}{'f' if self.flat else ''}"
+        return (f"{self.bn}x{self.bk}w{self.warps}s{self.stages}k{self.split}c{self.ctas}{'f' if self.flat else ''}"
+                + (f"r{self.maxnreg}" if self.maxnreg else ""))
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,15 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         replace(base, up=replace(up, split=up.split * 2)),
         replace(base, up=replace(up, split=max(1, up.split // 2))),
         replace(base, up=replace(up, ctas=8), down=replace(dn, ctas=8)),
+        # More bytes in flight an SM: the weight stream alone reaches 70% of the copy bandwidth with 3
+        # programs an SM and 81% with 4 (benchmarks/probe_grouped_moe_ceiling.py on the H200).
+        replace(base, up=replace(up, stages=6), down=replace(dn, stages=6)),
+        replace(base, up=replace(up, stages=5)),
+        replace(base, up=replace(up, bk=256, stages=3), down=replace(dn, bk=256, stages=3)),
+        replace(base, up=replace(up, maxnreg=128, ctas=4), down=replace(dn, maxnreg=128, ctas=4)),
+        replace(base, up=replace(up, maxnreg=128, ctas=4)),
+        replace(base, up=replace(up, split=1), down=replace(dn, split=1)),
+        replace(base, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2), flat=True)),
     ]
     seen: list[MoeConfig] = []
     for c in out:
