@@ -53,20 +53,24 @@ _DOWN = GemmTiles(bn=128, bk=128, warps=4, stages=4)
 # (R, I, d) -> [(most slots, config)], ascending. Split K where few tiles would leave SMs idle:
 # dp-ep at C = 1 uses 6 of 32 experts, tp4 at C = 1 6 of 256 (docs: work items per round).
 TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
-    (32, 2048, 4096): [  # dp-ep: 8C gathered tokens, 48C slots
-        (48, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, split=4))),
-        (1536, MoeConfig(16, _UP, _DOWN)),
-        (1 << 62, MoeConfig(32, _UP, _DOWN)),
+    # dp-ep: 8C gathered tokens, 48C slots. From the H200 sweep (evidence/h200/grouped_moe/sweep_f0fc69d.log):
+    # at C = 1 the K splits halved (66.8 -> 54.3 us); from C = 16 both GEMMs under 128 registers, so four
+    # programs fit an SM (C = 16/32: 200.7/216.9 -> 187.0/191.7 us). C = 64 takes C = 32's row (BM 16 alone
+    # was 237.5 -> 222.7 us there; with the register cap it was not yet timed).
+    (32, 2048, 4096): [
+        (48, MoeConfig(16, replace(_UP, split=2), replace(_DOWN, split=2))),
+        (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, maxnreg=128))),
     ],
-    # tp4: C tokens, 6C slots. From the H200 sweep (evidence/h200/grouped_moe/sweep_tp4_5a39fce.log):
-    # down's K is 512, four steps of 128, so its nested loop drains the pipeline every item; the flat
-    # loop keeps it full (C = 16/32/64: 168/272/378 -> 154/250/345 us with down flat alone), and from
-    # C = 16 gate/up has items enough without a K split (-> 157/240/330 with no split alone).
+    # tp4: C tokens, 6C slots. From the H200 sweeps (evidence/h200/grouped_moe/sweep_tp4_5a39fce.log,
+    # sweep_f0fc69d.log): down's K is 512, four steps of 128, so its nested loop drains the pipeline every
+    # item; the flat loop keeps it full (C = 16/32/64: 168/272/378 -> 154/250/345 us with down flat alone),
+    # and from C = 16 gate/up has items enough without a K split (-> 157/240/330 with no split alone);
+    # gate/up under 128 registers then gains 1-2% more (144.8/218.0/298.8 -> 142.3/213.7/295.8).
     # C = 2-4 (row 24) was not swept: down flat as at C = 1 and 16, gate/up's split unchanged.
     (256, 512, 4096): [
         (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2, flat=True))),
         (24, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True))),
-        (1 << 62, MoeConfig(16, _UP, replace(_DOWN, flat=True))),
+        (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, flat=True))),
     ],
     (256, 256, 4096): [  # tp8
         (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2))),
