@@ -182,12 +182,10 @@ PATHS = {
 
 
 @on_cpu
-@pytest.mark.parametrize("routing", ["inline", "launch"])
 @pytest.mark.parametrize("path", PATHS, ids=str)
-def test_every_gemm_path_matches_the_definition(path, routing):
+def test_every_gemm_path_matches_the_definition(path):
     """Each K split (one ticket per item, a ragged last split), the down split summed by the combine,
-    wider tiles and two-step K, with the routing in the GEMM programs or its own launch: against
-    float64, NaN-poisoned."""
+    wider tiles and two-step K, a register cap: against float64, NaN-poisoned."""
     from dsv4opt.numerics import nan_poisoned_allocations
 
     case = MoeCase(17, "mixed", hidden=256, width=192, experts=6, topk=4)
@@ -195,19 +193,10 @@ def test_every_gemm_path_matches_the_definition(path, routing):
     x.local_ids[0] = 2  # an expert with more slots than a tile
     ref = naive.routed_experts(x.x.double(), x.local_ids, x.gates.double(), x.w13, x.w2, x.limit, x.scale)
     with nan_poisoned_allocations():
-        out = kernel.grouped_routed_experts(*x.args(), config=PATHS[path], route_inline=routing == "inline")
+        out = kernel.grouped_routed_experts(*x.args(), config=PATHS[path])
     err = error_report(out, ref)
     assert err.ok(check_module.REL_TOL), err
     assert int(kernel._tickets(torch.device("cpu"), 1).abs().sum()) == 0  # the tickets are back at 0
-
-
-@on_cpu
-def test_inline_routing_is_refused_where_it_does_not_fit_one_program():
-    case = MoeCase(40, "mixed", hidden=64, width=64, experts=200, topk=4)  # 160 slots: over ONE_PASS_SLOTS
-    x = make_inputs(case, "cpu", torch.float16, seed=1)
-    assert not kernel.fits_one_pass(160, 200) and kernel.fits_one_pass(12, 256) and not kernel.fits_one_pass(24, 256)
-    with pytest.raises(ValueError, match="do not fit"):
-        kernel.grouped_routed_experts(*x.args(), route_inline=True)
 
 
 # --- the gate fails broken implementations ---------------------------------------------------------
@@ -235,8 +224,8 @@ def _with_routing(change):
             return change(r)
 
         kernel.route = route
-        try:  # the routing launch, which small calls otherwise fold into the GEMMs
-            return kernel.grouped_routed_experts(x, local_ids, gates, w13, w2, limit, scale, route_inline=False)
+        try:
+            return kernel.grouped_routed_experts(x, local_ids, gates, w13, w2, limit, scale)
         finally:
             kernel.route = real
 

@@ -4,12 +4,10 @@ The grouped-moe optimisation's `routed_experts` implementation on the sm_120 pat
 SGLang's `mxfp4_moe_forward_triton`: one CUDA-core GEMV per (token, expert) slot), and on the Hopper
 path of SGLang 0.5.23 the stand-in for Marlin's W4A16 grouped MoE (SGLang's
 `moe_wna16_marlin_gemm`, JIT-compiled with nvcc at run time; dsv4opt/workload/paths.py). Four
-launches (three where the routing fits one program's registers), fixed shapes, no host
-synchronisation (CUDA-graph safe):
+launches, fixed shapes, no host synchronisation (CUDA-graph safe):
 
 1. `route` (one program, atomics): the slots on this rank grouped by expert into tiles of BM slots;
-   other ranks' slots (-1) dropped; the tile count left on the device. With few slots (tp4 and dp-ep
-   to C = 2) no launch: each GEMM program routes them in registers (`_route_regs`).
+   other ranks' slots (-1) dropped; the tile count left on the device.
 2. gate/up (`_moe_up_kernel`, persistent): per work item (tile, BN rows of gate and of up, K split),
    the expert's weights in the production layout (`grouped_moe_layout.py`) decoded by shifts and
    masks into bf16 pairs with the e8m0 scale folded into one bf16x2 multiply, multiplied as the MMA's A operand
@@ -126,55 +124,13 @@ def _unit_tile(p_w, p_s, rows, m_rows, kb0, K64, U_N: tl.constexpr, U_K: tl.cons
 
 
 @triton.jit
-def _route_regs(p_ids, S, R, BM: tl.constexpr, R_P: tl.constexpr, CH: tl.constexpr):
-    """The routing of `_route_kernel`'s one-pass branch, in registers, for a GEMM program's own use: each
-    slot's expert (ids), its tile (-1 for other ranks' slots) and its row in the tile, and the number of
-    tiles. The same tile numbering as `route` (experts in order, slots in order within an expert)."""
-    o_s = tl.arange(0, CH)
-    o_e = tl.arange(0, R_P)
-    ids = tl.load(p_ids + o_s, mask=o_s < S, other=-1)
-    ok = (ids >= 0) & (ids < R)
-    hot = (ids[:, None] == o_e[None, :]) & ok[:, None]  # [CH, R_P]
-    counts = tl.sum(hot.to(tl.int32), 0)
-    tiles = (counts + BM - 1) // BM
-    start = tl.cumsum(tiles, 0) - tiles
-    rank = tl.sum(((ids[:, None] == ids[None, :]) & (o_s[None, :] < o_s[:, None])).to(tl.int32), 1)  # [CH]
-    first = tl.sum(tl.where(hot, start[None, :], 0), 1)
-    return ids, tl.where(ok, first + rank // BM, -1), rank % BM, tl.sum(tiles, 0)
-
-
-@triton.jit
-def _item(w, p_rows, p_tile_expert, p_tile_rows, ids, tile_of, row_of, n_blk, BM: tl.constexpr, BN: tl.constexpr,
-          SPLIT: tl.constexpr, INLINE: tl.constexpr, CH: tl.constexpr):
-    """Work item w: (its K split, first weight row, expert, which of the tile's BM rows hold slots, their
-    slots), from `route`'s tensors, or with INLINE from `_route_regs`' vectors (ids, tile_of, row_of)."""
+def _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """Work item w: (its K split, first weight row, expert, which of the tile's BM rows hold slots, their slots)."""
     tile = w // SPLIT // n_blk
     o_m = tl.arange(0, BM)
-    if INLINE:
-        in_tile = tile_of == tile  # [CH]
-        match = in_tile[None, :] & (row_of[None, :] == o_m[:, None])  # [BM, CH]
-        slot = tl.sum(tl.where(match, tl.arange(0, CH)[None, :], 0), 1)
-        m_m = tl.sum(match.to(tl.int32), 1) > 0
-        e = tl.max(tl.where(in_tile, ids, -1), 0).to(tl.int64)
-    else:
-        m_m = o_m < tl.load(p_tile_rows + tile)
-        slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0)
-        e = tl.load(p_tile_expert + tile).to(tl.int64)
-    return w % SPLIT, (w // SPLIT % n_blk) * BN, e, m_m, slot
-
-
-@triton.jit
-def _tiles_used(p_ids, p_meta, S, R, BM: tl.constexpr, R_P: tl.constexpr, CH: tl.constexpr, INLINE: tl.constexpr):
-    """(ids, tile_of, row_of, tiles used): `_route_regs` with INLINE, else `route`'s tile count (and
-    placeholders `_item` does not read)."""
-    if INLINE:
-        ids, tile_of, row_of, n_tiles = _route_regs(p_ids, S, R, BM, R_P, CH)
-    else:
-        ids = 0
-        tile_of = 0
-        row_of = 0
-        n_tiles = tl.load(p_meta)
-    return ids, tile_of, row_of, n_tiles
+    m_m = o_m < tl.load(p_tile_rows + tile)
+    slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0)
+    return w % SPLIT, (w // SPLIT % n_blk) * BN, tl.load(p_tile_expert + tile).to(tl.int64), m_m, slot
 
 
 @triton.jit
@@ -197,7 +153,7 @@ def _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, 
 
 
 @triton.jit
-def _up_done(w, b_gu, m_m, p_act, p_part, p_count, stride_act, stride_part_s, stride_part_n, limit,
+def _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n, limit,
              n_blk, I, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
     """Work item w's epilogue: act = silu(min(g, limit)) * clamp(u, -limit, limit), or, with K split,
     this split's partials and a ticket; the last split to arrive sums them and writes act."""
@@ -207,7 +163,7 @@ def _up_done(w, b_gu, m_m, p_act, p_part, p_count, stride_act, stride_part_s, st
     n0 = (w // SPLIT % n_blk) * BN
     o_m = tl.arange(0, BM)
     o_n = tl.arange(0, BN)
-    m_o = ((n0 + o_n) < I)[:, None] & m_m[None, :]
+    m_o = ((n0 + o_n) < I)[:, None] & (o_m < tl.load(p_tile_rows + tile))[None, :]
     o_row = (tile * BM + o_m)[None, :]
     last = True
     if SPLIT > 1:
@@ -232,22 +188,19 @@ def _up_done(w, b_gu, m_m, p_act, p_part, p_count, stride_act, stride_part_s, st
 
 
 @triton.jit
-def _moe_up_kernel(p_x, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows, p_meta, p_act, p_part, p_count,
+def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_act, p_part, p_count,
                    stride_xm, stride_act, stride_part_s, stride_part_n, limit, num_progs,
-                   I, K, N16, K64, S, R, TOPK: tl.constexpr,
+                   I, K, N16, K64, TOPK: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, FLAT: tl.constexpr,
-                   FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr,
-                   INLINE: tl.constexpr, R_P: tl.constexpr, CH: tl.constexpr):
+                   FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
     """Persistent: work item (tile, BN gate rows + the same up rows, K split) -> act[n, row] =
     silu(min(g, limit)) * clamp(u, -limit, limit) in x's dtype. With K split, each split stores fp32
     partials part[split, {g, u}, n, row] and takes a ticket (count[item]); the last to arrive sums
     them, writes act and sets the count back to 0 for the next call (so no launch clears it).
-    FLAT: one loop over (item, K step), so the pipeline runs on across items (short K loops).
-    INLINE: each program routes the slots itself (`_route_regs`) instead of reading `route`'s tiles."""
+    FLAT: one loop over (item, K step), so the pipeline runs on across items (short K loops)."""
     pid = tl.program_id(0)
     n_blk = tl.cdiv(I, BN)
-    ids, tile_of, row_of, n_tiles = _tiles_used(p_ids, p_meta, S, R, BM, R_P, CH, INLINE)
-    n_work = n_tiles * n_blk * SPLIT
+    n_work = tl.load(p_meta) * n_blk * SPLIT
     steps = tl.cdiv(K64 * 64, BK * SPLIT)  # K steps of one split
     b_gu = tl.zeros([2 * BN, BM], tl.float32)  # [2 BN, BM] gate rows, then up rows
     if FLAT:
@@ -255,22 +208,20 @@ def _moe_up_kernel(p_x, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows, p_m
             w = pid + it // steps * num_progs
             i = it % steps
             b_gu = tl.where(i == 0, 0.0, b_gu)
-            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, ids, tile_of, row_of, n_blk, BM, BN,
-                                              SPLIT, INLINE, CH)
+            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
             b_gu = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16, K64,
                             TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
             if i == steps - 1:
-                _up_done(w, b_gu, m_m, p_act, p_part, p_count, stride_act, stride_part_s, stride_part_n,
+                _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
                          limit, n_blk, I, BM, BN, SPLIT)
     else:
         for w in range(pid, n_work, num_progs):
             b_gu = tl.zeros([2 * BN, BM], tl.float32)
-            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, ids, tile_of, row_of, n_blk, BM, BN,
-                                              SPLIT, INLINE, CH)
+            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
             for i in range(steps):
                 b_gu = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16,
                                 K64, TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
-            _up_done(w, b_gu, m_m, p_act, p_part, p_count, stride_act, stride_part_s, stride_part_n,
+            _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
                      limit, n_blk, I, BM, BN, SPLIT)
 
 
@@ -294,28 +245,30 @@ def _down_step(p_act, p_w, p_s, sp, n0, e, m_m, tile, i, b_o, stride_act, steps,
 
 
 @triton.jit
-def _down_done(w, b_o, m_m, slot, p_down, stride_ds, stride_dm, n_blk, N,
+def _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N,
                BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
     """Work item w's rows: down[split, slot, n] = b_o[n, row] for the tile's slots."""
     sp = w % SPLIT
+    tile = w // SPLIT // n_blk
     n0 = (w // SPLIT % n_blk) * BN
+    o_m = tl.arange(0, BM)
     o_n = tl.arange(0, BN)
-    p_o = p_down + sp * stride_ds + slot.to(tl.int64)[None, :] * stride_dm + (n0 + o_n)[:, None]
+    m_m = o_m < tl.load(p_tile_rows + tile)
+    slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0).to(tl.int64)
+    p_o = p_down + sp * stride_ds + slot[None, :] * stride_dm + (n0 + o_n)[:, None]
     tl.store(p_o, b_o, mask=((n0 + o_n) < N)[:, None] & m_m[None, :])
 
 
 @triton.jit
-def _moe_down_kernel(p_act, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows, p_meta, p_down,
+def _moe_down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_down,
                      stride_act, stride_ds, stride_dm, num_progs,
-                     N, K, N16, K64, S, R, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                     FLAT: tl.constexpr, FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr,
-                     INLINE: tl.constexpr, R_P: tl.constexpr, CH: tl.constexpr):
+                     N, K, N16, K64, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
+                     FLAT: tl.constexpr, FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
     """Persistent: work item (tile, BN output rows, K split): down[split, slot] = act W2^T (fp32).
-    FLAT and INLINE as in the gate/up kernel."""
+    FLAT: one loop over (item, K step), as in the gate/up kernel."""
     pid = tl.program_id(0)
     n_blk = tl.cdiv(N, BN)
-    ids, tile_of, row_of, n_tiles = _tiles_used(p_ids, p_meta, S, R, BM, R_P, CH, INLINE)
-    n_work = n_tiles * n_blk * SPLIT
+    n_work = tl.load(p_meta) * n_blk * SPLIT
     steps = tl.cdiv(K64 * 64, BK * SPLIT)
     b_o = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
     if FLAT:
@@ -323,21 +276,19 @@ def _moe_down_kernel(p_act, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows,
             w = pid + it // steps * num_progs
             i = it % steps
             b_o = tl.where(i == 0, 0.0, b_o)
-            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, ids, tile_of, row_of, n_blk, BM, BN,
-                                              SPLIT, INLINE, CH)
+            sp, n0, e, m_m, _slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
             b_o = _down_step(p_act, p_w, p_s, sp, n0, e, m_m, w // SPLIT // n_blk, i, b_o, stride_act, steps, N, K,
                              N16, K64, BM, BN, BK, FOLD, EMULATE, EVEN)
             if i == steps - 1:
-                _down_done(w, b_o, m_m, slot, p_down, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
+                _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
     else:
         for w in range(pid, n_work, num_progs):
             b_o = tl.zeros([BN, BM], tl.float32)
-            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, ids, tile_of, row_of, n_blk, BM, BN,
-                                              SPLIT, INLINE, CH)
+            sp, n0, e, m_m, _slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
             for i in range(steps):
                 b_o = _down_step(p_act, p_w, p_s, sp, n0, e, m_m, w // SPLIT // n_blk, i, b_o, stride_act, steps, N,
                                  K, N16, K64, BM, BN, BK, FOLD, EMULATE, EVEN)
-            _down_done(w, b_o, m_m, slot, p_down, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
+            _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
 
 
 @triton.jit
@@ -441,12 +392,6 @@ ONE_PASS_SLOTS = 128
 ONE_PASS_ELEMENTS = 1 << 12
 
 
-def fits_one_pass(slots: int, experts: int) -> bool:
-    """Whether the routing of `slots` slots over `experts` experts fits in one program's registers."""
-    s_p, r_p = triton.next_power_of_2(max(slots, 1)), triton.next_power_of_2(experts)
-    return s_p <= ONE_PASS_SLOTS and s_p * r_p <= ONE_PASS_ELEMENTS
-
-
 def max_tiles(slots: int, experts: int, block_m: int) -> int:
     """The most tiles any routing of `slots` slots over `experts` experts takes: every used tile holds
     a slot, and an expert's run wastes under one tile."""
@@ -466,7 +411,7 @@ def route(local_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
     rows, tile_expert, tile_rows = torch.empty(T * block_m, **i32), torch.empty(T, **i32), torch.empty(T, **i32)
     meta, counts, start, rank = torch.empty(1, **i32), torch.empty(experts, **i32), torch.empty(experts, **i32), torch.empty(max(S, 1), **i32)
     r_p, s_p = triton.next_power_of_2(experts), triton.next_power_of_2(max(S, 1))
-    one_pass = fits_one_pass(S, experts)
+    one_pass = s_p <= ONE_PASS_SLOTS and s_p * r_p <= ONE_PASS_ELEMENTS
     _route_kernel[(1,)](p_ids=flat.to(torch.int32).contiguous(), p_counts=counts, p_start=start, p_rank=rank,
                         p_rows=rows, p_tile_expert=tile_expert, p_tile_rows=tile_rows, p_meta=meta, S=S, R=experts,
                         BM=block_m, R_P=r_p, CH=max(s_p, 16) if one_pass else 1024, ONE_PASS=one_pass, num_warps=8)
@@ -548,17 +493,13 @@ def _persistent(kernel, device: torch.device, tiles, work_max: int, **args) -> N
 
 
 def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torch.Tensor, w13: Mxfp4Experts,
-                           w2: Mxfp4Experts, limit: float, scale: float, config: MoeConfig | None = None,
-                           route_inline: bool | None = None) -> torch.Tensor:
+                           w2: Mxfp4Experts, limit: float, scale: float, config: MoeConfig | None = None) -> torch.Tensor:
     """The `routed_experts` slot (dsv4opt/workload/slots.py), grouped by expert on tensor cores.
 
     x: [M, d]; local_ids: [M, k] int32 (-1: another rank's expert); gates: [M, k] fp32;
     w13: [R, 2I, d], w2: [R, d, I] MXFP4 -> [M, d] in x's dtype. CUDA-graph safe once each weight's
     production-layout copy exists (built on the first eager call). Where Triton cannot run (a CPU
     without the interpreter) the float64-free plain-torch definition, expert by expert.
-    route_inline: whether each GEMM program routes the slots itself in registers instead of a routing
-    launch; by default where the routing fits one program's registers (`fits_one_pass`: tp4 to C = 2,
-    dp-ep to C = 2), which saves the routing's launch where it is most of a small call.
     """
     if not (runs_triton(x) and dot_dtype_ok(x.dtype)):
         return naive.routed_experts(x, local_ids, gates, w13, w2, limit, scale)
@@ -570,20 +511,8 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     assert x.stride(1) == 1 and local_ids.is_contiguous() and gates.is_contiguous()
     p13, p2 = packed_experts(w13), packed_experts(w2)
     cfg = config or choose(R, I, d, M * k)
-    S = M * k
-    inline = fits_one_pass(S, R) if route_inline is None else route_inline
-    if inline and not fits_one_pass(S, R):
-        raise ValueError(f"route_inline: {S} slots over {R} experts do not fit one program's registers")
-    ids32 = local_ids.reshape(-1).to(torch.int32).contiguous()
-    if inline:
-        T = max_tiles(S, R, cfg.bm)
-        rows = tile_expert = tile_rows = meta = ids32  # not read
-    else:
-        r = route(ids32, R, cfg.bm)
-        T, rows, tile_expert, tile_rows, meta = r.max_tiles, r.rows, r.tile_expert, r.tile_rows, r.meta
-    P = T * cfg.bm
-    inline_args = dict(p_ids=ids32, S=S, R=R, INLINE=inline, R_P=triton.next_power_of_2(R),
-                       CH=max(triton.next_power_of_2(max(S, 1)), 16))
+    r = route(local_ids.to(torch.int32), R, cfg.bm)
+    T, P = r.max_tiles, r.max_tiles * cfg.bm
     out = torch.empty(M, d, device=x.device, dtype=x.dtype)
     if M == 0:
         return out
@@ -597,22 +526,20 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     n_blk = triton.cdiv(I, up.bn)
     _persistent(
         _moe_up_kernel, x.device, up, T * n_blk * up.split,
-        p_x=x, p_w=p13.values, p_s=p13.scales, p_rows=rows, p_tile_expert=tile_expert, p_tile_rows=tile_rows,
-        p_meta=meta, p_act=act, p_part=part, p_count=_tickets(x.device, T * n_blk), stride_xm=x.stride(0),
+        p_x=x, p_w=p13.values, p_s=p13.scales, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows,
+        p_meta=r.meta, p_act=act, p_part=part, p_count=_tickets(x.device, T * n_blk), stride_xm=x.stride(0),
         stride_act=act.stride(0), stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
         I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
         BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FLAT=up.flat, FOLD=p13.fold, EMULATE=emulate,
         EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
-        **inline_args,
     )
     _persistent(
         _moe_down_kernel, x.device, dn, T * triton.cdiv(d, dn.bn) * dn.split,
-        p_act=act, p_w=p2.values, p_s=p2.scales, p_rows=rows, p_tile_expert=tile_expert,
-        p_tile_rows=tile_rows, p_meta=meta, p_down=down, stride_act=act.stride(0),
+        p_act=act, p_w=p2.values, p_s=p2.scales, p_rows=r.rows, p_tile_expert=r.tile_expert,
+        p_tile_rows=r.tile_rows, p_meta=r.meta, p_down=down, stride_act=act.stride(0),
         stride_ds=down.stride(0), stride_dm=down.stride(1), N=d, K=I, N16=p2.n16, K64=p2.k64,
         BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FLAT=dn.flat, FOLD=p2.fold, EMULATE=emulate,
         EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
-        **inline_args,
     )
     bc = min(1024, triton.next_power_of_2(d))
     _moe_combine_kernel[(M, triton.cdiv(d, bc))](
@@ -622,5 +549,5 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     return out
 
 
-__all__ = ["Routing", "fits_one_pass", "grouped_routed_experts", "max_tiles", "route", "route_torch", "PackedExperts",
+__all__ = ["Routing", "grouped_routed_experts", "max_tiles", "route", "route_torch", "PackedExperts",
            "UNIT_BYTES", "UNIT_ROWS", "UNIT_SCALES"]
