@@ -7,7 +7,9 @@ dp-ep: 32 x 4096 x 4096) through the production kernel's tiling (2 x 64 stacked 
 K step, 4 warps, 4 stages, persistent) in three modes, each a CUDA-graph median (GPU only):
 
 - load: the same 16-byte value loads and 4-byte scale loads, folded into one XOR a word;
-- decode: the same loads decoded to bf16 (`_unit_tile`, as the kernel does) and summed element-wise;
+- decode: the same loads decoded to bf16 (`_unit_tile`, as the kernel does) and summed element-wise
+  (the sum takes the tile out of the MMA operand layout through shared memory, so this mode runs
+  slower than mma on the H200: it is not a bound on the decode alone);
 - mma: the decoded tile times a fixed [128, 16] token tile on the tensor core (the gate/up kernel
   without its gather, split or epilogue).
 
@@ -70,14 +72,16 @@ def _stream_kernel(p_w, p_w32, p_s, p_s32, p_x, p_out, num_progs, n_items, n_blk
 
 
 def stream_rates(packed, copy_gbps: float, tiles: GemmTiles, modes=MODES, dtype=torch.bfloat16,
-                 time_it=True) -> list[dict]:
-    """Each mode's µs and GB/s over all of `packed`'s experts (values and scales read once)."""
+                 time_it=True, x: torch.Tensor | None = None) -> list[dict]:
+    """Each mode's µs and GB/s over all of `packed`'s experts (values and scales read once). With
+    time_it false, each mode's per-program outputs instead (`out`), for the tests; x: the [bk, 16]
+    token tile of the mma mode (random if None)."""
     n_blk = packed.n16 * 16 // (2 * tiles.bn)
     n_items = packed.experts * n_blk
     dev = packed.values.device
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 4
     out = torch.empty(max(tiles.ctas, 8) * sms, device=dev)
-    x = torch.randn(tiles.bk, 16, device=dev, dtype=dtype)
+    x = torch.randn(tiles.bk, 16, device=dev, dtype=dtype) if x is None else x
     rows = []
     for name in modes:
         def run(mode=MODES.index(name)):

@@ -1,0 +1,54 @@
+"""The weight-stream probe (benchmarks/probe_grouped_moe_ceiling.py) streams what it says: each program's
+items read every value and scale of its rows once, the decode gives the dequantised weights, and the
+MMA mode multiplies them by its token tile. Interpreter only (fp16); the rates need a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsv4opt.tritonlib import interpreted
+from dsv4opt.workload.kernels.grouped_moe_configs import GemmTiles
+from dsv4opt.workload.kernels.grouped_moe_layout import packed_experts
+from dsv4opt.workload.weights import Mxfp4Experts
+
+pytestmark = pytest.mark.skipif(not interpreted(), reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
+
+
+def _probe():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "probe_grouped_moe_ceiling.py"
+    spec = importlib.util.spec_from_file_location("probe_grouped_moe_ceiling", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_each_mode_reads_every_row_of_its_items_once():
+    probe = _probe()
+    w = Mxfp4Experts(2, 256, 256, torch.Generator().manual_seed(0), "cpu")
+    packed = packed_experts(w)
+    x = torch.randn(128, 16, generator=torch.Generator().manual_seed(1)).half()
+    # 2 experts x 2 items of 128 stacked rows, 2 K steps of 128 columns, one item a program (4 on the CPU)
+    out = {r["mode"]: r["out"][:4] for r in probe.stream_rates(packed, 1.0, GemmTiles(64, 128, 4, 2, ctas=1),
+                                                              dtype=torch.float16, time_it=False, x=x)}
+    items = [(e, r0) for e in range(2) for r0 in (0, 128)]
+    vals = packed.values.view(torch.int32).reshape(2, 16, 4, 128)  # [expert, 16-row unit, 64-column unit, words]
+    scales = packed.scales.view(torch.int32).reshape(2, 16, 4, 8)
+
+    def xor_steps_then_sum(t):  # t [8 row units, 4 column units, words]: steps of 2 column units XORed
+        acc = t[:, 0:2] ^ t[:, 2:4]
+        return int(acc.long().sum())
+
+    for i, (e, r0) in enumerate(items):
+        u = slice(r0 // 16, r0 // 16 + 8)
+        want = (xor_steps_then_sum(vals[e, u]) + xor_steps_then_sum(scales[e, u]) + 2**31) % 2**32 - 2**31  # int32 sum
+        assert float(out["load"][i]) == pytest.approx(float(want), rel=1e-6)
+    for i, (e, r0) in enumerate(items):
+        dense = w.dense(e).double()[r0:r0 + 128]  # [128 rows, 256 columns]
+        assert float(out["decode"][i]) == pytest.approx(float(dense.sum()), abs=0.05)
+        # the mma mode multiplies each K step's columns by the same token tile
+        want = sum(float((dense[:, k:k + 128] @ x.double()).sum()) for k in (0, 128))
+        assert float(out["mma"][i]) == pytest.approx(want, rel=1e-3, abs=0.1)
