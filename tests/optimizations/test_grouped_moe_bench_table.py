@@ -72,6 +72,7 @@ def test_the_table_fits_80_columns_and_keeps_every_figure():
         line = next(ln for ln in table.splitlines() if ln.split()[:2] == [r.layout, str(r.concurrency)])
         assert f"{r.grouped_us:.1f}" in line and f"{r.floor_us:.1f}" in line, line
     assert "9999.9" in table and "144" in table
+    assert "51%" in next(ln for ln in table.splitlines() if ln.split()[:2] == ["dp-ep", "64"])  # 100.2 / 195.1
 
 
 def test_json_holds_no_nan():

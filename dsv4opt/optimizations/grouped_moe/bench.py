@@ -301,14 +301,15 @@ def render(result: BenchResult):
         return failed_table("grouped-moe", result.check, ("rel_err", "baseline_rel_err"))
     worst = max(result.anchor_errors.values(), default=None)
     caption = (f"hit: local experts a set touches; %fl: the floor over the time; ours: the whole slot; tk: "
-               f"triton_kernels' routing and two GEMMs (its top-k sum, GEMMs alone: JSON); x tk, x base: its "
+               f"triton_kernels' routing and two GEMMs (its top-k sum: JSON); tk mm: its two GEMMs alone; x tk, x base: its "
                f"time, SGLang's per-slot path's, over ours\n"
                f"check: {result.check.summary}\nanchor: {result.anchor}") + (
         f", worst rel err {worst:.1e} against its float64 definition" if worst is not None else "")
     table = narrow_table(f"grouped-moe on {result.device}: d {_CFG.hidden}, top-{_CFG.experts_per_token}, "
                          f"copy {result.copy_gbps:.0f} GB/s; floor with e8m0 scales",
                          caption=caption, caption_justify="left")
-    for col in ("layout", "C", "hit", "floor\nµs", "ours\nµs", "ours\n%fl", "tk\nµs", "tk\n%fl", "x tk", "x base"):
+    for col in ("layout", "C", "hit", "floor\nµs", "ours\nµs", "ours\n%fl", "tk\nµs", "tk\n%fl", "tk mm\n%fl", "x\ntk",
+                "x\nbase"):
         table.add_column(col, justify="right", no_wrap=True)
 
     def f(v, fmt):
@@ -317,6 +318,7 @@ def render(result: BenchResult):
     for r in result.rows:
         table.add_row(r.layout, str(r.concurrency), f"{r.experts_hit:.1f}", f"{r.floor_us:.1f}", f"{r.grouped_us:.1f}",
                       f"{r.frac_floor:.0%}", f(r.anchor_us, ".1f"), f(r.anchor_frac_floor, ".0%"),
+                      f(r.floor_us / r.anchor_gemm_us if r.anchor_gemm_us else None, ".0%"),
                       f(r.speedup_vs_anchor, ".2f"), f(r.speedup_vs_baseline, ".0f"))
     return table
 
