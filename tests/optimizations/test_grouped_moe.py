@@ -185,7 +185,8 @@ PATHS = {
 @pytest.mark.parametrize("path", PATHS, ids=str)
 def test_every_gemm_path_matches_the_definition(path):
     """Each K split (one ticket per item, a ragged last split), the down split summed by the combine,
-    wider tiles and two-step K, a register cap: against float64, NaN-poisoned."""
+    wider tiles and two-step K, a register cap (the interpreter ignores it: only its launch is checked
+    here; on the GPU the sweep's check and the gate hold the capped rows): against float64, NaN-poisoned."""
     from dsv4opt.numerics import nan_poisoned_allocations
 
     case = MoeCase(17, "mixed", hidden=256, width=192, experts=6, topk=4)

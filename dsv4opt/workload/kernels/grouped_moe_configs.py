@@ -54,9 +54,9 @@ _DOWN = GemmTiles(bn=128, bk=128, warps=4, stages=4)
 # dp-ep at C = 1 uses 6 of 32 experts, tp4 at C = 1 6 of 256 (docs: work items per round).
 TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # dp-ep: 8C gathered tokens, 48C slots. From the H200 sweep (evidence/h200/grouped_moe/sweep_f0fc69d.log):
-    # at C = 1 the K splits halved (66.8 -> 54.3 us); from C = 16 both GEMMs under 128 registers, so four
-    # programs fit an SM (C = 16/32: 200.7/216.9 -> 187.0/191.7 us). C = 64 takes C = 32's row (BM 16 alone
-    # was 237.5 -> 222.7 us there; with the register cap it was not yet timed).
+    # at C = 1 the K splits halved (66.8 -> 54.3 us); from C = 16 both GEMMs capped at 128 registers
+    # (C = 16/32: 200.7/216.9 -> 187.0/191.7 us). C = 64 takes the same row (237.5 -> 213.8 us in a second
+    # sweep, inline-routing-cc322e7/sweep_dpep64_cc322e7.log). C = 2-8 take it unswept.
     (32, 2048, 4096): [
         (48, MoeConfig(16, replace(_UP, split=2), replace(_DOWN, split=2))),
         (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, maxnreg=128))),
@@ -112,8 +112,8 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         replace(base, up=replace(up, split=up.split * 2)),
         replace(base, up=replace(up, split=max(1, up.split // 2))),
         replace(base, up=replace(up, ctas=8), down=replace(dn, ctas=8)),
-        # More bytes in flight an SM: the weight stream alone reaches 70% of the copy bandwidth with 3
-        # programs an SM and 81% with 4 (benchmarks/probe_grouped_moe_ceiling.py on the H200).
+        # More bytes in flight an SM (the weights' loads alone go 70% -> 81% of the copy bandwidth from 3 to 4
+        # programs an SM, benchmarks/probe_grouped_moe_ceiling.py); at f0fc69d only the register cap won.
         replace(base, up=replace(up, stages=6), down=replace(dn, stages=6)),
         replace(base, up=replace(up, stages=5)),
         replace(base, up=replace(up, bk=256, stages=3), down=replace(dn, bk=256, stages=3)),
