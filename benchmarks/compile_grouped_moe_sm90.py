@@ -6,7 +6,8 @@ Needs Triton 3.6 (the H200's) and no GPU: the launch's types and constexprs are 
 for the layout's shapes and the config `configs.choose` gives. Prints registers, spills, shared
 memory, and what the PTX holds per kernel: wgmma (and whether its A operand comes from registers),
 shared-memory traffic the layout conversions add (st.shared / ld.shared outside cp.async), 16-byte
-global and cp.async loads, and the bf16x2 multiplies of the decode.
+global and cp.async loads, the bf16x2 multiplies of the decode, and the SASS opcodes of each loop
+holding an HGMMA (nvdisasm from Triton's wheel).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -69,7 +71,8 @@ def route_source(R: int, slots: int):
 
 
 def report(src, tiles: configs.GemmTiles, label: str, dump: Path | None) -> dict:
-    compiled = triton.compile(src, target=TARGET, options={"num_warps": tiles.warps, "num_stages": tiles.stages})
+    opts = {"num_warps": tiles.warps, "num_stages": tiles.stages} | ({"maxnreg": tiles.maxnreg} if tiles.maxnreg else {})
+    compiled = triton.compile(src, target=TARGET, options=opts)
     ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.ptx"
@@ -97,13 +100,35 @@ def report(src, tiles: configs.GemmTiles, label: str, dump: Path | None) -> dict
         "local_alloc": len(re.findall(r"ttg\.local_alloc", ttgir)),
     }
     print(f"{label}\n  " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "kernel"), flush=True)
+    sass = _sass(compiled)
+    for name, ops in loop_counts(sass):
+        row.setdefault("mma_loops", []).append({"loop": name, "instructions": sum(ops.values()), "ops": dict(ops)})
+        print(f"  loop {name}: {sum(ops.values())} SASS instructions: "
+              + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)), flush=True)
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         stem = re.sub(r"[^A-Za-z0-9]+", "_", label)
         for ext in ("ttgir", "ptx"):
             (dump / f"{stem}.{ext}").write_text(compiled.asm[ext])
-        (dump / f"{stem}.sass").write_text(_sass(compiled))
+        (dump / f"{stem}.sass").write_text(sass)
     return row
+
+
+def loop_counts(sass: str) -> list[tuple[str, Counter]]:
+    """Each loop of the listing that holds an HGMMA (a label and the backward branch to it): its SASS
+    opcodes counted, predicates and modifiers dropped. The K loop's instructions a step a thread."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\w+):", ln.strip()))}
+    loops = []
+    for i, ln in enumerate(lines):
+        m = re.search(r"\bBRA\s+(\w+)", ln)
+        if not m or labels.get(m.group(1), i) >= i:
+            continue
+        body = [b.split("\t", 1)[-1].strip() for b in lines[labels[m.group(1)] + 1 : i + 1] if "\t" in b]
+        ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body if b)
+        if ops.get("HGMMA"):
+            loops.append((m.group(1), ops))
+    return loops
 
 
 def _sass(compiled) -> str:
