@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from dsv4opt.analysis.profile import KernelRow, Profile
 
@@ -28,9 +28,11 @@ def steps_in(profile: Profile) -> int:
     return profile.step_count or 1
 
 
-def fragmentation(profile: Profile, categories: Iterable[str]) -> Fragmentation:
+def fragmentation(profile: Profile, categories: Iterable[str],
+                  keep: Callable[[KernelRow], bool] | None = None) -> Fragmentation:
+    """The kernels of `categories` (those `keep` accepts, if given) as a share of the profile."""
     wanted = set(categories)
-    rows = [k for k in profile.kernels if k.category in wanted]
+    rows = [k for k in profile.kernels if k.category in wanted and (keep is None or keep(k))]
     launches = sum(k.count for k in rows)
     total = sum(k.total_us for k in rows)
     return Fragmentation(

@@ -199,15 +199,28 @@ def eager_glue_share(profile: Profile) -> float:
     return eager / profile.total_us
 
 
+# Tensor-core GEMMs fp8 weights cannot halve: weights already in 8 bits or fewer (block FP8, MXFP4,
+# Marlin's W4A16), and the embedded workload's GEMMs over activations and caches, not weights (the
+# indexer's q x K, the mHC pre-mix's hidden-state products).
+_NOT_WIDE_WEIGHTS = re.compile(r"fp8|e4m3|e5m2|w8a8|int8|fp4|mxf|marlin|wna16|"
+                               r"^_(indexer_logits|hc_pre_gemm|premix_mm)_kernel$", re.IGNORECASE)
+
+
+def _wide_weight_gemm(kernel) -> bool:
+    return not _NOT_WIDE_WEIGHTS.search(kernel.name)
+
+
 def _levers(profile: Profile) -> list[Candidate]:
     levers: list[Candidate] = []
-    dense = fragmentation(profile, [GEMM_TC])
+    dense = fragmentation(profile, [GEMM_TC], keep=_wide_weight_gemm)
     if dense.share > 0:
         levers.append(
             Candidate(
-                name="fp8-weights", kind="lever", target=GEMM_TC, share=dense.share, share_of=category_label(GEMM_TC),
+                name="fp8-weights", kind="lever", target=GEMM_TC, share=dense.share,
+                share_of=f"{category_label(GEMM_TC)} over 16-bit weights",
                 amdahl_bound=amdahl(dense.share, 2.0), kernel_speedup=2.0,
-                speedup_source="assumed: decode GEMMs are bound by weight bytes, fp8 halves them vs bf16",
+                speedup_source="assumed: decode GEMMs are bound by weight bytes, fp8 halves them vs bf16 (GEMMs whose "
+                               "weights are already 8-bit or narrower, and GEMMs over activations, left out)",
                 fragmentation=dense,
                 risk="weight quantisation changes every logit; needs an accuracy evaluation",
                 changes_selection=True, needs_graph=False,

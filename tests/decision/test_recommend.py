@@ -46,6 +46,18 @@ def test_no_applicable_optimisation_falls_back_to_a_lever():
     assert rec.chosen.name == "fp8-weights"
 
 
+def test_fp8_weights_counts_only_gemms_over_16_bit_weights():
+    """Block-FP8 and MXFP4 GEMMs already read 8 bits or fewer; the indexer's q x K multiplies a cache,
+    not weights: none of them is time fp8 weights could halve."""
+    prof = make_profile([("_block_fp8_matmul_kernel", "gemm_tc", 10, 400.0), ("_indexer_logits_kernel", "gemm_tc", 10, 200.0),
+                         ("nvjet_sm90_tst_64x8", "gemm_tc", 10, 100.0), ("elementwise_kernel", "elementwise", 10, 300.0)])
+    lever = next(c for c in recommend(prof).candidates if c.name == "fp8-weights")
+    assert lever.share == pytest.approx(0.1) and "16-bit weights" in lever.share_of
+    only_fp8 = make_profile([("_block_fp8_matmul_kernel", "gemm_tc", 10, 400.0),
+                             ("gemm_mxfp4_kernel", "gemm_tc", 10, 100.0), ("elementwise_kernel", "elementwise", 10, 500.0)])
+    assert not any(c.name == "fp8-weights" for c in recommend(only_fp8).candidates)
+
+
 def test_empty_profile_recommends_nothing():
     prof = make_profile([])
     rec = recommend(prof)
