@@ -46,7 +46,8 @@ def up_source(cfg: configs.MoeConfig, I: int, d: int, fold: bool = True):
     types = dict(p_x="*bf16", p_w="*u8", p_s="*u8", p_rows="*i32", p_tile_expert="*i32", p_tile_rows="*i32",
                  p_meta="*i32", p_act="*bf16", p_part="*fp32", p_count="*i32", stride_xm="i32", stride_act="i32", stride_part_s="i32",
                  stride_part_n="i32", limit="fp32", num_progs="i32", I="i32", K="i32", N16="i32", K64="i32")
-    const = dict(TOPK=6, BM=cfg.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, FLAT=t.flat, FOLD=fold, EMULATE=False, EVEN=True)
+    const = dict(TOPK=6, BM=cfg.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, FLAT=t.flat, FOLD=fold, EMULATE=False, EVEN=True,
+                 N_BLK=triton.cdiv(I, t.bn) if t.static else 0, STEPS=triton.cdiv(d, t.bk * t.split) if t.static else 0)
     div = {"stride_xm", "stride_act", "stride_part_s", "stride_part_n", "I", "K", "N16", "K64"}
     return _source(kernel._moe_up_kernel, types, const, div), t
 
@@ -56,7 +57,8 @@ def down_source(cfg: configs.MoeConfig, I: int, d: int, fold: bool = True):
     types = dict(p_act="*bf16", p_w="*u8", p_s="*u8", p_rows="*i32", p_tile_expert="*i32", p_tile_rows="*i32",
                  p_meta="*i32", p_down="*fp32", stride_act="i32", stride_ds="i32", stride_dm="i32", num_progs="i32",
                  N="i32", K="i32", N16="i32", K64="i32")
-    const = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, FLAT=t.flat, FOLD=fold, EMULATE=False, EVEN=True)
+    const = dict(BM=cfg.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, FLAT=t.flat, FOLD=fold, EMULATE=False, EVEN=True,
+                 N_BLK=triton.cdiv(d, t.bn) if t.static else 0, STEPS=triton.cdiv(I, t.bk * t.split) if t.static else 0)
     div = {"stride_act", "stride_ds", "stride_dm", "N", "K", "N16", "K64"}
     return _source(kernel._moe_down_kernel, types, const, div), t
 
@@ -146,6 +148,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,32")
     ap.add_argument("--candidates", action="store_true", help="every sweep candidate, not only the table's choice")
     ap.add_argument("--no-fold", action="store_true", help="the two-multiply scale path")
+    ap.add_argument("--static", action="store_true", help="the table's configs with constant item and K-step counts")
     ap.add_argument("--dump", type=Path)
     args = ap.parse_args()
     for name in args.layout.split(","):
@@ -156,6 +159,8 @@ def main() -> None:
         for c in (int(v) for v in args.concurrency.split(",")):
             slots = ranks * c * 6
             cfgs = configs.candidates(R, I, d, slots) if args.candidates else [configs.choose(R, I, d, slots)]
+            if args.static:
+                cfgs = [replace(c, up=replace(c.up, static=True), down=replace(c.down, static=True)) for c in cfgs]
             for cfg in cfgs:
                 for which, make in (("up", up_source), ("down", down_source)):
                     src, tiles = make(cfg, I, d, fold=not args.no_fold)

@@ -178,6 +178,9 @@ PATHS = {
     "flat-split": configs.MoeConfig(16, replace(_T, flat=True, split=3), replace(_T, flat=True, split=2)),
     "flat-bm32": configs.MoeConfig(32, replace(_T, flat=True, bk=128), replace(_T, flat=True, ctas=1)),
     "register-cap": configs.MoeConfig(16, replace(_T, maxnreg=128), replace(_T, maxnreg=128, flat=True)),
+    "static-flat-split": configs.MoeConfig(16, replace(_T, flat=True, split=3, static=True),
+                                           replace(_T, flat=True, split=2, static=True)),
+    "static-nested": configs.MoeConfig(16, replace(_T, split=2, static=True), replace(_T, static=True)),
 }
 
 

@@ -192,16 +192,24 @@ def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_
                    stride_xm, stride_act, stride_part_s, stride_part_n, limit, num_progs,
                    I, K, N16, K64, TOPK: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, FLAT: tl.constexpr,
-                   FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
+                   FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr, N_BLK: tl.constexpr,
+                   STEPS: tl.constexpr):
     """Persistent: work item (tile, BN gate rows + the same up rows, K split) -> act[n, row] =
     silu(min(g, limit)) * clamp(u, -limit, limit) in x's dtype. With K split, each split stores fp32
     partials part[split, {g, u}, n, row] and takes a ticket (count[item]); the last to arrive sums
     them, writes act and sets the count back to 0 for the next call (so no launch clears it).
-    FLAT: one loop over (item, K step), so the pipeline runs on across items (short K loops)."""
+    FLAT: one loop over (item, K step), so the pipeline runs on across items (short K loops).
+    N_BLK = cdiv(I, BN) and STEPS = cdiv(K, BK * SPLIT) (the K steps of one split) as constants, or 0:
+    computed at run time. Constants make the flat loop's divisions by them shifts or multiplies
+    instead of a runtime division every K step (a config's `static`)."""
     pid = tl.program_id(0)
-    n_blk = tl.cdiv(I, BN)
+    if N_BLK > 0:
+        n_blk: tl.constexpr = N_BLK
+        steps: tl.constexpr = STEPS
+    else:
+        n_blk = tl.cdiv(I, BN)
+        steps = tl.cdiv(K64 * 64, BK * SPLIT)
     n_work = tl.load(p_meta) * n_blk * SPLIT
-    steps = tl.cdiv(K64 * 64, BK * SPLIT)  # K steps of one split
     b_gu = tl.zeros([2 * BN, BM], tl.float32)  # [2 BN, BM] gate rows, then up rows
     if FLAT:
         for it in range(0, tl.cdiv(tl.maximum(n_work - pid, 0), num_progs) * steps):
@@ -263,13 +271,18 @@ def _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk,
 def _moe_down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_down,
                      stride_act, stride_ds, stride_dm, num_progs,
                      N, K, N16, K64, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                     FLAT: tl.constexpr, FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
+                     FLAT: tl.constexpr, FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr,
+                     N_BLK: tl.constexpr, STEPS: tl.constexpr):
     """Persistent: work item (tile, BN output rows, K split): down[split, slot] = act W2^T (fp32).
-    FLAT: one loop over (item, K step), as in the gate/up kernel."""
+    FLAT, N_BLK and STEPS as in the gate/up kernel."""
     pid = tl.program_id(0)
-    n_blk = tl.cdiv(N, BN)
+    if N_BLK > 0:
+        n_blk: tl.constexpr = N_BLK
+        steps: tl.constexpr = STEPS
+    else:
+        n_blk = tl.cdiv(N, BN)
+        steps = tl.cdiv(K64 * 64, BK * SPLIT)
     n_work = tl.load(p_meta) * n_blk * SPLIT
-    steps = tl.cdiv(K64 * 64, BK * SPLIT)
     b_o = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
     if FLAT:
         for it in range(0, tl.cdiv(tl.maximum(n_work - pid, 0), num_progs) * steps):
@@ -531,6 +544,7 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
         stride_act=act.stride(0), stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
         I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
         BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FLAT=up.flat, FOLD=p13.fold, EMULATE=emulate,
+        N_BLK=n_blk if up.static else 0, STEPS=triton.cdiv(p13.k64 * UNIT_COLS, up.bk * up.split) if up.static else 0,
         EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
     )
     _persistent(
@@ -539,6 +553,8 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
         p_tile_rows=r.tile_rows, p_meta=r.meta, p_down=down, stride_act=act.stride(0),
         stride_ds=down.stride(0), stride_dm=down.stride(1), N=d, K=I, N16=p2.n16, K64=p2.k64,
         BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FLAT=dn.flat, FOLD=p2.fold, EMULATE=emulate,
+        N_BLK=triton.cdiv(d, dn.bn) if dn.static else 0,
+        STEPS=triton.cdiv(p2.k64 * UNIT_COLS, dn.bk * dn.split) if dn.static else 0,
         EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
     )
     bc = min(1024, triton.next_power_of_2(d))

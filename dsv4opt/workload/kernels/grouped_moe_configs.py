@@ -17,8 +17,9 @@ class GemmTiles:
     """One GEMM's launch: bn weight rows a work item (the MMA's wide side; for gate/up bn of gate
     and the same bn of up), bk columns a step (whole 64-column units), warps, pipeline stages, the
     K split, persistent programs an SM (capped at what fits), whether one loop runs over
-    (item, K step) so the pipeline does not drain between items (flat), and a register cap a thread
-    (ptxas' maxnreg) so that more programs fit an SM, or None."""
+    (item, K step) so the pipeline does not drain between items (flat), a register cap a thread
+    (ptxas' maxnreg) so that more programs fit an SM, or None, and whether the item and K-step counts
+    are compile-time constants (static: the flat loop divides by them every K step)."""
 
     bn: int
     bk: int
@@ -28,10 +29,11 @@ class GemmTiles:
     ctas: int = 4
     flat: bool = False
     maxnreg: int | None = None
+    static: bool = False
 
     def short(self) -> str:
         return (f"{self.bn}x{self.bk}w{self.warps}s{self.stages}k{self.split}c{self.ctas}{'f' if self.flat else ''}"
-                + (f"r{self.maxnreg}" if self.maxnreg else ""))
+                + (f"r{self.maxnreg}" if self.maxnreg else "") + ("t" if self.static else ""))
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,10 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         replace(base, up=replace(up, maxnreg=128, ctas=4)),
         replace(base, up=replace(up, split=1), down=replace(dn, split=1)),
         replace(base, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2), flat=True)),
+        # Constant item and K-step counts: tp4's flat down loop from 628 to 565 SASS instructions a K step
+        # (benchmarks/compile_grouped_moe_sm90.py; not yet timed)
+        replace(base, up=replace(up, static=True), down=replace(dn, static=True)),
+        replace(base, down=replace(dn, static=True)),
     ]
     seen: list[MoeConfig] = []
     for c in out:
