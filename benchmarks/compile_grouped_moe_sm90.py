@@ -118,7 +118,8 @@ def report(src, tiles: configs.GemmTiles, label: str, dump: Path | None) -> dict
 
 def loop_counts(sass: str) -> list[tuple[str, Counter]]:
     """Each loop of the listing that holds an HGMMA (a label and the backward branch to it): its SASS
-    opcodes counted, predicates and modifiers dropped. The K loop's instructions a step a thread."""
+    opcodes counted, predicates and modifiers dropped. The innermost is the K loop (its instructions a
+    step a thread); a loop around it counts the K loop's instructions with its own."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\w+):", ln.strip()))}
     loops = []
@@ -160,7 +161,7 @@ def main() -> None:
             slots = ranks * c * 6
             cfgs = configs.candidates(R, I, d, slots) if args.candidates else [configs.choose(R, I, d, slots)]
             if args.static:
-                cfgs = [replace(c, up=replace(c.up, static=True), down=replace(c.down, static=True)) for c in cfgs]
+                cfgs = [replace(cfg, up=replace(cfg.up, static=True), down=replace(cfg.down, static=True)) for cfg in cfgs]
             for cfg in cfgs:
                 for which, make in (("up", up_source), ("down", down_source)):
                     src, tiles = make(cfg, I, d, fold=not args.no_fold)

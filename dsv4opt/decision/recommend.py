@@ -20,7 +20,7 @@ import msgspec
 
 from dsv4opt.analysis.categories import GEMM_TC, GLUE_TARGET, category_label, members
 from dsv4opt.analysis.parts import NO_PART, UNMATCHED_REPLAY
-from dsv4opt.analysis.profile import GlueRegionRow, Profile
+from dsv4opt.analysis.profile import GlueRegionRow, KernelRow, Profile
 from dsv4opt.decision.fragmentation import Fragmentation, fragmentation
 from dsv4opt.decision.glue_plan import GluePlan, glue_of, glue_plan
 from dsv4opt.optimizations.registry import OPTIMIZATIONS, Optimization
@@ -199,15 +199,17 @@ def eager_glue_share(profile: Profile) -> float:
     return eager / profile.total_us
 
 
-# Tensor-core GEMMs fp8 weights cannot halve: weights already in 8 bits or fewer (block FP8, MXFP4,
-# Marlin's W4A16), and the embedded workload's GEMMs over activations and caches, not weights (the
-# indexer's q x K, the mHC pre-mix's hidden-state products).
-_NOT_WIDE_WEIGHTS = re.compile(r"fp8|e4m3|e5m2|w8a8|int8|fp4|mxf|marlin|wna16|"
-                               r"^_(indexer_logits|hc_pre_gemm|premix_mm)_kernel$", re.IGNORECASE)
+# Tensor-core GEMMs fp8 weights cannot halve, by name: weights already in 8 bits or fewer (block FP8,
+# cuBLAS's FP8 `nvjet_*_qq*` from aten::_scaled_mm, FBGEMM's f8f8bf16, CUTLASS e4m3/e2m1 templates, int8,
+# MXFP4/NVFP4, the W4A16 kernels of Marlin, Machete, AWQ, GPTQ and TensorRT-LLM's fpA_intB), and the
+# indexer's q x K over the key cache (the embedded workload's two kernels for it), which reads no weights.
+_NOT_WIDE_WEIGHTS = re.compile(r"fp8|f8f8|e4m3|e5m2|e2m1|w8a8|i8i8|int8|fp4|mxf|marlin|wna16|machete|awq|gptq|fpA_intB|"
+                               r"^nvjet_\w*?_qq|^_indexer_(logits|score_mm)_kernel$", re.IGNORECASE)
 
 
-def _wide_weight_gemm(kernel) -> bool:
-    return not _NOT_WIDE_WEIGHTS.search(kernel.name)
+def _wide_weight_gemm(kernel: KernelRow) -> bool:
+    """A GEMM whose weights may be 16-bit: nothing in its name or its launching op says narrower."""
+    return not (_NOT_WIDE_WEIGHTS.search(kernel.name) or "scaled_mm" in (kernel.launched_by or ""))
 
 
 def _levers(profile: Profile) -> list[Candidate]:
@@ -220,7 +222,7 @@ def _levers(profile: Profile) -> list[Candidate]:
                 share_of=f"{category_label(GEMM_TC)} over 16-bit weights",
                 amdahl_bound=amdahl(dense.share, 2.0), kernel_speedup=2.0,
                 speedup_source="assumed: decode GEMMs are bound by weight bytes, fp8 halves them vs bf16 (GEMMs whose "
-                               "weights are already 8-bit or narrower, and GEMMs over activations, left out)",
+                               "weights are already 8-bit or narrower, and the indexer's q x K, left out)",
                 fragmentation=dense,
                 risk="weight quantisation changes every logit; needs an accuracy evaluation",
                 changes_selection=True, needs_graph=False,

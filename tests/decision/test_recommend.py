@@ -47,15 +47,18 @@ def test_no_applicable_optimisation_falls_back_to_a_lever():
 
 
 def test_fp8_weights_counts_only_gemms_over_16_bit_weights():
-    """Block-FP8 and MXFP4 GEMMs already read 8 bits or fewer; the indexer's q x K multiplies a cache,
-    not weights: none of them is time fp8 weights could halve."""
-    prof = make_profile([("_block_fp8_matmul_kernel", "gemm_tc", 10, 400.0), ("_indexer_logits_kernel", "gemm_tc", 10, 200.0),
-                         ("nvjet_sm90_tst_64x8", "gemm_tc", 10, 100.0), ("elementwise_kernel", "elementwise", 10, 300.0)])
+    """Block-FP8 GEMMs and cuBLAS's FP8 GEMMs already read 8-bit weights; the indexer's q x K multiplies
+    the key cache, not weights: none of them is time fp8 weights could halve. Kernel names from H200
+    profiles (profiles/grouped-moe-263f33b/, tests/analysis/test_classify_h200.py)."""
+    fp8_cublas = "nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT"
+    prof = make_profile([("_block_fp8_matmul_kernel", "gemm_tc", 10, 300.0), ("_indexer_logits_kernel", "gemm_tc", 10, 200.0),
+                         (fp8_cublas, "gemm_tc", 10, 100.0), ("nvjet_sm90_tst_512x32_64x3_2x1_v_bz_TNT", "gemm_tc", 10, 100.0),
+                         ("elementwise_kernel", "elementwise", 10, 300.0)])
     lever = next(c for c in recommend(prof).candidates if c.name == "fp8-weights")
     assert lever.share == pytest.approx(0.1) and "16-bit weights" in lever.share_of
-    only_fp8 = make_profile([("_block_fp8_matmul_kernel", "gemm_tc", 10, 400.0),
-                             ("gemm_mxfp4_kernel", "gemm_tc", 10, 100.0), ("elementwise_kernel", "elementwise", 10, 500.0)])
-    assert not any(c.name == "fp8-weights" for c in recommend(only_fp8).candidates)
+    only_narrow = make_profile([("_block_fp8_matmul_kernel", "gemm_tc", 10, 400.0), (fp8_cublas, "gemm_tc", 10, 100.0),
+                                ("elementwise_kernel", "elementwise", 10, 500.0)])
+    assert not any(c.name == "fp8-weights" for c in recommend(only_narrow).candidates)
 
 
 def test_empty_profile_recommends_nothing():
