@@ -134,6 +134,20 @@ def _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM: tl.constexpr, BN: tl
 
 
 @triton.jit
+def _counts(N_BLK: tl.constexpr, STEPS: tl.constexpr, width, K64, BN: tl.constexpr, BK: tl.constexpr,
+            SPLIT: tl.constexpr):
+    """(N blocks of `width` output rows, K steps of one split): the constants N_BLK and STEPS when given
+    (> 0; they stay compile-time constants in the caller), else computed at run time."""
+    if N_BLK > 0:
+        n_blk: tl.constexpr = N_BLK
+        steps: tl.constexpr = STEPS
+    else:
+        n_blk = tl.cdiv(width, BN)
+        steps = tl.cdiv(K64 * 64, BK * SPLIT)
+    return n_blk, steps
+
+
+@triton.jit
 def _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16,
              K64, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
              FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr):
@@ -203,12 +217,7 @@ def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_
     computed at run time. Constants make the flat loop's divisions by them shifts or multiplies
     instead of a runtime division every K step (a config's `static`)."""
     pid = tl.program_id(0)
-    if N_BLK > 0:
-        n_blk: tl.constexpr = N_BLK
-        steps: tl.constexpr = STEPS
-    else:
-        n_blk = tl.cdiv(I, BN)
-        steps = tl.cdiv(K64 * 64, BK * SPLIT)
+    n_blk, steps = _counts(N_BLK, STEPS, I, K64, BN, BK, SPLIT)
     n_work = tl.load(p_meta) * n_blk * SPLIT
     b_gu = tl.zeros([2 * BN, BM], tl.float32)  # [2 BN, BM] gate rows, then up rows
     if FLAT:
@@ -276,12 +285,7 @@ def _moe_down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta
     """Persistent: work item (tile, BN output rows, K split): down[split, slot] = act W2^T (fp32).
     FLAT, N_BLK and STEPS as in the gate/up kernel."""
     pid = tl.program_id(0)
-    if N_BLK > 0:
-        n_blk: tl.constexpr = N_BLK
-        steps: tl.constexpr = STEPS
-    else:
-        n_blk = tl.cdiv(N, BN)
-        steps = tl.cdiv(K64 * 64, BK * SPLIT)
+    n_blk, steps = _counts(N_BLK, STEPS, N, K64, BN, BK, SPLIT)
     n_work = tl.load(p_meta) * n_blk * SPLIT
     b_o = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
     if FLAT:
