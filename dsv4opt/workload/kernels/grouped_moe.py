@@ -509,6 +509,14 @@ def _persistent(kernel, device: torch.device, tiles, work_max: int, **args) -> N
         _RESIDENT[key] = _resident(compiled, tiles.warps)
 
 
+def _shape_constants(tiles, n_blk: int, k_cols: int) -> dict[str, int]:
+    """A GEMM's N_BLK and STEPS launch constants: its N blocks and the K steps of one split for a
+    static config, else 0 (the kernel computes them at run time)."""
+    if not tiles.static:
+        return {"N_BLK": 0, "STEPS": 0}
+    return {"N_BLK": n_blk, "STEPS": triton.cdiv(k_cols, tiles.bk * tiles.split)}
+
+
 def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torch.Tensor, w13: Mxfp4Experts,
                            w2: Mxfp4Experts, limit: float, scale: float, config: MoeConfig | None = None) -> torch.Tensor:
     """The `routed_experts` slot (dsv4opt/workload/slots.py), grouped by expert on tensor cores.
@@ -548,17 +556,17 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
         stride_act=act.stride(0), stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
         I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
         BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FLAT=up.flat, FOLD=p13.fold, EMULATE=emulate,
-        N_BLK=n_blk if up.static else 0, STEPS=triton.cdiv(p13.k64 * UNIT_COLS, up.bk * up.split) if up.static else 0,
+        **_shape_constants(up, n_blk, p13.k64 * UNIT_COLS),
         EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
     )
+    n_blk_down = triton.cdiv(d, dn.bn)
     _persistent(
-        _moe_down_kernel, x.device, dn, T * triton.cdiv(d, dn.bn) * dn.split,
+        _moe_down_kernel, x.device, dn, T * n_blk_down * dn.split,
         p_act=act, p_w=p2.values, p_s=p2.scales, p_rows=r.rows, p_tile_expert=r.tile_expert,
         p_tile_rows=r.tile_rows, p_meta=r.meta, p_down=down, stride_act=act.stride(0),
         stride_ds=down.stride(0), stride_dm=down.stride(1), N=d, K=I, N16=p2.n16, K64=p2.k64,
         BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FLAT=dn.flat, FOLD=p2.fold, EMULATE=emulate,
-        N_BLK=triton.cdiv(d, dn.bn) if dn.static else 0,
-        STEPS=triton.cdiv(p2.k64 * UNIT_COLS, dn.bk * dn.split) if dn.static else 0,
+        **_shape_constants(dn, n_blk_down, p2.k64 * UNIT_COLS),
         EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
     )
     bc = min(1024, triton.next_power_of_2(d))

@@ -67,7 +67,8 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # sweep_f0fc69d.log): down's K is 512, four steps of 128, so its nested loop drains the pipeline every
     # item; the flat loop keeps it full (C = 16/32/64: 168/272/378 -> 154/250/345 us with down flat alone),
     # and from C = 16 gate/up has items enough without a K split (-> 157/240/330 with no split alone);
-    # gate/up under 128 registers then gains 1-2% more (144.8/218.0/298.8 -> 142.3/213.7/295.8).
+    # gate/up under 128 registers then gains 1-2% more (144.8/218.0/298.8 -> 142.3/213.7/295.8), within the
+    # bench's run-to-run spread: kept because no sweep row was slower with it.
     # C = 2-4 (row 24) was not swept: down flat as at C = 1 and 16, gate/up's split unchanged.
     (256, 512, 4096): [
         (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2, flat=True))),
