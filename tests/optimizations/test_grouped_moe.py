@@ -181,6 +181,11 @@ PATHS = {
     "static-flat-split": configs.MoeConfig(16, replace(_T, flat=True, split=3, static=True),
                                            replace(_T, flat=True, split=2, static=True)),
     "static-nested": configs.MoeConfig(16, replace(_T, split=2, static=True), replace(_T, static=True)),
+    "slotwise-split": configs.MoeConfig(16, replace(_T, split=3), replace(_T, split=2), slotwise=True),
+    "slotwise-flat": configs.MoeConfig(16, replace(_T, flat=True, split=2), replace(_T, flat=True, split=3),
+                                       slotwise=True),
+    "slotwise-one-program": configs.MoeConfig(16, replace(_T, ctas=1), replace(_T, ctas=1), slotwise=True),
+    "overlap": configs.MoeConfig(16, _T, replace(_T, split=2), overlap=True),
 }
 
 
@@ -273,6 +278,35 @@ def test_gate_fails_a_broken_implementation(broken):
     assert not result.passed, result.summary
 
 
+_SLOTWISE = configs.MoeConfig(16, replace(_T, split=2), replace(_T, split=2), slotwise=True, overlap=True)
+
+
+def _slotwise(change):
+    """The slotwise path (no routing launch, the combine in down) on ids as `change` leaves them."""
+    def impl(x, local_ids, gates, w13, w2, limit, scale):
+        return kernel.grouped_routed_experts(x, change(local_ids), gates, w13, w2, limit, scale, config=_SLOTWISE)
+
+    return impl
+
+
+def _drops_the_first_mine(ids):
+    ids = ids.clone()
+    mine = torch.nonzero(ids.flatten() >= 0).flatten()
+    ids.view(-1)[mine[:1]] = -1
+    return ids
+
+
+@on_cpu
+@pytest.mark.parametrize("change, passes", [(lambda ids: ids, True), (lambda ids: ids.clamp(min=0), False),
+                                            (_drops_the_first_mine, False)],
+                         ids=["as-given", "other-ranks-on-expert-0", "forgets-a-slot"])
+def test_gate_holds_the_slotwise_path(change, passes):
+    """Slotwise tiles read each slot's expert from the ids: the gate passes them as given, and fails
+    them where the mask of other ranks' slots, or one slot, is lost."""
+    result = check_module.check("cpu", cases=SMALL, impl=_slotwise(change))
+    assert result.passed == passes, result.summary
+
+
 @on_cpu
 def test_gate_passes_the_kernels_on_the_same_cases():
     result = check_module.check("cpu", cases=SMALL)
@@ -338,22 +372,37 @@ def test_dequantised_weights_are_what_the_definition_reads():
     assert torch.equal(w.dense(0), quant.dequantize_mxfp4(w.packed[0], w.scales[0]))
 
 
+def _early(case: MoeCase, slotwise: bool) -> configs.MoeConfig:
+    """The table's config for the case with down launched early (PDL), slotwise or routed."""
+    cfg = configs.choose(case.experts, case.width, case.hidden, case.tokens * case.topk)
+    if slotwise:
+        cfg = replace(cfg, slotwise=True, down=replace(cfg.down, flat=False))
+    return replace(cfg, overlap=True)
+
+
+_GRAPH_CASES = [(MoeCase(4, "no_other_ranks", width=512, experts=256), None), (MoeCase(16, "mixed"), None),
+                (MoeCase(1, "no_other_ranks", width=512, experts=256), None),
+                (MoeCase(1, "no_other_ranks", width=512, experts=256), "slotwise"),
+                (MoeCase(3, "mixed", width=512, experts=256), "slotwise"), (MoeCase(16, "mixed"), "slotwise"),
+                (MoeCase(13, "no_other_ranks", width=512, experts=256), "routed")]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("case", [MoeCase(4, "no_other_ranks", width=512, experts=256), MoeCase(16, "mixed"),
-                                  MoeCase(1, "no_other_ranks", width=512, experts=256)],
-                         ids=lambda c: c.name)
-def test_cuda_graph_replays_match_the_definition_for_new_routings(case):
+@pytest.mark.parametrize("case, early", _GRAPH_CASES, ids=lambda v: v.name if isinstance(v, MoeCase) else (f"{v}-overlap" if v else "table"))
+def test_cuda_graph_replays_match_the_definition_for_new_routings(case, early):
     """Captured once (after an eager call builds the weights' copy), replayed on other tokens and
-    routings copied into the captured inputs: every replay against float64, NaN-poisoned."""
+    routings copied into the captured inputs: every replay against float64, NaN-poisoned. `early`:
+    down launched as gate/up's programmatic dependent, slotwise or routed (its edge captured in the graph)."""
     from dsv4opt.numerics import nan_poisoned_allocations
 
+    cfg = _early(case, early == "slotwise") if early else None
     first = make_inputs(case, "cuda", torch.bfloat16, seed=0)
     x, ids, gates = first.x.clone(), first.local_ids.clone(), first.gates.clone()
-    kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale)
+    kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale, config=cfg)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with nan_poisoned_allocations(), torch.cuda.graph(graph):
-        out = kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale)
+        out = kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale, config=cfg)
     for seed in (1, 2, 3):
         other = make_inputs(case, "cpu", torch.bfloat16, seed=seed)
         x.copy_(other.x)

@@ -124,13 +124,33 @@ def _unit_tile(p_w, p_s, rows, m_rows, kb0, K64, U_N: tl.constexpr, U_K: tl.cons
 
 
 @triton.jit
-def _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
-    """Work item w: (its K split, first weight row, expert, which of the tile's BM rows hold slots, their slots)."""
-    tile = w // SPLIT // n_blk
+def _tile(tile, p_ids, p_rows, p_tile_expert, p_tile_rows, BM: tl.constexpr, SLOTWISE: tl.constexpr):
+    """A tile's (expert, how many of its BM rows hold slots, those slots [BM]). SLOTWISE: tile t is
+    slot t alone (its expert read from the router's ids; another rank's slot, -1, holds no row)."""
     o_m = tl.arange(0, BM)
-    m_m = o_m < tl.load(p_tile_rows + tile)
-    slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0)
-    return w % SPLIT, (w // SPLIT % n_blk) * BN, tl.load(p_tile_expert + tile).to(tl.int64), m_m, slot
+    if SLOTWISE:
+        e = tl.load(p_ids + tile)
+        n = (e >= 0).to(tl.int32)
+        return tl.maximum(e, 0).to(tl.int64), n, tile + o_m * 0
+    n = tl.load(p_tile_rows + tile)
+    slot = tl.load(p_rows + tile * BM + o_m, mask=o_m < n, other=0)
+    return tl.load(p_tile_expert + tile).to(tl.int64), n, slot
+
+
+@triton.jit
+def _item(w, p_ids, p_rows, p_tile_expert, p_tile_rows, n_blk, BM: tl.constexpr, BN: tl.constexpr,
+          SPLIT: tl.constexpr, SLOTWISE: tl.constexpr):
+    """Work item w: (its K split, first weight row, expert, which of the tile's BM rows hold slots, their slots)."""
+    e, n, slot = _tile(w // SPLIT // n_blk, p_ids, p_rows, p_tile_expert, p_tile_rows, BM, SLOTWISE)
+    return w % SPLIT, (w // SPLIT % n_blk) * BN, e, tl.arange(0, BM) < n, slot
+
+
+@triton.jit
+def _n_work(p_meta, n_slots, n_blk, SPLIT: tl.constexpr, SLOTWISE: tl.constexpr):
+    """Work items of a launch: tiles (the routing's count on the device, or one a slot) x N blocks x splits."""
+    if SLOTWISE:
+        return n_slots * n_blk * SPLIT
+    return tl.load(p_meta) * n_blk * SPLIT
 
 
 @triton.jit
@@ -167,7 +187,7 @@ def _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, 
 
 
 @triton.jit
-def _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n, limit,
+def _up_done(w, b_gu, m_m, p_act, p_part, p_count, stride_act, stride_part_s, stride_part_n, limit,
              n_blk, I, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
     """Work item w's epilogue: act = silu(min(g, limit)) * clamp(u, -limit, limit), or, with K split,
     this split's partials and a ticket; the last split to arrive sums them and writes act."""
@@ -177,7 +197,7 @@ def _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_pa
     n0 = (w // SPLIT % n_blk) * BN
     o_m = tl.arange(0, BM)
     o_n = tl.arange(0, BN)
-    m_o = ((n0 + o_n) < I)[:, None] & (o_m < tl.load(p_tile_rows + tile))[None, :]
+    m_o = ((n0 + o_n) < I)[:, None] & m_m[None, :]
     o_row = (tile * BM + o_m)[None, :]
     last = True
     if SPLIT > 1:
@@ -202,12 +222,12 @@ def _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_pa
 
 
 @triton.jit
-def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_act, p_part, p_count,
-                   stride_xm, stride_act, stride_part_s, stride_part_n, limit, num_progs,
+def _moe_up_kernel(p_x, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows, p_meta, p_act, p_part, p_count,
+                   stride_xm, stride_act, stride_part_s, stride_part_n, limit, num_progs, n_slots,
                    I, K, N16, K64, TOPK: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, FLAT: tl.constexpr,
                    FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr, N_BLK: tl.constexpr,
-                   STEPS: tl.constexpr):
+                   STEPS: tl.constexpr, SLOTWISE: tl.constexpr, OVERLAP: tl.constexpr):
     """Persistent: work item (tile, BN gate rows + the same up rows, K split) -> act[n, row] =
     silu(min(g, limit)) * clamp(u, -limit, limit) in x's dtype. With K split, each split stores fp32
     partials part[split, {g, u}, n, row] and takes a ticket (count[item]); the last to arrive sums
@@ -215,30 +235,34 @@ def _moe_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_
     FLAT: one loop over (item, K step), so the pipeline runs on across items (short K loops).
     N_BLK = cdiv(I, BN) and STEPS = cdiv(K, BK * SPLIT) (the K steps of one split) as constants, or 0:
     computed at run time. Constants make the flat loop's divisions by them shifts or multiplies
-    instead of a runtime division every K step (a config's `static`)."""
+    instead of a runtime division every K step (a config's `static`). SLOTWISE: n_slots tiles of one
+    slot each, experts from p_ids (no routing launch). OVERLAP: the down launch may start now (it
+    waits for this grid to finish before it reads act)."""
+    if OVERLAP:
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     n_blk, steps = _counts(N_BLK, STEPS, I, K64, BN, BK, SPLIT)
-    n_work = tl.load(p_meta) * n_blk * SPLIT
+    n_work = _n_work(p_meta, n_slots, n_blk, SPLIT, SLOTWISE)
     b_gu = tl.zeros([2 * BN, BM], tl.float32)  # [2 BN, BM] gate rows, then up rows
     if FLAT:
         for it in range(0, tl.cdiv(tl.maximum(n_work - pid, 0), num_progs) * steps):
             w = pid + it // steps * num_progs
             i = it % steps
             b_gu = tl.where(i == 0, 0.0, b_gu)
-            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            sp, n0, e, m_m, slot = _item(w, p_ids, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT, SLOTWISE)
             b_gu = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16, K64,
                             TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
             if i == steps - 1:
-                _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
+                _up_done(w, b_gu, m_m, p_act, p_part, p_count, stride_act, stride_part_s, stride_part_n,
                          limit, n_blk, I, BM, BN, SPLIT)
     else:
         for w in range(pid, n_work, num_progs):
             b_gu = tl.zeros([2 * BN, BM], tl.float32)
-            sp, n0, e, m_m, slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            sp, n0, e, m_m, slot = _item(w, p_ids, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT, SLOTWISE)
             for i in range(steps):
                 b_gu = _up_step(p_x, p_w, p_s, sp, n0, e, m_m, slot, i, b_gu, stride_xm, steps, I, K, N16,
                                 K64, TOPK, BM, BN, BK, FOLD, EMULATE, EVEN)
-            _up_done(w, b_gu, p_act, p_part, p_count, p_tile_rows, stride_act, stride_part_s, stride_part_n,
+            _up_done(w, b_gu, m_m, p_act, p_part, p_count, stride_act, stride_part_s, stride_part_n,
                      limit, n_blk, I, BM, BN, SPLIT)
 
 
@@ -262,50 +286,117 @@ def _down_step(p_act, p_w, p_s, sp, n0, e, m_m, tile, i, b_o, stride_act, steps,
 
 
 @triton.jit
-def _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N,
+def _down_done(w, b_o, m_m, slot, p_down, stride_ds, stride_dm, n_blk, N,
                BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
     """Work item w's rows: down[split, slot, n] = b_o[n, row] for the tile's slots."""
     sp = w % SPLIT
-    tile = w // SPLIT // n_blk
     n0 = (w // SPLIT % n_blk) * BN
-    o_m = tl.arange(0, BM)
     o_n = tl.arange(0, BN)
-    m_m = o_m < tl.load(p_tile_rows + tile)
-    slot = tl.load(p_rows + tile * BM + o_m, mask=m_m, other=0).to(tl.int64)
-    p_o = p_down + sp * stride_ds + slot[None, :] * stride_dm + (n0 + o_n)[:, None]
+    p_o = p_down + sp * stride_ds + slot.to(tl.int64)[None, :] * stride_dm + (n0 + o_n)[:, None]
     tl.store(p_o, b_o, mask=((n0 + o_n) < N)[:, None] & m_m[None, :])
 
 
 @triton.jit
-def _moe_down_kernel(p_act, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_down,
-                     stride_act, stride_ds, stride_dm, num_progs,
-                     N, K, N16, K64, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr,
-                     FLAT: tl.constexpr, FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr,
-                     N_BLK: tl.constexpr, STEPS: tl.constexpr):
+def _down_combine(w, b_o, p_down, p_ids, p_gates, p_out, p_count, stride_ds, stride_dm, stride_om, scale,
+                  n_blk, N, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    """SLOTWISE work item w (slot, BN output rows, K split): its row of down as `_down_done` stores it,
+    then a ticket per (token, N block); the last of the token's TOPK x SPLIT items to arrive sums them
+    with their gates, as `_moe_combine_kernel` does, writes out[token] and sets the count back to 0."""
+    sp = w % SPLIT
+    slot = (w // SPLIT // n_blk).to(tl.int64)
+    nb = w // SPLIT % n_blk
+    o_n = nb * BN + tl.arange(0, BN)
+    m_n = o_n < N
+    b_row = tl.sum(tl.where(tl.arange(0, BM)[None, :] == 0, b_o, 0.0), 1)  # [BN] the slot's column
+    tl.store(p_down + sp * stride_ds + slot * stride_dm + o_n, b_row, mask=m_n)
+    tl.debug_barrier()  # every thread's row issued before the ticket (released at GPU scope)
+    m = slot // TOPK
+    if tl.atomic_add(p_count + m * n_blk + nb, 1, sem="acq_rel", scope="gpu") == TOPK * SPLIT - 1:
+        b_out = tl.zeros([BN], tl.float32)
+        for j in tl.static_range(TOPK):
+            at = m * TOPK + j + o_n * 0  # [BN] the same slot (as in the combine kernel)
+            ok = tl.load(p_ids + at) >= 0
+            g = tl.load(p_gates + at)
+            b_d = tl.zeros([BN], tl.float32)
+            for s in tl.static_range(SPLIT):  # L2 reads: other SMs wrote them
+                b_d += tl.load(p_down + s * stride_ds + (m * TOPK + j) * stride_dm + o_n, mask=m_n & ok, other=0.0,
+                               cache_modifier=".cg")
+            b_out += tl.where(ok, g, 0.0) * b_d
+        tl.store(p_out + m * stride_om + o_n, (b_out * scale).to(p_out.dtype.element_ty), mask=m_n)
+        tl.atomic_xchg(p_count + m * n_blk + nb, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _prefetch_weights(p_w, p_s, e, n0, sp, steps, N16, K64, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+    """Ask L2 for a work item's first STAGES K steps of weights (values and scales), one 128-byte line
+    a lane: issued before the down launch waits for gate/up, so they stream in meanwhile."""
+    U_N: tl.constexpr = BN // 16
+    U_K: tl.constexpr = BK // 64 * STAGES  # units of 512 value bytes (4 lines) and 32 scale bytes
+    o_r = tl.arange(0, U_N)[:, None]
+    kb = sp * steps * (BK // 64) + tl.arange(0, U_K)[None, :]
+    unit = (e * N16 + n0 // 16 + o_r).to(tl.int64) * K64 + kb  # [U_N, U_K]
+    ok = (n0 // 16 + o_r < N16) & (kb < tl.minimum((sp + 1) * steps * (BK // 64), K64))
+    # a line past the item asks for the first unit's instead (a prefetch is a hint; no mask to give it)
+    lines = tl.where(ok[:, :, None], p_w + unit[:, :, None] * 512 + tl.arange(0, 4)[None, None, :] * 128, p_w)
+    scales = tl.where(ok, p_s + unit * 32, p_s)
+    _prefetch(tl.reshape(lines, [U_N * U_K * 4]))
+    _prefetch(tl.reshape(scales, [U_N * U_K]))
+
+
+@triton.jit
+def _prefetch(ptrs):
+    """prefetch.global.L2 at each pointer (a dummy result keeps the asm's shape)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _moe_down_kernel(p_act, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows, p_meta, p_down,
+                     p_gates, p_out, p_count, stride_act, stride_ds, stride_dm, stride_om, scale, num_progs, n_slots,
+                     N, K, N16, K64, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     SPLIT: tl.constexpr, FLAT: tl.constexpr, FOLD: tl.constexpr, EMULATE: tl.constexpr,
+                     EVEN: tl.constexpr, N_BLK: tl.constexpr, STEPS: tl.constexpr, SLOTWISE: tl.constexpr,
+                     OVERLAP: tl.constexpr, STAGES: tl.constexpr):
     """Persistent: work item (tile, BN output rows, K split): down[split, slot] = act W2^T (fp32).
-    FLAT, N_BLK and STEPS as in the gate/up kernel."""
+    FLAT, N_BLK, STEPS and SLOTWISE as in the gate/up kernel; SLOTWISE also sums each token's rows
+    into out (`_down_combine`: no combine launch). OVERLAP (launched as a dependent of gate/up): the
+    first item's weights are asked of L2 before waiting for gate/up's grid; nothing it wrote is read
+    before the wait."""
     pid = tl.program_id(0)
     n_blk, steps = _counts(N_BLK, STEPS, N, K64, BN, BK, SPLIT)
-    n_work = tl.load(p_meta) * n_blk * SPLIT
+    n_work = _n_work(p_meta, n_slots, n_blk, SPLIT, SLOTWISE)
+    if OVERLAP:
+        if pid < n_work:  # the routing and the ids were written before gate/up started
+            sp, n0, e, _m, _slot = _item(pid, p_ids, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT, SLOTWISE)
+            _prefetch_weights(p_w, p_s, e, n0, sp, steps, N16, K64, BN, BK, STAGES)
+        tl.extra.cuda.gdc_wait()
     b_o = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
     if FLAT:
         for it in range(0, tl.cdiv(tl.maximum(n_work - pid, 0), num_progs) * steps):
             w = pid + it // steps * num_progs
             i = it % steps
             b_o = tl.where(i == 0, 0.0, b_o)
-            sp, n0, e, m_m, _slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            sp, n0, e, m_m, slot = _item(w, p_ids, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT, SLOTWISE)
             b_o = _down_step(p_act, p_w, p_s, sp, n0, e, m_m, w // SPLIT // n_blk, i, b_o, stride_act, steps, N, K,
                              N16, K64, BM, BN, BK, FOLD, EMULATE, EVEN)
             if i == steps - 1:
-                _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
+                if SLOTWISE:
+                    _down_combine(w, b_o, p_down, p_ids, p_gates, p_out, p_count, stride_ds, stride_dm, stride_om,
+                                  scale, n_blk, N, TOPK, BM, BN, SPLIT)
+                else:
+                    _down_done(w, b_o, m_m, slot, p_down, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
     else:
         for w in range(pid, n_work, num_progs):
             b_o = tl.zeros([BN, BM], tl.float32)
-            sp, n0, e, m_m, _slot = _item(w, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT)
+            sp, n0, e, m_m, slot = _item(w, p_ids, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT, SLOTWISE)
             for i in range(steps):
                 b_o = _down_step(p_act, p_w, p_s, sp, n0, e, m_m, w // SPLIT // n_blk, i, b_o, stride_act, steps, N,
                                  K, N16, K64, BM, BN, BK, FOLD, EMULATE, EVEN)
-            _down_done(w, b_o, p_down, p_rows, p_tile_rows, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
+            if SLOTWISE:
+                _down_combine(w, b_o, p_down, p_ids, p_gates, p_out, p_count, stride_ds, stride_dm, stride_om,
+                              scale, n_blk, N, TOPK, BM, BN, SPLIT)
+            else:
+                _down_done(w, b_o, m_m, slot, p_down, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
 
 
 @triton.jit
@@ -536,44 +627,57 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     assert x.stride(1) == 1 and local_ids.is_contiguous() and gates.is_contiguous()
     p13, p2 = packed_experts(w13), packed_experts(w2)
     cfg = config or choose(R, I, d, M * k)
-    r = route(local_ids.to(torch.int32), R, cfg.bm)
-    T, P = r.max_tiles, r.max_tiles * cfg.bm
+    ids = local_ids.to(torch.int32)
     out = torch.empty(M, d, device=x.device, dtype=x.dtype)
     if M == 0:
         return out
+    if cfg.slotwise:  # one tile a slot; the routing's tensors are not read (any pointer will do)
+        S = M * k
+        T, r = S, Routing(ids, ids, ids, ids, cfg.bm)
+    else:
+        S = 0
+        r = route(ids, R, cfg.bm)
+        T = r.max_tiles
+    P = T * cfg.bm
     up, dn = cfg.up, cfg.down
     act = torch.empty(I, P, device=x.device, dtype=x.dtype)
     part = torch.empty(up.split if up.split > 1 else 1, 2 * I if up.split > 1 else 1, P, device=x.device,
                        dtype=torch.float32)
     down = torch.empty(dn.split, M * k, d, device=x.device, dtype=torch.float32)
     emulate = interpreted()
-    fold = p13.fold and p2.fold
+    overlap = cfg.overlap and not emulate and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9
     n_blk = triton.cdiv(I, up.bn)
+    n_blk_down = triton.cdiv(d, dn.bn)
+    # gate/up's tickets [T * n_blk], then (slotwise) down's [M * n_blk_down], 16-byte aligned
+    up_tickets = -(-T * n_blk // 4) * 4
+    tickets = _tickets(x.device, up_tickets + (M * n_blk_down if cfg.slotwise else 0))
+    routing = dict(p_ids=ids, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows, p_meta=r.meta,
+                   n_slots=S, SLOTWISE=cfg.slotwise, OVERLAP=overlap)
     _persistent(
         _moe_up_kernel, x.device, up, T * n_blk * up.split,
-        p_x=x, p_w=p13.values, p_s=p13.scales, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows,
-        p_meta=r.meta, p_act=act, p_part=part, p_count=_tickets(x.device, T * n_blk), stride_xm=x.stride(0),
+        p_x=x, p_w=p13.values, p_s=p13.scales, p_act=act, p_part=part, p_count=tickets, stride_xm=x.stride(0),
         stride_act=act.stride(0), stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
         I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
         BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FLAT=up.flat, FOLD=p13.fold, EMULATE=emulate,
-        **_shape_constants(up, n_blk, p13.k64 * UNIT_COLS),
+        **_shape_constants(up, n_blk, p13.k64 * UNIT_COLS), **routing,
         EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
     )
-    n_blk_down = triton.cdiv(d, dn.bn)
     _persistent(
         _moe_down_kernel, x.device, dn, T * n_blk_down * dn.split,
-        p_act=act, p_w=p2.values, p_s=p2.scales, p_rows=r.rows, p_tile_expert=r.tile_expert,
-        p_tile_rows=r.tile_rows, p_meta=r.meta, p_down=down, stride_act=act.stride(0),
-        stride_ds=down.stride(0), stride_dm=down.stride(1), N=d, K=I, N16=p2.n16, K64=p2.k64,
+        p_act=act, p_w=p2.values, p_s=p2.scales, p_down=down, p_gates=gates, p_out=out,
+        p_count=tickets[up_tickets:], stride_act=act.stride(0), stride_ds=down.stride(0), stride_dm=down.stride(1),
+        stride_om=out.stride(0), scale=scale, N=d, K=I, N16=p2.n16, K64=p2.k64, TOPK=k,
         BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FLAT=dn.flat, FOLD=p2.fold, EMULATE=emulate,
-        **_shape_constants(dn, n_blk_down, p2.k64 * UNIT_COLS),
+        STAGES=dn.stages, **_shape_constants(dn, n_blk_down, p2.k64 * UNIT_COLS), **routing,
         EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
+        **({"launch_pdl": True} if overlap else {}),
     )
-    bc = min(1024, triton.next_power_of_2(d))
-    _moe_combine_kernel[(M, triton.cdiv(d, bc))](
-        p_down=down, p_ids=local_ids, p_gates=gates, p_out=out, stride_ds=down.stride(0), stride_dm=down.stride(1),
-        stride_om=out.stride(0), scale=scale, N=d, TOPK=k, SPLIT=dn.split, BN=bc, num_warps=4,
-    )
+    if not cfg.slotwise:
+        bc = min(1024, triton.next_power_of_2(d))
+        _moe_combine_kernel[(M, triton.cdiv(d, bc))](
+            p_down=down, p_ids=local_ids, p_gates=gates, p_out=out, stride_ds=down.stride(0), stride_dm=down.stride(1),
+            stride_om=out.stride(0), scale=scale, N=d, TOPK=k, SPLIT=dn.split, BN=bc, num_warps=4,
+        )
     return out
 
 

@@ -38,15 +38,22 @@ class GemmTiles:
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """bm slots a tile (the MMA's narrow side), and the two GEMMs' launches."""
+    """bm slots a tile (the MMA's narrow side), and the two GEMMs' launches. slotwise: each slot a
+    tile of its own, its expert read from the router's ids (no routing launch; an expert two slots
+    share is read twice) and the combine done by down's last item a token (no combine launch): for
+    the few slots of tp4 at C = 1. overlap: down launched as gate/up's programmatic dependent (PDL,
+    sm_90 and later), asking L2 for its first weights while gate/up finishes."""
 
     bm: int
     up: GemmTiles
     down: GemmTiles
+    slotwise: bool = False
+    overlap: bool = False
 
     @property
     def name(self) -> str:
-        return f"m{self.bm} up {self.up.short()} down {self.down.short()}"
+        return (f"m{self.bm} up {self.up.short()} down {self.down.short()}"
+                + (" slotwise" if self.slotwise else "") + (" overlap" if self.overlap else ""))
 
 
 _UP = GemmTiles(bn=64, bk=128, warps=4, stages=4)
@@ -82,6 +89,10 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
         (1 << 62, MoeConfig(16, replace(_UP, split=2), _DOWN)),
     ],
 }
+
+# Slot counts up to which the sweep tries slotwise configs (an expert two slots share is read twice:
+# none at tp4 C = 1, 6 slots on 256 experts; dp-ep C = 1's 48 on 32 experts, for comparison).
+_SLOTWISE_MOST = 48
 
 # Shapes off the table (the small test shapes, other models): split K when the tiles are few.
 _GENERIC = [(64, MoeConfig(16, replace(_UP, split=2), _DOWN)), (1 << 62, MoeConfig(16, _UP, _DOWN))]
@@ -128,7 +139,18 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         # (benchmarks/compile_grouped_moe_sm90.py; not yet timed)
         replace(base, up=replace(up, static=True), down=replace(dn, static=True)),
         replace(base, down=replace(dn, static=True)),
+        # down launched early (PDL), its first weights asked of L2 while gate/up finishes
+        replace(base, overlap=True),
     ]
+    if slots <= _SLOTWISE_MOST:
+        # No routing or combine launch (two launches of four). Down's loop nested: Triton 3.6 does not
+        # pipeline the flat loop's loads once the fused combine sits in it (cp.async 12 -> 0 a K step,
+        # benchmarks/compile_grouped_moe_sm90.py --slotwise).
+        sw = replace(base, slotwise=True, down=replace(dn, flat=False))
+        out += [sw, replace(sw, overlap=True), replace(sw, overlap=True, down=replace(sw.down, split=1)),
+                replace(sw, overlap=True, down=replace(sw.down, split=sw.down.split * 2)),
+                replace(sw, overlap=True, up=replace(up, split=max(1, up.split // 2))),
+                replace(sw, overlap=True, up=replace(up, split=up.split * 2))]
     seen: list[MoeConfig] = []
     for c in out:
         if c not in seen:
