@@ -48,7 +48,7 @@ def up_source(cfg: configs.MoeConfig, I: int, d: int, fold: bool = True):
                  stride_part_n="i32", limit="fp32", num_progs="i32", n_slots="i32", I="i32", K="i32", N16="i32", K64="i32")
     const = dict(TOPK=6, BM=cfg.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, FLAT=t.flat, FOLD=fold, EMULATE=False, EVEN=True,
                  N_BLK=triton.cdiv(I, t.bn) if t.static else 0, STEPS=triton.cdiv(d, t.bk * t.split) if t.static else 0,
-                 SLOTWISE=cfg.slotwise, OVERLAP=cfg.overlap)
+                 SLOTWISE=cfg.slotwise)
     div = {"stride_xm", "stride_act", "stride_part_s", "stride_part_n", "I", "K", "N16", "K64"}
     return _source(kernel._moe_up_kernel, types, const, div), t
 
@@ -61,7 +61,7 @@ def down_source(cfg: configs.MoeConfig, I: int, d: int, fold: bool = True):
                  n_slots="i32", N="i32", K="i32", N16="i32", K64="i32")
     const = dict(TOPK=6, BM=cfg.bm, BN=t.bn, BK=t.bk, SPLIT=t.split, FLAT=t.flat, FOLD=fold, EMULATE=False, EVEN=True,
                  N_BLK=triton.cdiv(d, t.bn) if t.static else 0, STEPS=triton.cdiv(I, t.bk * t.split) if t.static else 0,
-                 SLOTWISE=cfg.slotwise, OVERLAP=cfg.overlap, STAGES=t.stages)
+                 SLOTWISE=cfg.slotwise)
     div = {"stride_act", "stride_ds", "stride_dm", "N", "K", "N16", "K64"}
     return _source(kernel._moe_down_kernel, types, const, div), t
 
@@ -76,7 +76,7 @@ def route_source(R: int, slots: int):
 
 
 def report(src, tiles: configs.GemmTiles, label: str, dump: Path | None) -> dict:
-    opts = {"num_warps": tiles.warps, "num_stages": tiles.stages, "launch_pdl": "OVERLAP=True" in label} | ({"maxnreg": tiles.maxnreg} if tiles.maxnreg else {})
+    opts = {"num_warps": tiles.warps, "num_stages": tiles.stages} | ({"maxnreg": tiles.maxnreg} if tiles.maxnreg else {})
     compiled = triton.compile(src, target=TARGET, options=opts)
     ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--candidates", action="store_true", help="every sweep candidate, not only the table's choice")
     ap.add_argument("--no-fold", action="store_true", help="the two-multiply scale path")
     ap.add_argument("--static", action="store_true", help="the table's configs with constant item and K-step counts")
-    ap.add_argument("--slotwise", action="store_true", help="the table's configs slotwise, down overlapping gate/up")
+    ap.add_argument("--slotwise", action="store_true", help="the table's configs slotwise (down's loop nested)")
     ap.add_argument("--dump", type=Path)
     args = ap.parse_args()
     for name in args.layout.split(","):
@@ -167,11 +167,11 @@ def main() -> None:
             if args.static:
                 cfgs = [replace(cfg, up=replace(cfg.up, static=True), down=replace(cfg.down, static=True)) for cfg in cfgs]
             if args.slotwise:
-                cfgs = [replace(cfg, slotwise=True, overlap=True) for cfg in cfgs]
+                cfgs = [replace(cfg, slotwise=True, down=replace(cfg.down, flat=False)) for cfg in cfgs]
             for cfg in cfgs:
                 for which, make in (("up", up_source), ("down", down_source)):
                     src, tiles = make(cfg, I, d, fold=not args.no_fold)
-                    report(src, tiles, f"{name} C={c} {which} {cfg.name}" + (" OVERLAP=True" if cfg.overlap else ""), args.dump)
+                    report(src, tiles, f"{name} C={c} {which} {cfg.name}", args.dump)
 
 
 if __name__ == "__main__":

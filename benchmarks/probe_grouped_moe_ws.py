@@ -88,35 +88,36 @@ def _decode(b_v, b_s, CW: gl.constexpr):
 
 
 @gluon.jit
+def _step(vals, scs, x_smem, full, empty, acc, t, STAGES: gl.constexpr, CW: gl.constexpr, INFLIGHT: gl.constexpr):
+    """K step t: wait `full`, read the slot's units, decode, issue the wgmma, release the slot, and
+    retire all wgmma but INFLIGHT."""
+    lv: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 4], [1, 8, 4, 1, 1], [4 * CW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    slot = t % STAGES
+    mbarrier.wait(full.index(slot), (t // STAGES) & 1)
+    b_v = vals.index(slot).reshape([UNITS, 8, 4, 4, 4]).load(lv)  # warp w: row units w (+ 4 with 4 warps)
+    b_s = scs.index(slot).reshape([UNITS, 8, 4]).load(gl.SliceLayout(2, gl.SliceLayout(3, lv)))  # one word a g
+    b_a = _decode(b_v, gl.expand_dims(gl.expand_dims(b_s, 2), 3), CW)
+    acc = warpgroup_mma(b_a, x_smem, acc, is_async=True)
+    mbarrier.arrive(empty.index(slot))  # after the issue: before it, membar adds a partition barrier
+    return warpgroup_mma_wait(INFLIGHT, deps=[acc])
+
+
+@gluon.jit
 def _consumer(vals, scs, x_smem, full, empty, p_out, num_progs, n_items, K64, STAGES: gl.constexpr, CW: gl.constexpr,
               INFLIGHT: gl.constexpr):
-    """Per K step: wait `full`, read the slot's units, decode, issue the wgmma, release the slot. The
-    item's sum to p_out. INFLIGHT: one wgmma stays in flight while the next step decodes; its A
-    registers then stay live until it is retired (a second A tile of registers), since a wgmma reads
-    its register operand asynchronously and the next decode must not land in it (without that, ptxas
-    reused them and --check failed)."""
-    lv: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 4], [1, 8, 4, 1, 1], [4 * CW, 1, 1, 1, 1], [4, 3, 2, 1, 0])
-    ls: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, lv))
+    """Every item's K steps, then its sum to p_out. INFLIGHT: one wgmma stays in flight while the
+    next step decodes. A wgmma reads its register A operand asynchronously, so the next decode must
+    not land in it: two steps an iteration give the two A tiles PTX registers of their own (a
+    one-step loop redefines the in-flight wgmma's registers, and --check failed)."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4 * CW, 1], instr_shape=[16, 16, 16])
-    b_prev = gl.zeros([2 * BN, BK], gl.bfloat16, gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2))
     t = 0
     for w in range(gl.program_id(0), n_items, num_progs):
         acc = gl.zeros([2 * BN, 16], gl.float32, acc_l)
-        for i in range(K64 // 2):
-            slot = t % STAGES
-            mbarrier.wait(full.index(slot), (t // STAGES) & 1)
-            b_v = vals.index(slot).reshape([UNITS, 8, 4, 4, 4]).load(lv)  # warp w: row units w (+ 4)
-            b_s = scs.index(slot).reshape([UNITS, 8, 4]).load(ls)  # lanes of one g share a word
-            b_a = _decode(b_v, gl.expand_dims(gl.expand_dims(b_s, 2), 3), CW)
-            acc = warpgroup_mma(b_a, x_smem, acc, is_async=True)
-            # after the issue: an arrive before it costs one more partition barrier a step (membar)
-            mbarrier.arrive(empty.index(slot))
+        for i in range(0, K64 // 2, 1 + INFLIGHT):
+            acc = _step(vals, scs, x_smem, full, empty, acc, t, STAGES, CW, INFLIGHT)
             if INFLIGHT:
-                acc, b_prev = warpgroup_mma_wait(1, deps=[acc, b_prev])  # retires the previous step's
-                b_prev = b_a
-            else:
-                acc, b_a = warpgroup_mma_wait(0, deps=[acc, b_a])
-            t += 1
+                acc = _step(vals, scs, x_smem, full, empty, acc, t + 1, STAGES, CW, INFLIGHT)
+            t += 1 + INFLIGHT
         acc = warpgroup_mma_wait(0, deps=[acc])
         gl.store(p_out + w, gl.sum(gl.sum(acc, 1), 0))
 
@@ -227,10 +228,11 @@ def compile_report(v) -> dict:
                st_shared=len(re.findall(r"\bst\.shared", ptx)), ld_shared=len(re.findall(r"\bld\.shared", ptx)),
                bar_sync=len(re.findall(r"\bbar\.sync", ptx)), mul_bf16x2=len(re.findall(r"mul\.rn\.bf16x2", ptx)))
     sass = _sass(c)
-    for part, op in (("consumer", "HGMMA"), ("producer", "LDGSTS")):
-        ops = _tightest_loop(sass, op)
+    row["wgmma_serialized"] = "C7512" in log  # ptxas waits after every wgmma (too few registers)
+    for part, op, steps in (("consumer", "HGMMA", 1 + inflight), ("producer", "LDGSTS", 1)):
+        ops = _tightest_loop(sass, op)  # the consumer's loop holds 1 + INFLIGHT K steps
         if ops:
-            row[f"{part}_loop"] = dict(instructions=sum(ops.values()), ops=dict(ops.most_common(12)))
+            row[f"{part}_loop"] = dict(per_step=sum(ops.values()) / steps, ops=dict(ops.most_common(12)))
     return row
 
 
@@ -243,14 +245,14 @@ def _sass(compiled) -> str:
 
 
 def _tightest_loop(sass: str, op: str) -> Counter | None:
-    """The smallest SASS loop (a label and a backward branch to it) holding `op`: its opcodes counted
-    as benchmarks/compile_grouped_moe_sm90.py counts them, i.e. one K step of one thread (the
-    mbarrier spin's retry sits out of line, so it is not in the count)."""
+    """The smallest SASS loop (a label and a conditional backward branch to it) holding `op`: its
+    opcodes counted as benchmarks/compile_grouped_moe_sm90.py counts them (a thread's K loop; the
+    mbarrier spins' retries sit out of line and are not counted)."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\w+):", ln.strip()))}
     best = None
     for i, ln in enumerate(lines):
-        m = re.search(r"\bBRA\s+(\w+)", ln)
+        m = re.search(r"@!?P\w+\s+BRA\s+(\w+)", ln)  # conditional: the mbarrier spins' retries branch back too
         if m and labels.get(m.group(1), i) < i:
             body = [b.split("\t", 1)[-1].strip() for b in lines[labels[m.group(1)] + 1: i + 1] if "\t" in b]
             ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body if b)
@@ -344,7 +346,7 @@ def main() -> None:
             print("  ".join(f"{k} {val}" for k, val in rows[-1].items() if not k.endswith("_loop")), flush=True)
             for part in ("consumer", "producer"):
                 lp = rows[-1].get(f"{part}_loop")
-                print(f"    {part} K loop: {lp['instructions']} SASS instructions a step: {lp['ops']}" if lp else
+                print(f"    {part} K loop: {lp['per_step']:.0f} SASS instructions a step: {lp['ops']}" if lp else
                       f"    {part} K loop: not found in the SASS", flush=True)
     else:
         rows = run_gpu(args)

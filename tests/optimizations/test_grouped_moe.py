@@ -185,7 +185,6 @@ PATHS = {
     "slotwise-flat": configs.MoeConfig(16, replace(_T, flat=True, split=2), replace(_T, flat=True, split=3),
                                        slotwise=True),
     "slotwise-one-program": configs.MoeConfig(16, replace(_T, ctas=1), replace(_T, ctas=1), slotwise=True),
-    "overlap": configs.MoeConfig(16, _T, replace(_T, split=2), overlap=True),
 }
 
 
@@ -278,7 +277,7 @@ def test_gate_fails_a_broken_implementation(broken):
     assert not result.passed, result.summary
 
 
-_SLOTWISE = configs.MoeConfig(16, replace(_T, split=2), replace(_T, split=2), slotwise=True, overlap=True)
+_SLOTWISE = configs.MoeConfig(16, replace(_T, split=2), replace(_T, split=2), slotwise=True)
 
 
 def _slotwise(change):
@@ -372,30 +371,28 @@ def test_dequantised_weights_are_what_the_definition_reads():
     assert torch.equal(w.dense(0), quant.dequantize_mxfp4(w.packed[0], w.scales[0]))
 
 
-def _early(case: MoeCase, slotwise: bool) -> configs.MoeConfig:
-    """The table's config for the case with down launched early (PDL), slotwise or routed."""
+def _slotwise_config(case: MoeCase) -> configs.MoeConfig:
+    """The table's config for the case, slotwise, down's loop nested."""
     cfg = configs.choose(case.experts, case.width, case.hidden, case.tokens * case.topk)
-    if slotwise:
-        cfg = replace(cfg, slotwise=True, down=replace(cfg.down, flat=False))
-    return replace(cfg, overlap=True)
+    return replace(cfg, slotwise=True, down=replace(cfg.down, flat=False))
 
 
-_GRAPH_CASES = [(MoeCase(4, "no_other_ranks", width=512, experts=256), None), (MoeCase(16, "mixed"), None),
-                (MoeCase(1, "no_other_ranks", width=512, experts=256), None),
-                (MoeCase(1, "no_other_ranks", width=512, experts=256), "slotwise"),
-                (MoeCase(3, "mixed", width=512, experts=256), "slotwise"), (MoeCase(16, "mixed"), "slotwise"),
-                (MoeCase(13, "no_other_ranks", width=512, experts=256), "routed")]
+_GRAPH_CASES = [(MoeCase(4, "no_other_ranks", width=512, experts=256), False), (MoeCase(16, "mixed"), False),
+                (MoeCase(1, "no_other_ranks", width=512, experts=256), False),
+                (MoeCase(1, "no_other_ranks", width=512, experts=256), True),
+                (MoeCase(3, "mixed", width=512, experts=256), True), (MoeCase(16, "mixed"), True)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("case, early", _GRAPH_CASES, ids=lambda v: v.name if isinstance(v, MoeCase) else (f"{v}-overlap" if v else "table"))
-def test_cuda_graph_replays_match_the_definition_for_new_routings(case, early):
+@pytest.mark.parametrize("case, slotwise", _GRAPH_CASES,
+                         ids=lambda v: v.name if isinstance(v, MoeCase) else ("slotwise" if v else "table"))
+def test_cuda_graph_replays_match_the_definition_for_new_routings(case, slotwise):
     """Captured once (after an eager call builds the weights' copy), replayed on other tokens and
-    routings copied into the captured inputs: every replay against float64, NaN-poisoned. `early`:
-    down launched as gate/up's programmatic dependent, slotwise or routed (its edge captured in the graph)."""
+    routings copied into the captured inputs: every replay against float64, NaN-poisoned. Slotwise
+    configs too (their tickets a token, other ranks' slots)."""
     from dsv4opt.numerics import nan_poisoned_allocations
 
-    cfg = _early(case, early == "slotwise") if early else None
+    cfg = _slotwise_config(case) if slotwise else None
     first = make_inputs(case, "cuda", torch.bfloat16, seed=0)
     x, ids, gates = first.x.clone(), first.local_ids.clone(), first.gates.clone()
     kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale, config=cfg)

@@ -227,7 +227,7 @@ def _moe_up_kernel(p_x, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows, p_m
                    I, K, N16, K64, TOPK: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, FLAT: tl.constexpr,
                    FOLD: tl.constexpr, EMULATE: tl.constexpr, EVEN: tl.constexpr, N_BLK: tl.constexpr,
-                   STEPS: tl.constexpr, SLOTWISE: tl.constexpr, OVERLAP: tl.constexpr):
+                   STEPS: tl.constexpr, SLOTWISE: tl.constexpr):
     """Persistent: work item (tile, BN gate rows + the same up rows, K split) -> act[n, row] =
     silu(min(g, limit)) * clamp(u, -limit, limit) in x's dtype. With K split, each split stores fp32
     partials part[split, {g, u}, n, row] and takes a ticket (count[item]); the last to arrive sums
@@ -236,10 +236,7 @@ def _moe_up_kernel(p_x, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows, p_m
     N_BLK = cdiv(I, BN) and STEPS = cdiv(K, BK * SPLIT) (the K steps of one split) as constants, or 0:
     computed at run time. Constants make the flat loop's divisions by them shifts or multiplies
     instead of a runtime division every K step (a config's `static`). SLOTWISE: n_slots tiles of one
-    slot each, experts from p_ids (no routing launch). OVERLAP: the down launch may start now (it
-    waits for this grid to finish before it reads act)."""
-    if OVERLAP:
-        tl.extra.cuda.gdc_launch_dependents()
+    slot each, experts from p_ids (no routing launch)."""
     pid = tl.program_id(0)
     n_blk, steps = _counts(N_BLK, STEPS, I, K64, BN, BK, SPLIT)
     n_work = _n_work(p_meta, n_slots, n_blk, SPLIT, SLOTWISE)
@@ -327,49 +324,17 @@ def _down_combine(w, b_o, p_down, p_ids, p_gates, p_out, p_count, stride_ds, str
 
 
 @triton.jit
-def _prefetch_weights(p_w, p_s, e, n0, sp, steps, N16, K64, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
-    """Ask L2 for a work item's first STAGES K steps of weights (values and scales), one 128-byte line
-    a lane: issued before the down launch waits for gate/up, so they stream in meanwhile."""
-    U_N: tl.constexpr = BN // 16
-    U_K: tl.constexpr = BK // 64 * STAGES  # units of 512 value bytes (4 lines) and 32 scale bytes
-    o_r = tl.arange(0, U_N)[:, None]
-    kb = sp * steps * (BK // 64) + tl.arange(0, U_K)[None, :]
-    unit = (e * N16 + n0 // 16 + o_r).to(tl.int64) * K64 + kb  # [U_N, U_K]
-    ok = (n0 // 16 + o_r < N16) & (kb < tl.minimum((sp + 1) * steps * (BK // 64), K64))
-    # a line past the item asks for the first unit's instead (a prefetch is a hint; no mask to give it)
-    lines = tl.where(ok[:, :, None], p_w + unit[:, :, None] * 512 + tl.arange(0, 4)[None, None, :] * 128, p_w)
-    scales = tl.where(ok, p_s + unit * 32, p_s)
-    _prefetch(tl.reshape(lines, [U_N * U_K * 4]))
-    _prefetch(tl.reshape(scales, [U_N * U_K]))
-
-
-@triton.jit
-def _prefetch(ptrs):
-    """prefetch.global.L2 at each pointer (a dummy result keeps the asm's shape)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
 def _moe_down_kernel(p_act, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows, p_meta, p_down,
                      p_gates, p_out, p_count, stride_act, stride_ds, stride_dm, stride_om, scale, num_progs, n_slots,
                      N, K, N16, K64, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      SPLIT: tl.constexpr, FLAT: tl.constexpr, FOLD: tl.constexpr, EMULATE: tl.constexpr,
-                     EVEN: tl.constexpr, N_BLK: tl.constexpr, STEPS: tl.constexpr, SLOTWISE: tl.constexpr,
-                     OVERLAP: tl.constexpr, STAGES: tl.constexpr):
+                     EVEN: tl.constexpr, N_BLK: tl.constexpr, STEPS: tl.constexpr, SLOTWISE: tl.constexpr):
     """Persistent: work item (tile, BN output rows, K split): down[split, slot] = act W2^T (fp32).
     FLAT, N_BLK, STEPS and SLOTWISE as in the gate/up kernel; SLOTWISE also sums each token's rows
-    into out (`_down_combine`: no combine launch). OVERLAP (launched as a dependent of gate/up): the
-    first item's weights are asked of L2 before waiting for gate/up's grid; nothing it wrote is read
-    before the wait."""
+    into out (`_down_combine`: no combine launch)."""
     pid = tl.program_id(0)
     n_blk, steps = _counts(N_BLK, STEPS, N, K64, BN, BK, SPLIT)
     n_work = _n_work(p_meta, n_slots, n_blk, SPLIT, SLOTWISE)
-    if OVERLAP:
-        if pid < n_work:  # the routing and the ids were written before gate/up started
-            sp, n0, e, _m, _slot = _item(pid, p_ids, p_rows, p_tile_expert, p_tile_rows, n_blk, BM, BN, SPLIT, SLOTWISE)
-            _prefetch_weights(p_w, p_s, e, n0, sp, steps, N16, K64, BN, BK, STAGES)
-        tl.extra.cuda.gdc_wait()
     b_o = tl.zeros([BN, BM], tl.float32)  # [BN, BM]
     if FLAT:
         for it in range(0, tl.cdiv(tl.maximum(n_work - pid, 0), num_progs) * steps):
@@ -645,14 +610,13 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
                        dtype=torch.float32)
     down = torch.empty(dn.split, M * k, d, device=x.device, dtype=torch.float32)
     emulate = interpreted()
-    overlap = cfg.overlap and not emulate and x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9
     n_blk = triton.cdiv(I, up.bn)
     n_blk_down = triton.cdiv(d, dn.bn)
     # gate/up's tickets [T * n_blk], then (slotwise) down's [M * n_blk_down], 16-byte aligned
     up_tickets = -(-T * n_blk // 4) * 4
     tickets = _tickets(x.device, up_tickets + (M * n_blk_down if cfg.slotwise else 0))
     routing = dict(p_ids=ids, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows, p_meta=r.meta,
-                   n_slots=S, SLOTWISE=cfg.slotwise, OVERLAP=overlap)
+                   n_slots=S, SLOTWISE=cfg.slotwise)
     _persistent(
         _moe_up_kernel, x.device, up, T * n_blk * up.split,
         p_x=x, p_w=p13.values, p_s=p13.scales, p_act=act, p_part=part, p_count=tickets, stride_xm=x.stride(0),
@@ -668,9 +632,8 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
         p_count=tickets[up_tickets:], stride_act=act.stride(0), stride_ds=down.stride(0), stride_dm=down.stride(1),
         stride_om=out.stride(0), scale=scale, N=d, K=I, N16=p2.n16, K64=p2.k64, TOPK=k,
         BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FLAT=dn.flat, FOLD=p2.fold, EMULATE=emulate,
-        STAGES=dn.stages, **_shape_constants(dn, n_blk_down, p2.k64 * UNIT_COLS), **routing,
+        **_shape_constants(dn, n_blk_down, p2.k64 * UNIT_COLS), **routing,
         EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
-        **({"launch_pdl": True} if overlap else {}),
     )
     if not cfg.slotwise:
         bc = min(1024, triton.next_power_of_2(d))

@@ -40,20 +40,18 @@ class GemmTiles:
 class MoeConfig:
     """bm slots a tile (the MMA's narrow side), and the two GEMMs' launches. slotwise: each slot a
     tile of its own, its expert read from the router's ids (no routing launch; an expert two slots
-    share is read twice) and the combine done by down's last item a token (no combine launch): for
-    the few slots of tp4 at C = 1. overlap: down launched as gate/up's programmatic dependent (PDL,
-    sm_90 and later), asking L2 for its first weights while gate/up finishes."""
+    share is read twice; another rank's slot still streams expert 0's weights, masked) and the combine
+    done by down's last item a token (no combine launch): for the few slots of tp4 at C = 1."""
 
     bm: int
     up: GemmTiles
     down: GemmTiles
     slotwise: bool = False
-    overlap: bool = False
 
     @property
     def name(self) -> str:
         return (f"m{self.bm} up {self.up.short()} down {self.down.short()}"
-                + (" slotwise" if self.slotwise else "") + (" overlap" if self.overlap else ""))
+                + (" slotwise" if self.slotwise else ""))
 
 
 _UP = GemmTiles(bn=64, bk=128, warps=4, stages=4)
@@ -77,10 +75,14 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # gate/up under 128 registers then gains 1-2% more (144.8/218.0/298.8 -> 142.3/213.7/295.8), within the
     # bench's run-to-run spread: kept because no sweep row was slower with it.
     # C = 2-4 (row 24) was not swept: down flat as at C = 1 and 16, gate/up's split unchanged.
+    # At C = 1 slotwise (no routing or combine launch; down nested): 29.3 -> 25.0 us; down's item and
+    # K-step counts as constants (static) gained at every C swept (C = 1/16/32/64: 29.3/139.0/209.5/290.1
+    # -> 28.8/137.3/206.0/285.6 us, 1.2-1.7%, each inside the bench's ~2% spread but all one way),
+    # evidence/h200/grouped_moe/sweep_c4d4601.log.
     (256, 512, 4096): [
-        (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2, flat=True))),
-        (24, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True))),
-        (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, flat=True))),
+        (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2), slotwise=True)),
+        (24, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True, static=True))),
+        (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, flat=True, static=True))),
     ],
     (256, 256, 4096): [  # tp8
         (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2))),
@@ -90,9 +92,11 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     ],
 }
 
-# Slot counts up to which the sweep tries slotwise configs (an expert two slots share is read twice:
-# none at tp4 C = 1, 6 slots on 256 experts; dp-ep C = 1's 48 on 32 experts, for comparison).
-_SLOTWISE_MOST = 48
+# Slot counts up to which the sweep tries slotwise configs: an expert two slots share is read twice
+# (none at tp4 C = 1, 6 slots on 256 experts), and another rank's slot streams expert 0 for nothing
+# (dp-ep C = 1, 48 slots, 7 in 8 elsewhere: 285 us slotwise against 52 us routed on the H200,
+# evidence/h200/grouped_moe/sweep_c4d4601.log).
+_SLOTWISE_MOST = 24
 
 # Shapes off the table (the small test shapes, other models): split K when the tiles are few.
 _GENERIC = [(64, MoeConfig(16, replace(_UP, split=2), _DOWN)), (1 << 62, MoeConfig(16, _UP, _DOWN))]
@@ -139,18 +143,16 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         # (benchmarks/compile_grouped_moe_sm90.py; not yet timed)
         replace(base, up=replace(up, static=True), down=replace(dn, static=True)),
         replace(base, down=replace(dn, static=True)),
-        # down launched early (PDL), its first weights asked of L2 while gate/up finishes
-        replace(base, overlap=True),
     ]
     if slots <= _SLOTWISE_MOST:
         # No routing or combine launch (two launches of four). Down's loop nested: Triton 3.6 does not
         # pipeline the flat loop's loads once the fused combine sits in it (cp.async 12 -> 0 a K step,
         # benchmarks/compile_grouped_moe_sm90.py --slotwise).
         sw = replace(base, slotwise=True, down=replace(dn, flat=False))
-        out += [sw, replace(sw, overlap=True), replace(sw, overlap=True, down=replace(sw.down, split=1)),
-                replace(sw, overlap=True, down=replace(sw.down, split=sw.down.split * 2)),
-                replace(sw, overlap=True, up=replace(up, split=max(1, up.split // 2))),
-                replace(sw, overlap=True, up=replace(up, split=up.split * 2))]
+        out += [replace(base, slotwise=False, down=replace(dn, flat=True)), sw, replace(sw, down=replace(sw.down, split=1)), replace(sw, down=replace(sw.down, split=sw.down.split * 2)),
+                replace(sw, up=replace(up, split=max(1, up.split // 2))), replace(sw, up=replace(up, split=up.split * 2)),
+                replace(sw, up=replace(up, split=max(1, up.split // 2)), down=replace(sw.down, split=1)),
+                replace(sw, down=replace(sw.down, static=True)), replace(sw, up=replace(up, bn=128, warps=8))]
     seen: list[MoeConfig] = []
     for c in out:
         if c not in seen:
