@@ -1,32 +1,33 @@
 """A ceiling probe for a warp-specialised grouped-moe gate/up weight stream (Triton 3.6 Gluon, sm_90a).
 
-    PYTHONPATH=. python3 benchmarks/probe_grouped_moe_ws.py [--layout tp4,dp-ep] [--stages 4,6]
-        [--consumers 1,2] [--producers 1] [--ctas 2] [--inflight 0,1] [--json OUT] [--check] [--compile-only]
+    PYTHONPATH=. python3 benchmarks/probe_grouped_moe_ws.py [--layout tp4,dp-ep] [--stages 4,6] [--consumers 1,2]
+        [--producers 1] [--ctas 2] [--inflight 0,1] [--json OUT] [--check] [--compile-only]
 
-The question: `probe_grouped_moe_ceiling.py`'s `mma` mode (every warp issues the loads, decodes and
-runs the MMA) streams at ~63% of the H200's copy bandwidth, issue-bound. Does a warp-specialised
-stream get closer to the copy bandwidth? Here a producer partition (1 or 4 warps, few registers)
-only copies each K step's weight units global -> a shared ring by cp.async and signals `full`
-mbarriers (cp.async.mbarrier.arrive.noinc: no wait in the producer); the consumer warpgroup(s)
-(the default partition) wait on `full`, load each lane's 16 value bytes and 4 scale bytes from
-shared memory, release the slot (`empty`), decode them with the production decode's shifts, masks
-and bf16x2 multiplies (one inline PTX block a lane and unit, the scale folded) straight into the
-wgmma A operand's registers, and run the wgmma against a fixed [128, 16] bf16 token tile held in
-shared memory. Same work per byte as the `mma` mode: items (expert, 64 gate rows + the same 64 up
-rows, as `_up_step` stacks them), every K step (128 columns: 16 units, 8 KB values + 512 B
-scales) in turn, persistent; each item leaves the sum of its [128, 16] fp32 accumulator in out.
+The question: `probe_grouped_moe_ceiling.py`'s `mma` mode, where every warp issues the loads,
+decodes and runs the MMA, streams at ~63% of the H200's copy bandwidth, issue-bound. Does a
+warp-specialised stream get closer? The same work per byte as that mode (items of 64 gate + the
+same 64 up rows of an expert, as `_up_step` stacks them, every K step of 128 columns = 16 units,
+8 KB values + 512 B scales, in turn; persistent), split in two partitions:
+- producer (1 or 4 warps, PREGS registers): cp.async of each step's units into a shared ring and a
+  cp.async.mbarrier.arrive.noinc on `full` (it never waits on its copies), after waiting `empty`;
+- consumers (1 or 2 warpgroups, the default partition): wait `full`, load a lane's 16 value bytes
+  and scale word from shared memory, decode them with the production decode's shifts, masks and
+  bf16x2 multiplies (one inline PTX block a lane and unit, the scale folded) straight into the
+  wgmma A registers (no layout conversion: asserted), wgmma against a fixed [128, 16] bf16 token
+  tile in shared memory, release the slot. Each item's accumulator sum goes to out[item].
 
---compile-only (no GPU): compiles each variant for sm_90a and prints ptxas's registers and spills,
-shared memory, setmaxnreg per partition, what the PTX holds (wgmma, mbarrier, cp.async, shared
-loads and stores) and the SASS instructions of the consumer's K loop. --check (GPU): every item's
-sum against MXFP4 weights dequantised in torch (`dsv4opt.workload.quant.dequantize_mxfp4`), so no
-timing comes from a kernel that skips work. Without either: µs, GB/s and fraction of copy
-bandwidth per variant (CUDA-graph medians), beside the ceiling probe's figures.
+--compile-only (no GPU): each variant compiled for sm_90a: ptxas registers and spills, setmaxnreg
+per partition, shared memory, what the PTX holds and the SASS instructions a K step of the
+consumer's and the producer's loops. --check (GPU): every item's sum against the MXFP4 weights
+dequantised in torch, so no timing comes from a kernel that skips work (exit status 1 if one
+differs). Otherwise µs, GB/s and the fraction of copy bandwidth per variant (CUDA-graph medians).
+tests/optimizations/test_grouped_moe_ws_probe.py checks the PTX and the register permutation on the CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import re
@@ -123,6 +124,13 @@ def _consumer(vals, scs, x_smem, full, empty, p_out, num_progs, n_items, K64, ST
 
 
 @gluon.jit
+def _units(o_u, e, n0, i, I, N16, K64):
+    """Unit indices of K step i's units o_u (kb * 8 + stacked row unit: 4 gate, then 4 up)."""
+    row = e * N16 + gl.where(o_u % 8 < 4, n0 // 16, (I + n0) // 16) + o_u % 4
+    return row.to(gl.int64) * K64 + 2 * i + o_u // 8
+
+
+@gluon.jit
 def _producer(p_w, p_s, vals, scs, full, empty, num_progs, n_items, n_blk, I, N16, K64,
               STAGES: gl.constexpr, PW: gl.constexpr):
     """Per item and K step: wait `empty`, cp.async the 16 value units (512 B) and their scales (32 B)
@@ -143,14 +151,10 @@ def _producer(p_w, p_s, vals, scs, full, empty, num_progs, n_items, n_blk, I, N1
         for i in range(K64 // 2):
             slot = t % STAGES
             mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first pass finds it free
-            un = o_u % 8  # stacked row unit: 4 gate, then 4 up
-            row = e * N16 + gl.where(un < 4, n0 // 16, (I + n0) // 16) + un % 4
-            unit = row.to(gl.int64) * K64 + 2 * i + o_u // 8
+            unit = _units(o_u, e, n0, i, I, N16, K64)
             cp.async_copy_global_to_shared(vals.index(slot), p_w + unit[:, None] * 512 + o_b[None, :])
-            unq = o_uq % 8
-            rowq = e * N16 + gl.where(unq < 4, n0 // 16, (I + n0) // 16) + unq % 4
-            unitq = rowq.to(gl.int64) * K64 + 2 * i + o_uq // 8
-            cp.async_copy_global_to_shared(scs.index(slot), p_s + unitq[:, None] * 32 + o_bq[None, :])
+            unit = _units(o_uq, e, n0, i, I, N16, K64)
+            cp.async_copy_global_to_shared(scs.index(slot), p_s + unit[:, None] * 32 + o_bq[None, :])
             cp.mbarrier_arrive(full.index(slot), increment_count=False)
             t += 1
 
@@ -180,6 +184,9 @@ def ws_kernel(p_w, p_s, p_x, p_out, num_progs, n_items, n_blk, I, N16, K64,
 
 
 PREGS = 40  # the producer partition's registers (setmaxnreg); its warps pad to a warpgroup
+PTX_COUNTS = {"wgmma": r"wgmma\.mma_async", "mbarrier": r"mbarrier\.", "cp_async": r"cp\.async\.c[ag]\.shared\.global",
+              "st_shared": r"\bst\.shared", "ld_shared": r"\bld\.shared", "bar_sync": r"\bbar\.sync",
+              "mul_bf16x2": r"mul\.rn\.bf16x2"}
 
 
 def variants(args) -> list[tuple[int, int, int, int, int]]:
@@ -220,15 +227,13 @@ def compile_report(v) -> dict:
         log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
                              capture_output=True, text=True, check=True).stderr
     nreg = [int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)]
+    # setmaxnreg in PTX order: the default partition's before the region, then inside it (the consumer)
     row = dict(variant=_name(v), warps=c.metadata.num_warps, launch_regs=int(re.search(r"Used (\d+) registers", log).group(1)),
                consumer_regs=nreg[1], producer_regs=PREGS if PREGS in nreg else None,
                spill_bytes="/".join(re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups()),
-               shared_bytes=c.metadata.shared, wgmma=len(re.findall(r"wgmma\.mma_async", ptx)),
-               mbarrier=len(re.findall(r"mbarrier\.", ptx)), cp_async=len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
-               st_shared=len(re.findall(r"\bst\.shared", ptx)), ld_shared=len(re.findall(r"\bld\.shared", ptx)),
-               bar_sync=len(re.findall(r"\bbar\.sync", ptx)), mul_bf16x2=len(re.findall(r"mul\.rn\.bf16x2", ptx)))
+               shared_bytes=c.metadata.shared, wgmma_serialized="C7512" in log)  # ptxas: a wait after every wgmma
+    row |= {k: len(re.findall(p, ptx)) for k, p in PTX_COUNTS.items()}
     sass = _sass(c)
-    row["wgmma_serialized"] = "C7512" in log  # ptxas waits after every wgmma (too few registers)
     for part, op, steps in (("consumer", "HGMMA", 1 + inflight), ("producer", "LDGSTS", 1)):
         ops = _tightest_loop(sass, op)  # the consumer's loop holds 1 + INFLIGHT K steps
         if ops:
@@ -305,7 +310,7 @@ def run_gpu(args) -> list[dict]:
         ref = reference(w13, x, I) if args.check else None
         for v in variants(args):
             out = torch.full((packed.experts * (I // BN),), float("nan"), device="cuda")
-            run = lambda: launch(packed, x, out, v, I)  # noqa: E731
+            run = functools.partial(launch, packed, x, out, v, I)
             run()
             torch.cuda.synchronize()
             r = dict(layout=name, variant=_name(v), bytes=packed.nbytes)
@@ -353,6 +358,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if any(r.get("check_ok") is False for r in rows):
+        sys.exit("a variant's item sums differ from the reference")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import struct
 from pathlib import Path
 
 import pytest
@@ -30,12 +31,15 @@ def _probe():
     return mod
 
 
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
 def _bf16x2_mul(a: int, b: int) -> int:
-    """mul.rn.bf16x2 on two packed words (the products here are exact, so fp32 then truncation is it)."""
-    def halves(x):
-        return torch.tensor([(x & 0xFFFF) << 16, x & 0xFFFF0000], dtype=torch.int64).to(torch.int32).view(torch.float32)
-    p = (halves(a) * halves(b)).view(torch.int32).long() & M32
-    return int(p[0] >> 16) | int(p[1] & 0xFFFF0000)
+    """mul.rn.bf16x2 on two packed words (the products here are exact bf16, so fp32 bits truncated)."""
+    lo, hi = (struct.unpack("<I", struct.pack("<f", _f32((a >> s & 0xFFFF) << 16) * _f32((b >> s & 0xFFFF) << 16)))[0]
+              for s in (0, 16))
+    return (lo >> 16) | (hi & 0xFFFF0000)
 
 
 def _run_asm(asm: str, inputs: dict[int, int]) -> dict[int, int]:
@@ -54,8 +58,8 @@ def _run_asm(asm: str, inputs: dict[int, int]) -> dict[int, int]:
         elif op == "mul.rn.bf16x2":
             r[d] = _bf16x2_mul(a, b)
         else:
-            r[d] = {"and.b32": a & b, "or.b32": a | b, "shl.b32": (a << b) & M32, "shr.b32": a >> b,
-                    "add.u32": (a + b) & M32}[op]
+            r[d] = {"and.b32": a & b, "or.b32": a | b, "shl.b32": (a << min(b, 32)) & M32, "shr.b32": a >> min(b, 32),
+                    "add.u32": (a + b) & M32}[op]  # min: every entry is evaluated, masks included
     return r
 
 
@@ -81,8 +85,7 @@ def test_the_ptx_and_the_register_permutation_give_the_dequantised_step_tile():
                 for h in range(2):
                     bits = (regs[f"${k}"] >> (16 * h)) & 0xFFFF
                     el = 2 * (k % 8) + h  # element (s, b) = s * 4 + b
-                    out[i, lane // 4, lane % 4, el // 4, el % 4, k // 8] = torch.tensor(
-                        [bits << 16], dtype=torch.int64).to(torch.int32).view(torch.float32)[0]
+                    out[i, lane // 4, lane % 4, el // 4, el % 4, k // 8] = _f32(bits << 16)
     # the kernel's join / reshape / permute / reshape
     tile = out.reshape(2, 8, 8, 4, 4, 2, 2, 2).permute(1, 5, 2, 0, 4, 7, 3, 6).reshape(128, 128)
     rows = torch.cat([torch.arange(n0, n0 + 64), torch.arange(I + n0, I + n0 + 64)])
