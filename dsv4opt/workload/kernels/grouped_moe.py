@@ -16,6 +16,10 @@ launches, fixed shapes, no host synchronisation (CUDA-graph safe):
 3. down (`_moe_down_kernel`, persistent): the same against w2, fp32 rows per slot (per K split).
 4. combine: each token's slots (and splits) summed with their gates.
 
+With slotwise tiles (a config's `slotwise`, tp4 at C = 1) two: each slot is its own tile with its
+expert read from the ids (no routing launch), and down's last item a token sums the token's rows
+(no combine launch).
+
 Tile choices come from `grouped_moe_configs.py`. Maths, bytes and floors:
 docs/optimizations/grouped_moe.md.
 """
@@ -525,8 +529,8 @@ _TICKETS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def _tickets(device: torch.device, n: int) -> torch.Tensor:
-    """The split-K tickets of gate/up: zero between calls (the last split of a work item resets its
-    own), so they are allocated once per device, outside capture where possible (inside, the zero
+    """The tickets of gate/up's K splits and of slotwise down's tokens: zero between calls (the last
+    arrival resets its own), so they are allocated once per device, outside capture where possible (inside, the zero
     fill is recorded with the graph). A larger set replaces a smaller one for later calls; the old
     one is kept, since a captured graph may still point at it."""
     held = _TICKETS.setdefault(device, [])
