@@ -6,7 +6,13 @@ own weights and rotating input sets, under torch.profiler (GPU only).
 
 Prints, per layout and C, each kernel's mean µs a call (the profiler's device time, not a CUDA-graph
 median: launch gaps are not in it) beside the bench's floor, so the slot's gap to its floor can be
-split among its launches.
+split among its launches. `--drive N`: N calls on the rotating sets and no profiler, for Nsight
+Compute (each rotating set runs once first, to build the weights' copy and compile: tp4 C = 1 has
+8-9 sets, under 20 launches, so skip more than those):
+
+    ncu --kernel-name regex:_moe_ --launch-skip 40 --launch-count 2 --section SpeedOfLight \
+        --section WarpStateStats --section Occupancy --section LaunchStats \
+        python3 benchmarks/probe_grouped_moe_kernels.py --layout tp4 --concurrency 1 --drive 30
 """
 
 from __future__ import annotations
@@ -23,16 +29,30 @@ from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
 from dsv4opt.optimizations.timing import copy_bandwidth_gbps
 
 
-def kernel_means(layout_name: str, concurrency: int, calls: int, gen: torch.Generator, weights) -> dict[str, float]:
+def _slot_calls(layout_name: str, concurrency: int, gen: torch.Generator, weights):
+    """The slot on the bench's rotating input sets, each set run once (the production-layout copies and
+    the compiles happen here): an endless cycle of calls."""
     lay = bench.LAYOUTS[layout_name]
     sets = bench._input_sets(lay, concurrency, gen)
     w13, w2 = weights
     cfg = bench._CFG
     run = lambda x, ids, g: grouped_routed_experts(x, ids, g, w13, w2, cfg.swiglu_limit, cfg.routed_scale)  # noqa: E731
-    for x, ids, g in sets:  # the production-layout copies and the compiles happen here
+    for x, ids, g in sets:
         run(x, ids, g)
     torch.cuda.synchronize()
-    cycle = itertools.cycle(sets)
+    return run, itertools.cycle(sets)
+
+
+def drive(layout_name: str, concurrency: int, calls: int, gen: torch.Generator, weights) -> None:
+    """`calls` calls and nothing else (for a profiler outside the process)."""
+    run, cycle = _slot_calls(layout_name, concurrency, gen, weights)
+    for _ in range(calls):
+        run(*next(cycle))
+    torch.cuda.synchronize()
+
+
+def kernel_means(layout_name: str, concurrency: int, calls: int, gen: torch.Generator, weights) -> dict[str, float]:
+    run, cycle = _slot_calls(layout_name, concurrency, gen, weights)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             run(*next(cycle))
@@ -50,14 +70,18 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,16,32,64")
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--json")
+    ap.add_argument("--drive", type=int, default=0, help="N calls a layout and C, no profiler (for Nsight Compute)")
     a = ap.parse_args()
-    copy = copy_bandwidth_gbps()
+    copy = None if a.drive else copy_bandwidth_gbps()
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows = []
     for name in a.layout.split(","):
         lay = bench.LAYOUTS[name]
         weights = bench._weights(lay, gen)
         for c in map(int, a.concurrency.split(",")):
+            if a.drive:
+                drive(name, c, a.drive, gen, weights)
+                continue
             means = kernel_means(name, c, a.calls, gen, weights)
             ids = bench.routing(lay, c, gen)[0]
             floor_us = bench.floor_bytes(lay, ids, bench._CFG.hidden)[0] / (copy * 1e9) * 1e6
