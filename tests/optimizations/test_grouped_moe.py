@@ -185,6 +185,7 @@ PATHS = {
     "slotwise-flat": configs.MoeConfig(16, replace(_T, flat=True, split=2), replace(_T, flat=True, split=3),
                                        slotwise=True),
     "slotwise-one-program": configs.MoeConfig(16, replace(_T, ctas=1), replace(_T, ctas=1), slotwise=True),
+    "ws-where-gluon-cannot-run": configs.MoeConfig(16, replace(_T, ws=True), _T),
 }
 
 
@@ -371,28 +372,38 @@ def test_dequantised_weights_are_what_the_definition_reads():
     assert torch.equal(w.dense(0), quant.dequantize_mxfp4(w.packed[0], w.scales[0]))
 
 
-def _slotwise_config(case: MoeCase) -> configs.MoeConfig:
-    """The table's config for the case, slotwise, down's loop nested."""
+def _config(case: MoeCase, mode: str | None) -> configs.MoeConfig | None:
+    """The table's config for the case (None), slotwise with down's loop nested, or with the
+    warp-specialised gate/up kernel (which must then run: Triton 3.6's Gluon on an sm_90 GPU)."""
+    if mode is None:
+        return None
     cfg = configs.choose(case.experts, case.width, case.hidden, case.tokens * case.topk)
-    return replace(cfg, slotwise=True, down=replace(cfg.down, flat=False))
+    if mode == "slotwise":
+        return replace(cfg, slotwise=True, down=replace(cfg.down, flat=False))
+    from dsv4opt.workload.kernels.grouped_moe_ws import GLUON_API_OK
+
+    if not (GLUON_API_OK and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("the warp-specialised kernel needs Triton 3.6's Gluon on an sm_90 GPU")
+    return replace(cfg, slotwise=False, up=replace(cfg.up, ws=True, split=1, ctas=2, maxnreg=None, flat=False))
 
 
-_GRAPH_CASES = [(MoeCase(4, "no_other_ranks", width=512, experts=256), False), (MoeCase(16, "mixed"), False),
-                (MoeCase(1, "no_other_ranks", width=512, experts=256), False),
-                (MoeCase(1, "no_other_ranks", width=512, experts=256), True),
-                (MoeCase(3, "mixed", width=512, experts=256), True), (MoeCase(16, "mixed"), True)]
+_TP4 = dict(width=512, experts=256)
+_GRAPH_CASES = [(MoeCase(4, "no_other_ranks", **_TP4), None), (MoeCase(16, "mixed"), None),
+                (MoeCase(1, "no_other_ranks", **_TP4), None), (MoeCase(1, "no_other_ranks", **_TP4), "slotwise"),
+                (MoeCase(3, "mixed", **_TP4), "slotwise"), (MoeCase(16, "mixed"), "slotwise"),
+                (MoeCase(16, "mixed"), "ws"), (MoeCase(13, "no_other_ranks", **_TP4), "ws"),
+                (MoeCase(64, "all_on_one", **_TP4), "ws")]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("case, slotwise", _GRAPH_CASES,
-                         ids=lambda v: v.name if isinstance(v, MoeCase) else ("slotwise" if v else "table"))
-def test_cuda_graph_replays_match_the_definition_for_new_routings(case, slotwise):
+@pytest.mark.parametrize("case, mode", _GRAPH_CASES, ids=lambda v: v.name if isinstance(v, MoeCase) else (v or "table"))
+def test_cuda_graph_replays_match_the_definition_for_new_routings(case, mode):
     """Captured once (after an eager call builds the weights' copy), replayed on other tokens and
     routings copied into the captured inputs: every replay against float64, NaN-poisoned. Slotwise
-    configs too (their tickets a token, other ranks' slots)."""
+    configs too (their tickets a token, other ranks' slots), and the warp-specialised gate/up."""
     from dsv4opt.numerics import nan_poisoned_allocations
 
-    cfg = _slotwise_config(case) if slotwise else None
+    cfg = _config(case, mode)
     first = make_inputs(case, "cuda", torch.bfloat16, seed=0)
     x, ids, gates = first.x.clone(), first.local_ids.clone(), first.gates.clone()
     kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale, config=cfg)

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from dsv4opt.workload.kernels.grouped_moe_configs import MoeConfig, choose
+from dsv4opt.workload.kernels.grouped_moe_ws import ws_gate_up, ws_supported
 from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES, PackedExperts, packed_experts
 from dsv4opt.tritonlib import dot_dtype_ok, interpreted, runs_triton
 from dsv4opt.workload.kernels import naive
@@ -621,15 +622,18 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     tickets = _tickets(x.device, up_tickets + (M * n_blk_down if cfg.slotwise else 0))
     routing = dict(p_ids=ids, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows, p_meta=r.meta,
                    n_slots=S, SLOTWISE=cfg.slotwise)
-    _persistent(
-        _moe_up_kernel, x.device, up, T * n_blk * up.split,
-        p_x=x, p_w=p13.values, p_s=p13.scales, p_act=act, p_part=part, p_count=tickets, stride_xm=x.stride(0),
-        stride_act=act.stride(0), stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
-        I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
-        BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FLAT=up.flat, FOLD=p13.fold, EMULATE=emulate,
-        **_shape_constants(up, n_blk, p13.k64 * UNIT_COLS), **routing,
-        EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
-    )
+    if up.ws and ws_supported(x, p13, cfg.bm, cfg.slotwise):
+        ws_gate_up(x, r, p13, act, limit, k, ctas=up.ctas, stages=up.stages)
+    else:
+        _persistent(
+            _moe_up_kernel, x.device, up, T * n_blk * up.split,
+            p_x=x, p_w=p13.values, p_s=p13.scales, p_act=act, p_part=part, p_count=tickets, stride_xm=x.stride(0),
+            stride_act=act.stride(0), stride_part_s=part.stride(0), stride_part_n=part.stride(1), limit=limit,
+            I=I, K=d, N16=p13.n16, K64=p13.k64, TOPK=k,
+            BM=cfg.bm, BN=up.bn, BK=up.bk, SPLIT=up.split, FLAT=up.flat, FOLD=p13.fold, EMULATE=emulate,
+            **_shape_constants(up, n_blk, p13.k64 * UNIT_COLS), **routing,
+            EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
+        )
     _persistent(
         _moe_down_kernel, x.device, dn, T * n_blk_down * dn.split,
         p_act=act, p_w=p2.values, p_s=p2.scales, p_down=down, p_gates=gates, p_out=out,

@@ -19,7 +19,10 @@ class GemmTiles:
     K split, persistent programs an SM (capped at what fits), whether one loop runs over
     (item, K step) so the pipeline does not drain between items (flat), a register cap a thread
     (ptxas' maxnreg) so that more programs fit an SM, or None, and whether the item and K-step counts
-    are compile-time constants (static: the flat loop divides by them every K step)."""
+    are compile-time constants (static: the flat loop divides by them every K step). ws (gate/up only):
+    the warp-specialised Gluon kernel (grouped_moe_ws.py: a producer warp feeds the decoding warpgroup;
+    routed tiles of 16, no split, sm_90 under Triton 3.6, else the Triton kernel runs); not yet
+    checked or timed on a GPU."""
 
     bn: int
     bk: int
@@ -30,10 +33,11 @@ class GemmTiles:
     flat: bool = False
     maxnreg: int | None = None
     static: bool = False
+    ws: bool = False
 
     def short(self) -> str:
         return (f"{self.bn}x{self.bk}w{self.warps}s{self.stages}k{self.split}c{self.ctas}{'f' if self.flat else ''}"
-                + (f"r{self.maxnreg}" if self.maxnreg else "") + ("t" if self.static else ""))
+                + (f"r{self.maxnreg}" if self.maxnreg else "") + ("t" if self.static else "") + ("ws" if self.ws else ""))
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,11 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         replace(base, up=replace(up, static=True), down=replace(dn, static=True)),
         replace(base, down=replace(dn, static=True)),
     ]
+    if base.bm == 16 and not base.slotwise:
+        # gate/up warp-specialised (its stream probed at ~71% of the copy bandwidth against ~63%):
+        # 2 programs an SM (its register split), no K split, 4 or 6 stages
+        ws = replace(up, ws=True, split=1, ctas=2, maxnreg=None, flat=False, static=False)
+        out += [replace(base, up=ws), replace(base, up=replace(ws, stages=6))]
     if slots <= _SLOTWISE_MOST:
         # No routing or combine launch (two launches of four). Down's loop nested: Triton 3.6 does not
         # pipeline the flat loop's loads once the fused combine sits in it (cp.async 12 -> 0 a K step,

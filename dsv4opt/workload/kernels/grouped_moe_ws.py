@@ -1,0 +1,357 @@
+"""grouped-moe's gate/up GEMM warp-specialised (Gluon, sm_90a): the production kernel's stream, fed by a producer warp.
+
+What it stands for: `_moe_up_kernel` (grouped_moe.py) on routed tiles, its weight stream split the
+way benchmarks/probe_grouped_moe_ws.py measured it (69.5-71.9% of the H200's copy bandwidth
+against ~63% for the plain Triton loop; best: 4 stages, 1 consumer warpgroup, 1 wgmma in flight,
+2 programs an SM). Persistent over work items (a tile of BM = 16 slots of one expert x BN = 64 gate
+rows and the same 64 up rows, every K step of BK = 128 columns), two partitions:
+- producer (1 warp): per K step, after waiting `empty`, cp.async of the step's 16 weight units and
+  their e8m0 scales (the production layout, grouped_moe_layout.py) and of the tile's 16 token rows
+  (rows past the tile's slots zero-filled) into a shared ring, then a noinc arrive on `full` that
+  lands when its copies have;
+- consumer (the default warpgroup): waits `full`, decodes each lane's 16 value bytes and scale word
+  with the production shifts, masks and folded bf16x2 multiply straight into the wgmma A registers,
+  wgmma [128, 16] += A [128, 128] x tokens [128, 16] from the ring, releases a slot once the wgmma
+  reading its tokens has retired; then `_up_done`'s clamped SwiGLU (SPLIT = 1) into act[I, P].
+
+Not covered (the Triton kernels keep them): K splits, slotwise tiles, the down GEMM, unfolded
+scales (scales above 2), other tile shapes, ragged K or I, fp16 tokens. `ws_supported` says when it
+applies. UNTESTED ON A GPU as of its commit: only compiled for sm_90a (`--compile-only`); the
+first GPU session must check act against float64 (the sweep's check) before timing it.
+
+    PYTHONPATH=. python3 -m dsv4opt.workload.kernels.grouped_moe_ws --compile-only [--stages 4] [--ctas 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import triton
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
+    GLUON = True
+except Exception:  # noqa: BLE001  (no Gluon, or one without Hopper's API: the kernels stay uncompiled)
+    GLUON = False
+
+    class _Absent:
+        """Stands in for `gluon` and `gl` so the kernels below are defined (never compiled)."""
+        jit = staticmethod(lambda fn: fn)
+        constexpr = staticmethod(lambda v: v)
+
+    gluon = gl = _Absent
+
+# The Gluon API the kernel is written against (the H200's Triton): 3.9 replaced async_copy_global_to_shared
+# by async_load, so elsewhere `ws_supported` says no rather than fail at compile time.
+GLUON_API_OK = GLUON and triton.__version__.split(".")[:2] == ["3", "6"]
+
+BM, BN, BK = 16, 64, 128  # slots a tile, gate (and up) rows an item, columns a K step
+PRODUCER_REGS = 56  # setmaxnreg of the producer partition (48 spills 8 bytes); its warp pads to a warpgroup
+_BM, _BN, _BK = gl.constexpr(BM), gl.constexpr(BN), gl.constexpr(BK)
+_UNITS = gl.constexpr(2 * BN // 16 * (BK // 64))  # 16 units a step, index kb * 8 + stacked row unit
+
+
+def _decode_asm() -> str:
+    """PTX for one lane's 16 value bytes ($16-$19) and scale word ($20: bytes (group, row half)) ->
+    32 bf16 in $0-$15, as benchmarks/probe_grouped_moe_ws.py and `_decode_pairs` (FOLD) decode:
+    $2s, $2s+1 = pairs 0, 1 of word s; $8+2s, $9+2s = pairs 2, 3; multiplier 2^(e - 1) = (e + 126) << 7."""
+    mask = "0x81C081C0"
+    lines = ["{", ".reg .b32 t, u, v, e, m0, m1, m2, m3;", "add.u32 e, $20, 0x7E7E7E7E;"]
+    for j in range(4):  # e8m0 byte j (scales <= 2: no carry between bytes) into both halves
+        lines += [f"prmt.b32 m{j}, e, 0, 0x{4 * 0x1010 + j * 0x101:04X};", f"shl.b32 m{j}, m{j}, 7;"]
+    for s in range(4):
+        q, p0, p1, p2, p3 = f"${16 + s}", f"${2 * s}", f"${2 * s + 1}", f"${8 + 2 * s}", f"${9 + 2 * s}"
+        lo, hi = f"m{2 * (s // 2)}", f"m{2 * (s // 2) + 1}"  # (group s // 2, row half 0 / 1)
+        lines += [f"and.b32 {p0}, {q}, {mask};", f"shl.b32 t, {q}, 3;", f"and.b32 {p1}, t, {mask};",
+                  f"shl.b32 t, {q}, 6;", f"and.b32 {p2}, t, {mask};",
+                  f"shl.b32 t, {q}, 1;", "and.b32 t, t, 0x80008000;", f"shr.b32 u, {q}, 3;",
+                  "and.b32 u, u, 0x01800180;", f"shr.b32 v, {q}, 7;", "and.b32 v, v, 0x00400040;",
+                  "or.b32 t, t, u;", f"or.b32 {p3}, t, v;",
+                  f"mul.rn.bf16x2 {p0}, {p0}, {lo};", f"mul.rn.bf16x2 {p2}, {p2}, {lo};",
+                  f"mul.rn.bf16x2 {p1}, {p1}, {hi};", f"mul.rn.bf16x2 {p3}, {p3}, {hi};"]
+    return "\n".join(lines + ["}"])
+
+
+_DECODE_ASM = gl.constexpr(_decode_asm())
+
+
+# the [128, 16] accumulator of one warpgroup's wgmma (two m64 halves: a thread holds gate row r and up row r + 64)
+_ACC_L = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+                      if GLUON else None)
+
+
+@gluon.jit
+def _decode(b_v, b_s):
+    """b_v [16 units, 8 g, 4 q, 4 s, 4 b] u8 (a lane's 16 bytes), b_s [16, 8, 1, 1, 4] (its scale
+    word) -> the step's [128, 128] bf16 A tile in the wgmma register layout (a free conversion)."""
+    r0, r1 = gl.inline_asm_elementwise(_DECODE_ASM, "=r," * 16 + "r,r,r,r,r,r,r,r", [b_v, b_s],
+                                       dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=16)
+    b_t = gl.reshape(gl.join(r0, r1), [2, 8, 8, 4, 4, 2, 2, 2])  # kb, row unit, g, q, s, ih, h, w
+    # row = unit * 16 + ih * 8 + g; column = kb * 64 + s * 16 + w * 8 + q * 2 + h
+    b_t = gl.reshape(gl.permute(b_t, (1, 5, 2, 0, 4, 7, 3, 6)), [2 * _BN, _BK])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=_ACC_L, k_width=2)
+    return gl.convert_layout(b_t, a_l, assert_trivial=True)
+
+
+@gluon.jit
+def _step(vals, scs, toks, full, empty, acc, t, release_prev, STAGES: gl.constexpr):
+    """K step t: wait `full`, decode the slot's units, issue the wgmma on the slot's tokens, retire
+    step t - 1's wgmma and only then release its slot (its wgmma read the tokens there)."""
+    lv: gl.constexpr = gl.BlockedLayout([1, 1, 1, 4, 4], [1, 8, 4, 1, 1], [4, 1, 1, 1, 1], [4, 3, 2, 1, 0])
+    slot = t % STAGES
+    mbarrier.wait(full.index(slot), (t // STAGES) & 1)
+    fence_async_shared()  # cp.async wrote the tokens through the generic proxy; wgmma reads them async
+    b_v = vals.index(slot).reshape([_UNITS, 8, 4, 4, 4]).load(lv)  # warp w: row units w and w + 4
+    b_s = scs.index(slot).reshape([_UNITS, 8, 4]).load(gl.SliceLayout(2, gl.SliceLayout(3, lv)))
+    b_a = _decode(b_v, gl.expand_dims(gl.expand_dims(b_s, 2), 3))
+    acc = warpgroup_mma(b_a, toks.index(slot).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(1, deps=[acc])
+    mbarrier.arrive(empty.index((t + STAGES - 1) % STAGES), pred=release_prev)
+    return acc
+
+
+@gluon.jit
+def _epilogue(acc, p_act, stride_act, tile, n0, n_rows, limit):
+    """`_up_done` with SPLIT = 1: act[n0 + n, tile * BM + m] = silu(min(g, limit)) * clamp(u, -limit,
+    limit) for the tile's slots (m < n_rows); rows 0-63 of acc are gate, 64-127 up."""
+    b_g, b_u = gl.split(gl.permute(gl.reshape(acc, [2, _BN, _BM]), (1, 2, 0)))
+    out_l: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])  # 16-byte rows of 8 slots
+    b_g = gl.minimum(gl.convert_layout(b_g, out_l), limit)
+    b_u = gl.convert_layout(b_u, out_l)
+    b_u = gl.minimum(gl.maximum(b_u, -limit), limit)
+    b_a = b_g * (1 / (1 + gl.exp(-b_g))) * b_u  # tl.sigmoid's definition
+    o_n = gl.arange(0, _BN, layout=gl.SliceLayout(1, out_l))
+    o_m = gl.arange(0, _BM, layout=gl.SliceLayout(0, out_l))
+    p_o = p_act + (n0 + o_n).to(gl.int64)[:, None] * stride_act + (tile * _BM + o_m)[None, :]
+    gl.store(p_o, b_a.to(p_act.dtype.element_ty), mask=(o_m < n_rows)[None, :] & (o_n >= 0)[:, None])
+
+
+@gluon.jit
+def _consumer(vals, scs, toks, full, empty, p_tile_rows, p_meta, p_act, stride_act, limit, num_progs, n_blk, K64,
+              STAGES: gl.constexpr):
+    """Every item's K steps, two an iteration: a wgmma reads its register A asynchronously, so with
+    one left in flight the next decode needs registers of its own (one step a loop iteration would
+    overwrite the in-flight A: the probe's check failed so)."""
+    n_items = gl.load(p_meta) * n_blk
+    steps = K64 // 2
+    t = 0
+    for w in range(gl.program_id(0), n_items, num_progs):
+        acc = gl.zeros([2 * _BN, _BM], gl.float32, _ACC_L)
+        for j in range(steps // 2):
+            acc = _step(vals, scs, toks, full, empty, acc, t, j > 0, STAGES)
+            acc = _step(vals, scs, toks, full, empty, acc, t + 1, True, STAGES)
+            t += 2
+        if steps % 2 == 1:
+            acc = warpgroup_mma_wait(0, deps=[acc])  # the tail's A registers are not the loop's
+            acc = _step(vals, scs, toks, full, empty, acc, t, steps > 1, STAGES)
+            t += 1
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        mbarrier.arrive(empty.index((t + STAGES - 1) % STAGES))  # the item's last slot
+        tile = w // n_blk
+        _epilogue(acc, p_act, stride_act, tile, (w % n_blk) * _BN, gl.load(p_tile_rows + tile), limit)
+
+
+@gluon.jit
+def _unit_offsets(o_u, e, n0, i, I, N16, K64):
+    """Byte offsets / 512 of K step i's units o_u (kb * 8 + stacked row unit: 4 gate, then 4 up)."""
+    row = e * N16 + gl.where(o_u % 8 < 4, n0 // 16, (I + n0) // 16) + o_u % 4
+    return row * K64 + 2 * i + o_u // 8
+
+
+@gluon.jit
+def _producer(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, vals, scs, toks, full, empty,
+              stride_xm, num_progs, n_blk, I, N16, K64, TOPK: gl.constexpr, STAGES: gl.constexpr):
+    """Per item: its tile's expert and slots; per K step: wait `empty`, cp.async the units, scales
+    and token rows into the slot, arrive on `full` when this thread's copies land (noinc)."""
+    lw: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [1, 1], [1, 0])  # a lane: 16 bytes a unit
+    ls: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [1, 1], [1, 0])  # one 16-byte copy a lane
+    lx: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [1, 1], [1, 0])  # a lane: one token row
+    o_uw = gl.arange(0, _UNITS, layout=gl.SliceLayout(1, lw))
+    o_bw = gl.arange(0, 512, layout=gl.SliceLayout(0, lw))
+    o_us = gl.arange(0, _UNITS, layout=gl.SliceLayout(1, ls))
+    o_bs = gl.arange(0, 32, layout=gl.SliceLayout(0, ls))
+    o_m = gl.arange(0, _BM, layout=gl.SliceLayout(1, lx))
+    o_k = gl.arange(0, _BK, layout=gl.SliceLayout(0, lx))
+    n_items = gl.load(p_meta) * n_blk
+    t = 0
+    for w in range(gl.program_id(0), n_items, num_progs):
+        tile = w // n_blk
+        n0 = (w % n_blk) * _BN
+        e = gl.load(p_tile_expert + tile).to(gl.int64)
+        m_row = o_m < gl.load(p_tile_rows + tile)
+        slot = gl.load(p_rows + tile * _BM + o_m, mask=m_row, other=0)  # rows past the count: unwritten
+        p_tok = p_x + (slot // TOPK).to(gl.int64)[:, None] * stride_xm + o_k[None, :]
+        for i in range(K64 // 2):
+            s = t % STAGES
+            mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)  # the first pass finds it free
+            unit = _unit_offsets(o_uw, e, n0, i, I, N16, K64)
+            cp.async_copy_global_to_shared(vals.index(s), p_w + unit[:, None] * 512 + o_bw[None, :])
+            unit = _unit_offsets(o_us, e, n0, i, I, N16, K64)
+            cp.async_copy_global_to_shared(scs.index(s), p_s + unit[:, None] * 32 + o_bs[None, :])
+            cp.async_copy_global_to_shared(toks.index(s), p_tok + i * _BK, mask=m_row[:, None])  # masked: zeros
+            cp.mbarrier_arrive(full.index(s), increment_count=False)
+            t += 1
+
+
+@gluon.jit
+def ws_gate_up_kernel(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_act, stride_xm, stride_act, limit,
+                      num_progs, n_blk, I, N16, K64, TOPK: gl.constexpr, STAGES: gl.constexpr,
+                      PREGS: gl.constexpr):
+    """The ring (weights, scales, tokens a slot) and its barriers, then the two partitions."""
+    flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])  # a slot's rank
+    tok_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([_BM, _BK], gl.bfloat16)  # wgmma's K-major B
+    vals = gl.allocate_shared_memory(gl.uint8, [STAGES, _UNITS, 512], flat)
+    scs = gl.allocate_shared_memory(gl.uint8, [STAGES, _UNITS, 32], flat)
+    toks = gl.allocate_shared_memory(gl.bfloat16, [STAGES, _BM, _BK], tok_l)
+    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(full.index(s), count=32)  # every producer thread's noinc arrive
+        mbarrier.init(empty.index(s), count=1)  # Gluon's arrive: a partition barrier, then one thread
+    fence_async_shared()
+    gl.warp_specialize([(_consumer, (vals, scs, toks, full, empty, p_tile_rows, p_meta, p_act, stride_act, limit,
+                                     num_progs, n_blk, K64, STAGES)),
+                        (_producer, (p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, vals, scs, toks,
+                                     full, empty, stride_xm, num_progs, n_blk, I, N16, K64, TOPK, STAGES))],
+                       [1], [PREGS])  # one producer warp
+
+
+def launch_options(ctas: int) -> dict:
+    """num_warps (the consumer warpgroup) and the register cap letting `ctas` programs share an SM:
+    a program holds 8 warps (the producer pads to a warpgroup); setmaxnreg then gives the consumer
+    what the producer's PRODUCER_REGS leave (2 programs: 128 a thread, consumer 256 - PRODUCER_REGS)."""
+    regs = 65536 // (ctas * 32 * 8) // 8 * 8
+    return {"num_warps": 4} | ({"maxnreg": regs} if regs < 256 else {})
+
+
+def grid_size(max_items: int, sms: int, ctas: int) -> int:
+    """Persistent programs: `ctas` an SM, never more than the most items a routing can give."""
+    return max(1, min(ctas * sms, max_items))
+
+
+def ws_supported(x: torch.Tensor, packed13, block_m: int, slotwise: bool = False) -> bool:
+    """Whether `ws_gate_up` covers this call: Triton 3.6's Gluon, an sm_90 GPU, bf16 tokens whose row
+    stride is a multiple of 16 elements (16-byte cp.async; Triton specialises strides on 16), routed
+    tiles of 16 slots (not slotwise), folded scales, K (x's width) a multiple of 128 equal to the
+    weights' and I a multiple of 64. Otherwise the Triton kernel (`_moe_up_kernel`) stays."""
+    if not (GLUON_API_OK and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9):
+        return False
+    d, I = x.shape[1], packed13.rows // 2
+    return (x.dtype == torch.bfloat16 and x.stride(1) == 1 and x.stride(0) % 16 == 0 and x.data_ptr() % 16 == 0
+            and block_m == BM and not slotwise and packed13.fold and d % BK == 0 and d == packed13.k64 * 64
+            and I % BN == 0 and packed13.rows == 2 * I)
+
+
+@lru_cache(maxsize=None)
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def ws_gate_up(x: torch.Tensor, routing, packed13, act: torch.Tensor, limit: float, topk: int,
+               ctas: int = 2, stages: int = 4) -> None:
+    """act[n, tile * 16 + m] = silu(min(g, limit)) * clamp(u, -limit, limit) for every routed slot, as
+    `_moe_up_kernel` writes it with SPLIT = 1 (act: [I, P], P = routing.max_tiles * 16, x's dtype).
+    routing: `grouped_moe.route(ids, R, 16)`; its tile count stays on the device. Caller checks
+    `ws_supported` first. No host synchronisation (CUDA-graph safe)."""
+    I = packed13.rows // 2
+    n_blk = I // BN
+    progs = grid_size(routing.max_tiles * n_blk, _sms(x.device), ctas)
+    ws_gate_up_kernel[(progs,)](x, packed13.values, packed13.scales, routing.rows, routing.tile_expert,
+                                routing.tile_rows, routing.meta, act, x.stride(0), act.stride(0), limit, progs, n_blk,
+                                I, packed13.n16, packed13.k64, TOPK=topk, STAGES=stages, PREGS=PRODUCER_REGS,
+                                **launch_options(ctas))
+
+
+PTX_COUNTS = {"wgmma_reg_a": r"wgmma\.mma_async\.sync\.aligned\.m64n16k16\.f32\.bf16\.bf16 \{[^}]*\}, \{",
+              "wgmma": r"wgmma\.mma_async", "cp_async": r"cp\.async\.c[ag]\.shared\.global",
+              "cp_async_zero_fill": r"cp\.async\.cg\.shared\.global \[[^]]+\], \[[^]]+\], 0x10, %r\d+;",  # src-size
+              "cp_async_arrive_noinc": r"cp\.async\.mbarrier\.arrive\.noinc", "mbarrier": r"mbarrier\.",
+              "fence_proxy_async": r"fence\.proxy\.async", "mul_bf16x2": r"mul\.rn\.bf16x2"}
+
+
+def compile_report(stages: int = 4, ctas: int = 2, topk: int = 8) -> dict:
+    """Compile for sm_90a (no GPU needed): ptxas registers and spills, setmaxnreg per partition,
+    shared memory, what the PTX holds, SASS instructions a K step of the consumer's loop."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    sig = dict(p_x="*bf16", p_w="*u8", p_s="*u8", p_rows="*i32", p_tile_expert="*i32", p_tile_rows="*i32",
+               p_meta="*i32", p_act="*bf16", stride_xm="i32", stride_act="i32", limit="fp32",
+               **{k: "i32" for k in ("num_progs", "n_blk", "I", "N16", "K64")})
+    const = dict(TOPK=topk, STAGES=stages, PREGS=PRODUCER_REGS)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (*range(8), 8, 9)}  # pointers and strides as launches see them
+    src = GluonASTSource(ws_gate_up_kernel, {**sig, **{k: "constexpr" for k in const}}, const, attrs)
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch_options(ctas))
+    ptx = c.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "k.ptx").write_text(ptx)
+        log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
+                             capture_output=True, text=True, check=True).stderr
+    setmaxnreg = [int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)]
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups()
+    row = dict(stages=stages, ctas=ctas, warps=c.metadata.num_warps,
+               launch_regs=int(re.search(r"Used (\d+) registers", log).group(1)), setmaxnreg=setmaxnreg,
+               spill_store_bytes=int(spills[0]), spill_load_bytes=int(spills[1]), shared_bytes=c.metadata.shared,
+               wgmma_serialized="C7512" in log)  # ptxas: a wait after every wgmma
+    row |= {k: len(re.findall(p, ptx)) for k, p in PTX_COUNTS.items()}
+    sass = _sass(c)
+    for part, op, steps in (("consumer", "HGMMA", 2), ("producer", "LDGSTS", 1)):  # the consumer's loop: 2 steps
+        ops = _tightest_loop(sass, op)
+        if ops:
+            row[f"{part}_sass_per_step"] = sum(ops.values()) / steps
+            row[f"{part}_ops"] = dict(ops.most_common(12))
+    return row
+
+
+def _sass(compiled) -> str:
+    try:
+        from triton.tools.disasm import get_sass
+        return get_sass(compiled.asm["cubin"])
+    except Exception as err:  # noqa: BLE001  (a missing nvdisasm only loses the loop count)
+        return f"no SASS: {err}"
+
+
+def _tightest_loop(sass: str, op: str) -> Counter | None:
+    """The smallest SASS loop (a label and a conditional backward branch to it) holding `op`, its
+    opcodes counted (the mbarrier spins' retries sit out of line and are not counted)."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\w+):", ln.strip()))}
+    best = None
+    for i, ln in enumerate(lines):
+        m = re.search(r"@!?P\w+\s+BRA\s+(\w+)", ln)
+        if m and labels.get(m.group(1), i) < i:
+            body = [b.split("\t", 1)[-1].strip() for b in lines[labels[m.group(1)] + 1: i + 1] if "\t" in b]
+            ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body if b)
+            if ops.get(op) and (best is None or sum(ops.values()) < sum(best.values())):
+                best = ops
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--compile-only", action="store_true", help="sm_90a compile figures (no GPU)")
+    ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--ctas", type=int, default=2)
+    args = ap.parse_args()
+    if not args.compile_only:
+        ap.error("only --compile-only runs from here; the GPU check lives with the grouped-moe bench")
+    if not GLUON_API_OK:
+        raise SystemExit(f"written against Triton 3.6's Gluon (Hopper API); this is Triton {triton.__version__}")
+    for k, v in compile_report(args.stages, args.ctas).items():
+        print(f"{k}: {v}")
+
+
+if __name__ == "__main__":
+    main()
