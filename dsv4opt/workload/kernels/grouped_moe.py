@@ -303,7 +303,8 @@ def _down_combine(w, b_o, p_down, p_ids, p_gates, p_out, p_count, stride_ds, str
                   n_blk, N, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
     """SLOTWISE work item w (slot, BN output rows, K split): its row of down as `_down_done` stores it,
     then a ticket per (token, N block); the last of the token's TOPK x SPLIT items to arrive sums them
-    with their gates, as `_moe_combine_kernel` does, writes out[token] and sets the count back to 0."""
+    with their gates (`_token_sum`, as the combine kernel sums), writes out[token] and sets the count
+    back to 0."""
     sp = w % SPLIT
     slot = (w // SPLIT // n_blk).to(tl.int64)
     nb = w // SPLIT % n_blk
@@ -314,18 +315,39 @@ def _down_combine(w, b_o, p_down, p_ids, p_gates, p_out, p_count, stride_ds, str
     tl.debug_barrier()  # every thread's row issued before the ticket (released at GPU scope)
     m = slot // TOPK
     if tl.atomic_add(p_count + m * n_blk + nb, 1, sem="acq_rel", scope="gpu") == TOPK * SPLIT - 1:
-        b_out = tl.zeros([BN], tl.float32)
-        for j in tl.static_range(TOPK):
-            at = m * TOPK + j + o_n * 0  # [BN] the same slot (as in the combine kernel)
-            ok = tl.load(p_ids + at) >= 0
-            g = tl.load(p_gates + at)
-            b_d = tl.zeros([BN], tl.float32)
-            for s in tl.static_range(SPLIT):  # L2 reads: other SMs wrote them
-                b_d += tl.load(p_down + s * stride_ds + (m * TOPK + j) * stride_dm + o_n, mask=m_n & ok, other=0.0,
-                               cache_modifier=".cg")
-            b_out += tl.where(ok, g, 0.0) * b_d
+        b_out = _token_sum(p_down, p_ids, p_gates, m, o_n, m_n, stride_ds, stride_dm, TOPK, SPLIT, ".cg")
         tl.store(p_out + m * stride_om + o_n, (b_out * scale).to(p_out.dtype.element_ty), mask=m_n)
         tl.atomic_xchg(p_count + m * n_blk + nb, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _token_sum(p_down, p_ids, p_gates, m, o_n, m_n, stride_ds, stride_dm, TOPK: tl.constexpr, SPLIT: tl.constexpr,
+               CACHE: tl.constexpr):
+    """sum_j gates[m, j] * sum_s down[s, m * TOPK + j, o_n] over token m's slots on this rank (fp32).
+    Rows of other ranks' slots were never written (or hold garbage): selected away, not multiplied."""
+    b_out = tl.zeros(o_n.shape, tl.float32)
+    for j in tl.static_range(TOPK):
+        at = m * TOPK + j + o_n * 0  # [BN] the same slot: a vector, since the interpreter refuses a scalar mask
+        ok = tl.load(p_ids + at) >= 0
+        g = tl.load(p_gates + at)
+        b_d = tl.zeros(o_n.shape, tl.float32)
+        for s in tl.static_range(SPLIT):
+            b_d += tl.load(p_down + s * stride_ds + (m * TOPK + j) * stride_dm + o_n, mask=m_n & ok, other=0.0,
+                           cache_modifier=CACHE)
+        b_out += tl.where(ok, g, 0.0) * b_d
+    return b_out
+
+
+@triton.jit
+def _down_epilogue(w, b_o, m_m, slot, p_down, p_ids, p_gates, p_out, p_count, stride_ds, stride_dm, stride_om, scale,
+                   n_blk, N, TOPK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
+                   SLOTWISE: tl.constexpr):
+    """Work item w's end: its rows of down (`_down_done`), slotwise also the token's combine (`_down_combine`)."""
+    if SLOTWISE:
+        _down_combine(w, b_o, p_down, p_ids, p_gates, p_out, p_count, stride_ds, stride_dm, stride_om, scale, n_blk, N,
+                      TOPK, BM, BN, SPLIT)
+    else:
+        _down_done(w, b_o, m_m, slot, p_down, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
 
 
 @triton.jit
@@ -350,11 +372,8 @@ def _moe_down_kernel(p_act, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows,
             b_o = _down_step(p_act, p_w, p_s, sp, n0, e, m_m, w // SPLIT // n_blk, i, b_o, stride_act, steps, N, K,
                              N16, K64, BM, BN, BK, FOLD, EMULATE, EVEN)
             if i == steps - 1:
-                if SLOTWISE:
-                    _down_combine(w, b_o, p_down, p_ids, p_gates, p_out, p_count, stride_ds, stride_dm, stride_om,
-                                  scale, n_blk, N, TOPK, BM, BN, SPLIT)
-                else:
-                    _down_done(w, b_o, m_m, slot, p_down, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
+                _down_epilogue(w, b_o, m_m, slot, p_down, p_ids, p_gates, p_out, p_count, stride_ds, stride_dm,
+                               stride_om, scale, n_blk, N, TOPK, BM, BN, SPLIT, SLOTWISE)
     else:
         for w in range(pid, n_work, num_progs):
             b_o = tl.zeros([BN, BM], tl.float32)
@@ -362,11 +381,8 @@ def _moe_down_kernel(p_act, p_w, p_s, p_ids, p_rows, p_tile_expert, p_tile_rows,
             for i in range(steps):
                 b_o = _down_step(p_act, p_w, p_s, sp, n0, e, m_m, w // SPLIT // n_blk, i, b_o, stride_act, steps, N,
                                  K, N16, K64, BM, BN, BK, FOLD, EMULATE, EVEN)
-            if SLOTWISE:
-                _down_combine(w, b_o, p_down, p_ids, p_gates, p_out, p_count, stride_ds, stride_dm, stride_om,
-                              scale, n_blk, N, TOPK, BM, BN, SPLIT)
-            else:
-                _down_done(w, b_o, m_m, slot, p_down, stride_ds, stride_dm, n_blk, N, BM, BN, SPLIT)
+            _down_epilogue(w, b_o, m_m, slot, p_down, p_ids, p_gates, p_out, p_count, stride_ds, stride_dm,
+                           stride_om, scale, n_blk, N, TOPK, BM, BN, SPLIT, SLOTWISE)
 
 
 @triton.jit
@@ -376,16 +392,7 @@ def _moe_combine_kernel(p_down, p_ids, p_gates, p_out, stride_ds, stride_dm, str
     i_m = tl.program_id(0).to(tl.int64)
     o_n = tl.program_id(1) * BN + tl.arange(0, BN)
     m_n = o_n < N
-    b_o = tl.zeros([BN], tl.float32)
-    for j in tl.static_range(TOPK):
-        at = i_m * TOPK + j + o_n * 0  # [BN] the same slot: a vector, since the interpreter refuses a scalar mask
-        ok = tl.load(p_ids + at) >= 0
-        g = tl.load(p_gates + at)
-        b_d = tl.zeros([BN], tl.float32)
-        for s in tl.static_range(SPLIT):
-            # rows of other ranks' slots were never written: select, do not multiply
-            b_d += tl.load(p_down + s * stride_ds + (i_m * TOPK + j) * stride_dm + o_n, mask=m_n & ok, other=0.0)
-        b_o += tl.where(ok, g, 0.0) * b_d
+    b_o = _token_sum(p_down, p_ids, p_gates, i_m, o_n, m_n, stride_ds, stride_dm, TOPK, SPLIT, "")
     tl.store(p_out + i_m * stride_om + o_n, (b_o * scale).to(p_out.dtype.element_ty), mask=m_n)
 
 
@@ -526,15 +533,18 @@ def route_torch(local_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
     return Routing(rows[:-1], tile_expert, tile_rows, torch.tensor([used], dtype=torch.int32, device=dev), block_m)
 
 
-_TICKETS: dict[torch.device, list[torch.Tensor]] = {}
+_TICKETS: dict[tuple, list[torch.Tensor]] = {}
 
 
 def _tickets(device: torch.device, n: int) -> torch.Tensor:
     """The tickets of gate/up's K splits and of slotwise down's tokens: zero between calls (the last
-    arrival resets its own), so they are allocated once per device, outside capture where possible (inside, the zero
-    fill is recorded with the graph). A larger set replaces a smaller one for later calls; the old
-    one is kept, since a captured graph may still point at it."""
-    held = _TICKETS.setdefault(device, [])
+    arrival resets its own), so they are allocated once per device and stream (two calls in flight on
+    two streams must not share them), outside capture where possible: a set first grown inside a
+    capture is zeroed by the recorded fill, i.e. at the graph's first replay, so call the slot once
+    eagerly at the captured shape first (the workload's warm-up does). A larger set replaces a
+    smaller one for later calls; the old one is kept, since a captured graph may still point at it."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    held = _TICKETS.setdefault((device, stream), [])
     if not held or held[-1].numel() < n:
         held.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
     return held[-1]
@@ -570,6 +580,16 @@ def _persistent(kernel, device: torch.device, tiles, work_max: int, **args) -> N
         _RESIDENT[key] = _resident(compiled, tiles.warps)
 
 
+def _routing_args(ids: torch.Tensor, r: Routing | None, slotwise: bool) -> tuple[int, dict]:
+    """(tiles, the GEMM kernels' routing arguments): the routing's tensors, or slotwise (r None) one
+    tile a slot, read from the ids alone (the routing pointers are then never read: ids stand in)."""
+    if slotwise:
+        S = ids.numel()
+        return S, dict(p_ids=ids, p_rows=ids, p_tile_expert=ids, p_tile_rows=ids, p_meta=ids, n_slots=S, SLOTWISE=True)
+    return r.max_tiles, dict(p_ids=ids, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows,
+                             p_meta=r.meta, n_slots=0, SLOTWISE=False)
+
+
 def _shape_constants(tiles, n_blk: int, k_cols: int) -> dict[str, int]:
     """A GEMM's N_BLK and STEPS launch constants: its N blocks and the K steps of one split for a
     static config, else 0 (the kernel computes them at run time)."""
@@ -582,7 +602,8 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
                            w2: Mxfp4Experts, limit: float, scale: float, config: MoeConfig | None = None) -> torch.Tensor:
     """The `routed_experts` slot (dsv4opt/workload/slots.py), grouped by expert on tensor cores.
 
-    x: [M, d]; local_ids: [M, k] int32 (-1: another rank's expert); gates: [M, k] fp32;
+    x: [M, d]; local_ids: [M, k] int32 in [-1, R) (-1: another rank's expert; slotwise tiles read
+    the weights of whatever id they hold, the routing drops ids past R); gates: [M, k] fp32;
     w13: [R, 2I, d], w2: [R, d, I] MXFP4 -> [M, d] in x's dtype. CUDA-graph safe once each weight's
     production-layout copy exists (built on the first eager call). Where Triton cannot run (a CPU
     without the interpreter) the float64-free plain-torch definition, expert by expert.
@@ -601,13 +622,10 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     out = torch.empty(M, d, device=x.device, dtype=x.dtype)
     if M == 0:
         return out
-    if cfg.slotwise:  # one tile a slot; the routing's tensors are not read (any pointer will do)
-        S = M * k
-        T, r = S, Routing(ids, ids, ids, ids, cfg.bm)
-    else:
-        S = 0
-        r = route(ids, R, cfg.bm)
-        T = r.max_tiles
+    if cfg.slotwise and M * k == 0:
+        return out.zero_()  # no slot, no item: nothing else writes out
+    r = None if cfg.slotwise else route(ids, R, cfg.bm)
+    T, routing = _routing_args(ids, r, cfg.slotwise)
     P = T * cfg.bm
     up, dn = cfg.up, cfg.down
     act = torch.empty(I, P, device=x.device, dtype=x.dtype)
@@ -620,9 +638,7 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     # gate/up's tickets [T * n_blk], then (slotwise) down's [M * n_blk_down], 16-byte aligned
     up_tickets = -(-T * n_blk // 4) * 4
     tickets = _tickets(x.device, up_tickets + (M * n_blk_down if cfg.slotwise else 0))
-    routing = dict(p_ids=ids, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows, p_meta=r.meta,
-                   n_slots=S, SLOTWISE=cfg.slotwise)
-    if up.ws and ws_supported(x, p13, cfg.bm, cfg.slotwise):
+    if up.ws and r is not None and ws_supported(x, p13, cfg.bm, cfg.slotwise):
         ws_gate_up(x, r, p13, act, limit, k, ctas=up.ctas, stages=up.stages)
     else:
         _persistent(

@@ -144,7 +144,7 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         replace(base, up=replace(up, split=1), down=replace(dn, split=1)),
         replace(base, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2), flat=True)),
         # Constant item and K-step counts: tp4's flat down loop from 628 to 565 SASS instructions a K step
-        # (benchmarks/compile_grouped_moe_sm90.py; not yet timed)
+        # (benchmarks/compile_grouped_moe_sm90.py); timed in sweep_c4d4601: down static won at every tp4 C
         replace(base, up=replace(up, static=True), down=replace(dn, static=True)),
         replace(base, down=replace(dn, static=True)),
     ]
@@ -155,13 +155,20 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         out += [replace(base, up=ws), replace(base, up=replace(ws, stages=6))]
     if slots <= _SLOTWISE_MOST:
         # No routing or combine launch (two launches of four). Down's loop nested: Triton 3.6 does not
-        # pipeline the flat loop's loads once the fused combine sits in it (cp.async 12 -> 0 a K step,
-        # benchmarks/compile_grouped_moe_sm90.py --slotwise).
+        # pipeline the flat loop's loads once the fused combine sits in it (cp.async 12 -> 0 a K step in
+        # the PTX, compiled at c4d4601).
         sw = replace(base, slotwise=True, down=replace(dn, flat=False))
-        out += [replace(base, slotwise=False, down=replace(dn, flat=True)), sw, replace(sw, down=replace(sw.down, split=1)), replace(sw, down=replace(sw.down, split=sw.down.split * 2)),
-                replace(sw, up=replace(up, split=max(1, up.split // 2))), replace(sw, up=replace(up, split=up.split * 2)),
-                replace(sw, up=replace(up, split=max(1, up.split // 2)), down=replace(sw.down, split=1)),
-                replace(sw, down=replace(sw.down, static=True)), replace(sw, up=replace(up, bn=128, warps=8))]
+        out += [
+            replace(base, slotwise=False, down=replace(dn, flat=True)),  # routed, as the row was before slotwise
+            sw,
+            replace(sw, down=replace(sw.down, split=1)),
+            replace(sw, down=replace(sw.down, split=sw.down.split * 2)),
+            replace(sw, up=replace(up, split=max(1, up.split // 2))),
+            replace(sw, up=replace(up, split=up.split * 2)),
+            replace(sw, up=replace(up, split=max(1, up.split // 2)), down=replace(sw.down, split=1)),
+            replace(sw, down=replace(sw.down, static=True)),
+            replace(sw, up=replace(up, bn=128, warps=8)),
+        ]
     seen: list[MoeConfig] = []
     for c in out:
         if c not in seen:
