@@ -49,6 +49,7 @@ def _run_asm(asm: str, inputs: dict[int, int]) -> dict[int, int]:
     for line in asm.splitlines():
         m = re.match(r"(\w+(?:\.\w+)*) (\$?\w+), (\$?\w+), (\$?\w+)(?:, (\w+))?;", line.strip())
         if not m:
+            assert line.strip() in ("{", "}") or line.strip().startswith(".reg"), f"not interpreted: {line!r}"
             continue
         op, d, a, b, c = m.groups()
         a, b = val(a), val(b)
