@@ -133,7 +133,7 @@ def _units(o_u, e, n0, i, I, N16, K64):
 @gluon.jit
 def _producer(p_w, p_s, vals, scs, full, empty, num_progs, n_items, n_blk, I, N16, K64,
               STAGES: gl.constexpr, PW: gl.constexpr):
-    """Per item and K step: wait `empty`, cp.async the 16 value units (512 B) and their scales (32 B)
+    """Per item and K step: wait `empty`, cp.async the 16 value units (512 B each) and their scales (32 B each)
     into the slot, then an arrive on `full` that lands when this thread's copies have (noinc)."""
     lp: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [PW, 1], [1, 0])
     if PW == 1:
@@ -201,8 +201,9 @@ def _name(v) -> str:
 
 def _launch_opts(v) -> dict:
     """num_warps (the consumers) and the register cap that lets `ctas` programs share an SM: Triton pads
-    the producer to a warpgroup, so a program holds 4 * (consumers + 1) warps; the consumers get
-    what the cap leaves after the producer warpgroup's PREGS (setmaxnreg)."""
+    the producer to a warpgroup, so a program holds 4 * (consumers + 1) warps, and the cap is the SM's
+    registers shared evenly among them; setmaxnreg then moves registers from the producer (PREGS) to
+    the consumers within that budget."""
     _, cw, _, ctas, _ = v
     regs = 65536 // (ctas * 32 * 4 * (cw + 1)) // 8 * 8
     return {"num_warps": 4 * cw} | ({"maxnreg": regs} if regs < 256 else {})
@@ -304,7 +305,9 @@ def run_gpu(args) -> list[dict]:
     for name in args.layout.split(","):
         w13, w2 = bench._weights(bench.LAYOUTS[name], gen)
         packed = packed_experts(w13)
-        assert packed.fold and packed.k64 % 2 == 0, "the probe folds the scale and takes 2 units a K step"
+        # 2 units a K step; with a wgmma in flight the consumer takes two steps an iteration, so the steps
+        # must be even there too (an odd count would wait on a barrier the producer never fills)
+        assert packed.fold and packed.k64 % 4 == 0, "the probe folds the scale and takes 2 or 4 units an iteration"
         I = packed.rows // 2
         x = torch.randn(BK, 16, device="cuda", generator=torch.Generator("cuda").manual_seed(1)).to(torch.bfloat16)
         ref = reference(w13, x, I) if args.check else None
