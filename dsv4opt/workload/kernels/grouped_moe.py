@@ -533,18 +533,19 @@ def route_torch(local_ids: torch.Tensor, experts: int, block_m: int) -> Routing:
     return Routing(rows[:-1], tile_expert, tile_rows, torch.tensor([used], dtype=torch.int32, device=dev), block_m)
 
 
-_TICKETS: dict[tuple, list[torch.Tensor]] = {}
+_TICKETS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def _tickets(device: torch.device, n: int) -> torch.Tensor:
     """The tickets of gate/up's K splits and of slotwise down's tokens: zero between calls (the last
-    arrival resets its own), so they are allocated once per device and stream (two calls in flight on
-    two streams must not share them), outside capture where possible: a set first grown inside a
-    capture is zeroed by the recorded fill, i.e. at the graph's first replay, so call the slot once
-    eagerly at the captured shape first (the workload's warm-up does). A larger set replaces a
-    smaller one for later calls; the old one is kept, since a captured graph may still point at it."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    held = _TICKETS.setdefault((device, stream), [])
+    arrival resets its own), so they are allocated once per device, outside capture where possible:
+    a set first grown inside a capture is zeroed by the recorded fill, i.e. at that graph's first
+    replay, so call the slot once eagerly at the captured shape first (the workload's warm-up does;
+    a capture runs on its own stream, which is why the set is not kept per stream). One call in
+    flight a device: two streams running the slot at once would share the tickets. A larger set
+    replaces a smaller one for later calls; the old one is kept, since a captured graph may still
+    point at it."""
+    held = _TICKETS.setdefault(device, [])
     if not held or held[-1].numel() < n:
         held.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
     return held[-1]
