@@ -46,33 +46,15 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp  #
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 
+from dsv4opt.workload.kernels.grouped_moe_ws import decode_asm  # noqa: E402
+
 BN, BK = gl.constexpr(64), gl.constexpr(128)
 UNITS = gl.constexpr(2 * BN // 16 * (BK // 64))  # 16 units a K step, unit index kb * 8 + stacked row unit
 
 
-def _decode_asm() -> str:
-    """PTX for one lane's 16 value bytes ($16-$19, words s = 0..3) and its scale word ($20: bytes
-    (group, row half), as the layout stores them) -> 32 bf16 in $0-$15: $2s, $2s+1 = pairs 0, 1 of
-    word s; $8+2s, $9+2s = pairs 2, 3. The decode of `_decode_pairs`; the folded multiplier
-    2^(e - 1) = (e + 126) << 7 built once for the four (group, row half) pairs."""
-    mask = "0x81C081C0"
-    lines = ["{", ".reg .b32 t, u, v, e, m0, m1, m2, m3;", "add.u32 e, $20, 0x7E7E7E7E;"]
-    for j in range(4):  # e8m0 byte j (scales <= 2, so no carry between bytes) into both halves
-        lines += [f"prmt.b32 m{j}, e, 0, 0x{4 * 0x1010 + j * 0x101:04X};", f"shl.b32 m{j}, m{j}, 7;"]
-    for s in range(4):
-        q, p0, p1, p2, p3 = f"${16 + s}", f"${2 * s}", f"${2 * s + 1}", f"${8 + 2 * s}", f"${9 + 2 * s}"
-        lo, hi = f"m{2 * (s // 2)}", f"m{2 * (s // 2) + 1}"  # (group s // 2, row half 0 / 1)
-        lines += [f"and.b32 {p0}, {q}, {mask};", f"shl.b32 t, {q}, 3;", f"and.b32 {p1}, t, {mask};",
-                  f"shl.b32 t, {q}, 6;", f"and.b32 {p2}, t, {mask};",
-                  f"shl.b32 t, {q}, 1;", "and.b32 t, t, 0x80008000;", f"shr.b32 u, {q}, 3;",
-                  "and.b32 u, u, 0x01800180;", f"shr.b32 v, {q}, 7;", "and.b32 v, v, 0x00400040;",
-                  "or.b32 t, t, u;", f"or.b32 {p3}, t, v;",
-                  f"mul.rn.bf16x2 {p0}, {p0}, {lo};", f"mul.rn.bf16x2 {p2}, {p2}, {lo};",
-                  f"mul.rn.bf16x2 {p1}, {p1}, {hi};", f"mul.rn.bf16x2 {p3}, {p3}, {hi};"]
-    return "\n".join(lines + ["}"])
-
-
-DECODE_ASM = gl.constexpr(_decode_asm())
+# the production decode, one copy (the gate/up kernel's): checked on the CPU by
+# tests/optimizations/test_grouped_moe_ws_probe.py, on the H200 by --check
+DECODE_ASM = gl.constexpr(decode_asm())
 
 
 @gluon.jit

@@ -6,8 +6,6 @@ H200: the sweep's check against float64 comes first there."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -33,20 +31,6 @@ def test_launch_arithmetic():
     assert ws.grid_size(max_items=10_000, sms=132, ctas=2) == 264
     assert ws.grid_size(max_items=12, sms=132, ctas=2) == 12
     assert ws.grid_size(max_items=0, sms=132, ctas=2) == 1
-
-
-def _probe_decode():
-    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "probe_grouped_moe_ws.py"
-    spec = importlib.util.spec_from_file_location("probe_grouped_moe_ws", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.DECODE_ASM.value
-
-
-def test_decode_is_the_probes_checked_decode():
-    # the probe's decode was checked on the H200 and its permutation on the CPU (test_grouped_moe_ws_probe.py)
-    assert ws._decode_asm() == _probe_decode()
 
 
 @pytest.fixture(scope="module")

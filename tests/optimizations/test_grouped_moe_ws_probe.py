@@ -1,5 +1,6 @@
 """The warp-specialised weight-stream probe (benchmarks/probe_grouped_moe_ws.py) decodes what it says,
-checked on the CPU without running the kernel: its inline PTX (interpreted here, op by op) turns
+checked on the CPU without running the kernel: its inline PTX (the warp-specialised gate/up
+kernel's `decode_asm`, one copy for both; interpreted here, op by op) turns
 each lane's 16 value bytes and scale word into the bf16 values MXFP4 dequantisation gives, and the
 kernel's join / permute / reshape of those registers puts each value at its row and column of a
 K step's [128, 128] tile (gate rows, then up rows, as `_up_step` stacks them). Also the register

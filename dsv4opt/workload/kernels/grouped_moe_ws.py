@@ -62,7 +62,7 @@ _BM, _BN, _BK = gl.constexpr(BM), gl.constexpr(BN), gl.constexpr(BK)
 _UNITS = gl.constexpr(2 * BN // 16 * (BK // 64))  # 16 units a step, index kb * 8 + stacked row unit
 
 
-def _decode_asm() -> str:
+def decode_asm() -> str:
     """PTX for one lane's 16 value bytes ($16-$19) and scale word ($20: bytes (group, row half)) ->
     32 bf16 in $0-$15, as benchmarks/probe_grouped_moe_ws.py and `_decode_pairs` (FOLD) decode:
     $2s, $2s+1 = pairs 0, 1 of word s; $8+2s, $9+2s = pairs 2, 3; multiplier 2^(e - 1) = (e + 126) << 7."""
@@ -83,7 +83,7 @@ def _decode_asm() -> str:
     return "\n".join(lines + ["}"])
 
 
-_DECODE_ASM = gl.constexpr(_decode_asm())
+_DECODE_ASM = gl.constexpr(decode_asm())
 
 
 # the [128, 16] accumulator of one warpgroup's wgmma (two m64 halves: a thread holds gate row r and up row r + 64)
