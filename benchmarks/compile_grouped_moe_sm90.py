@@ -27,6 +27,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from dsv4opt.sass import listing, loops  # noqa: E402
 from dsv4opt.workload.kernels import grouped_moe as kernel  # noqa: E402
 from dsv4opt.workload.kernels import grouped_moe_configs as configs  # noqa: E402
 
@@ -105,7 +106,7 @@ def report(src, tiles: configs.GemmTiles, label: str, dump: Path | None) -> dict
         "local_alloc": len(re.findall(r"ttg\.local_alloc", ttgir)),
     }
     print(f"{label}\n  " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "kernel"), flush=True)
-    sass = _sass(compiled)
+    sass = listing(compiled)
     for name, ops in loop_counts(sass):
         row.setdefault("mma_loops", []).append({"loop": name, "instructions": sum(ops.values()), "ops": dict(ops)})
         print(f"  loop {name}: {sum(ops.values())} SASS instructions: "
@@ -120,30 +121,9 @@ def report(src, tiles: configs.GemmTiles, label: str, dump: Path | None) -> dict
 
 
 def loop_counts(sass: str) -> list[tuple[str, Counter]]:
-    """Each loop of the listing that holds an HGMMA (a label and the backward branch to it): its SASS
-    opcodes counted, predicates and modifiers dropped. The innermost is the K loop (its instructions a
-    step a thread); a loop around it counts the K loop's instructions with its own."""
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\w+):", ln.strip()))}
-    loops = []
-    for i, ln in enumerate(lines):
-        m = re.search(r"\bBRA\s+(\w+)", ln)
-        if not m or labels.get(m.group(1), i) >= i:
-            continue
-        body = [b.split("\t", 1)[-1].strip() for b in lines[labels[m.group(1)] + 1 : i + 1] if "\t" in b]
-        ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body if b)
-        if ops.get("HGMMA"):
-            loops.append((m.group(1), ops))
-    return loops
-
-
-def _sass(compiled) -> str:
-    try:
-        from triton.tools.disasm import get_sass
-
-        return get_sass(compiled.asm["cubin"])
-    except Exception as err:  # noqa: BLE001  (a missing nvdisasm only loses the listing)
-        return f"no SASS: {err}"
+    """Each loop of the listing that holds an HGMMA, its SASS opcodes counted. The innermost is the
+    K loop (its instructions a step a thread); a loop around it counts the K loop's with its own."""
+    return [(name, ops) for name, ops in loops(sass) if ops.get("HGMMA")]
 
 
 def main() -> None:

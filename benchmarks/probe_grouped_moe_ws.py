@@ -34,7 +34,6 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,6 +45,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp  #
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 
+from dsv4opt.sass import listing, tightest_loop  # noqa: E402
 from dsv4opt.workload.kernels.grouped_moe_ws import decode_asm  # noqa: E402
 
 BN, BK = gl.constexpr(64), gl.constexpr(128)
@@ -216,37 +216,12 @@ def compile_report(v) -> dict:
                spill_bytes="/".join(re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups()),
                shared_bytes=c.metadata.shared, wgmma_serialized="C7512" in log)  # ptxas: a wait after every wgmma
     row |= {k: len(re.findall(p, ptx)) for k, p in PTX_COUNTS.items()}
-    sass = _sass(c)
+    sass = listing(c)
     for part, op, steps in (("consumer", "HGMMA", 1 + inflight), ("producer", "LDGSTS", 1)):
-        ops = _tightest_loop(sass, op)  # the consumer's loop holds 1 + INFLIGHT K steps
+        ops = tightest_loop(sass, op)  # the consumer's loop holds 1 + INFLIGHT K steps
         if ops:
             row[f"{part}_loop"] = dict(per_step=sum(ops.values()) / steps, ops=dict(ops.most_common(12)))
     return row
-
-
-def _sass(compiled) -> str:
-    try:
-        from triton.tools.disasm import get_sass
-        return get_sass(compiled.asm["cubin"])
-    except Exception as err:  # noqa: BLE001  (a missing nvdisasm only loses the loop counts)
-        return f"no SASS: {err}"
-
-
-def _tightest_loop(sass: str, op: str) -> Counter | None:
-    """The smallest SASS loop (a label and a conditional backward branch to it) holding `op`: its
-    opcodes counted as benchmarks/compile_grouped_moe_sm90.py counts them (a thread's K loop; the
-    mbarrier spins' retries sit out of line and are not counted)."""
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\w+):", ln.strip()))}
-    best = None
-    for i, ln in enumerate(lines):
-        m = re.search(r"@!?P\w+\s+BRA\s+(\w+)", ln)  # conditional: the mbarrier spins' retries branch back too
-        if m and labels.get(m.group(1), i) < i:
-            body = [b.split("\t", 1)[-1].strip() for b in lines[labels[m.group(1)] + 1: i + 1] if "\t" in b]
-            ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body if b)
-            if ops.get(op) and (best is None or sum(ops.values()) < sum(best.values())):
-                best = ops
-    return best
 
 
 def launch(packed, x, out, v, I: int) -> None:

@@ -28,12 +28,13 @@ import argparse
 import re
 import subprocess
 import tempfile
-from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 import triton
+
+from dsv4opt.sass import listing, tightest_loop
 
 try:
     from triton.experimental import gluon
@@ -306,37 +307,13 @@ def compile_report(stages: int = 4, ctas: int = 2, topk: int = 8) -> dict:
                spill_store_bytes=int(spills[0]), spill_load_bytes=int(spills[1]), shared_bytes=c.metadata.shared,
                wgmma_serialized="C7512" in log)  # ptxas: a wait after every wgmma
     row |= {k: len(re.findall(p, ptx)) for k, p in PTX_COUNTS.items()}
-    sass = _sass(c)
+    sass = listing(c)
     for part, op, steps in (("consumer", "HGMMA", 2), ("producer", "LDGSTS", 1)):  # the consumer's loop: 2 steps
-        ops = _tightest_loop(sass, op)
+        ops = tightest_loop(sass, op)
         if ops:
             row[f"{part}_sass_per_step"] = sum(ops.values()) / steps
             row[f"{part}_ops"] = dict(ops.most_common(12))
     return row
-
-
-def _sass(compiled) -> str:
-    try:
-        from triton.tools.disasm import get_sass
-        return get_sass(compiled.asm["cubin"])
-    except Exception as err:  # noqa: BLE001  (a missing nvdisasm only loses the loop count)
-        return f"no SASS: {err}"
-
-
-def _tightest_loop(sass: str, op: str) -> Counter | None:
-    """The smallest SASS loop (a label and a conditional backward branch to it) holding `op`, its
-    opcodes counted (the mbarrier spins' retries sit out of line and are not counted)."""
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\w+):", ln.strip()))}
-    best = None
-    for i, ln in enumerate(lines):
-        m = re.search(r"@!?P\w+\s+BRA\s+(\w+)", ln)
-        if m and labels.get(m.group(1), i) < i:
-            body = [b.split("\t", 1)[-1].strip() for b in lines[labels[m.group(1)] + 1: i + 1] if "\t" in b]
-            ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body if b)
-            if ops.get(op) and (best is None or sum(ops.values()) < sum(best.values())):
-                best = ops
-    return best
 
 
 def main() -> None:

@@ -1,0 +1,39 @@
+"""Reading a compiled Triton or Gluon kernel's SASS (nvdisasm from Triton's wheel): its listing and
+the opcodes of its loops, for the compile-only reports of the kernels and benchmarks (no GPU needed)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+
+def listing(compiled) -> str:
+    """The SASS of a compiled kernel, or a line saying why there is none."""
+    try:
+        from triton.tools.disasm import get_sass
+
+        return get_sass(compiled.asm["cubin"])
+    except Exception as err:  # noqa: BLE001  (a missing nvdisasm only loses the loop counts)
+        return f"no SASS: {err}"
+
+
+def loops(sass: str, conditional: bool = False) -> list[tuple[str, Counter]]:
+    """Each loop of the listing (a label and a backward branch to it; `conditional`: predicated
+    branches only, so that an mbarrier spin's out-of-line retry is not taken for a loop's end):
+    its label and its opcodes counted, predicates and modifiers dropped."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\w+):", ln.strip()))}
+    found = []
+    for i, ln in enumerate(lines):
+        m = re.search(r"@!?P\w+\s+BRA\s+(\w+)" if conditional else r"\bBRA\s+(\w+)", ln)
+        if not m or labels.get(m.group(1), i) >= i:
+            continue
+        body = [b.split("\t", 1)[-1].strip() for b in lines[labels[m.group(1)] + 1 : i + 1] if "\t" in b]
+        found.append((m.group(1), Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body if b)))
+    return found
+
+
+def tightest_loop(sass: str, op: str) -> Counter | None:
+    """The smallest conditional loop holding `op` (a thread's K loop): its opcodes, or None."""
+    held = [ops for _, ops in loops(sass, conditional=True) if ops.get(op)]
+    return min(held, key=lambda ops: sum(ops.values()), default=None)
