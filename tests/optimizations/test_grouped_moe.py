@@ -308,10 +308,14 @@ def test_slotwise_tiles_launch_neither_the_routing_nor_the_combine(monkeypatch):
 def test_gate_fails_slotwise_down_with_a_stale_ticket():
     """A token's ticket left at 1 makes down's combine run one arrival early, on rows not yet written
     (NaN-poisoned): the gate must fail it."""
+    def slotwise_unsplit(x, local_ids, gates, w13, w2, limit, scale):  # gate/up takes no ticket
+        cfg = replace(_SLOTWISE, up=replace(_T, split=1))
+        return kernel.grouped_routed_experts(x, local_ids, gates, w13, w2, limit, scale, config=cfg)
+
     tickets = kernel._tickets(torch.device("cpu"), 1)
     tickets.fill_(1)
     try:
-        result = check_module.check("cpu", cases=SMALL[:1], impl=_slotwise)
+        result = check_module.check("cpu", cases=SMALL[:1], impl=slotwise_unsplit)
     finally:
         tickets.fill_(0)
     assert not result.passed, result.summary
@@ -394,7 +398,7 @@ def _config(case: MoeCase, mode: str | None) -> configs.MoeConfig | None:
 
     if not (GLUON_API_OK and torch.cuda.get_device_capability()[0] == 9):
         pytest.skip("the warp-specialised kernel needs Triton 3.6's Gluon on an sm_90 GPU")
-    return replace(cfg, slotwise=False, up=replace(cfg.up, ws=True, split=1, ctas=2, maxnreg=None, flat=False))
+    return replace(cfg, slotwise=False, up=configs.GemmTiles(bn=64, bk=128, warps=4, stages=4, split=1, ctas=2, ws=True))
 
 
 _TP4 = dict(width=512, experts=256)
@@ -402,7 +406,9 @@ _GRAPH_CASES = [(MoeCase(4, "no_other_ranks", **_TP4), None), (MoeCase(16, "mixe
                 (MoeCase(1, "no_other_ranks", **_TP4), None), (MoeCase(1, "no_other_ranks", **_TP4), "slotwise"),
                 (MoeCase(3, "mixed", **_TP4), "slotwise"), (MoeCase(16, "mixed"), "slotwise"),
                 (MoeCase(16, "mixed"), "ws"), (MoeCase(13, "no_other_ranks", **_TP4), "ws"),
-                (MoeCase(64, "all_on_one", **_TP4), "ws")]
+                (MoeCase(64, "all_on_one", **_TP4), "ws"),
+                (MoeCase(5, "mixed", hidden=384, width=128, experts=8), "ws"),  # 3 K steps: the odd tail
+                (MoeCase(3, "mixed", hidden=128, width=64, experts=8), "ws")]  # 1 K step
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -415,6 +421,10 @@ def test_cuda_graph_replays_match_the_definition_for_new_routings(case, mode):
 
     cfg = _config(case, mode)
     first = make_inputs(case, "cuda", torch.bfloat16, seed=0)
+    if mode == "ws":  # the Gluon kernel runs, not the Triton one in its place
+        from dsv4opt.workload.kernels.grouped_moe_ws import ws_supported
+
+        assert ws_supported(first.x, kernel.packed_experts(first.w13), cfg.bm, cfg.slotwise)
     x, ids, gates = first.x.clone(), first.local_ids.clone(), first.gates.clone()
     kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale, config=cfg)
     torch.cuda.synchronize()

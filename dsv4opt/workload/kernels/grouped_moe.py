@@ -639,7 +639,7 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     # gate/up's tickets [T * n_blk], then (slotwise) down's [M * n_blk_down], 16-byte aligned
     up_tickets = -(-T * n_blk // 4) * 4
     tickets = _tickets(x.device, up_tickets + (M * n_blk_down if cfg.slotwise else 0))
-    if up.ws and r is not None and ws_supported(x, p13, cfg.bm, cfg.slotwise):
+    if up.ws and up.split == 1 and ws_supported(x, p13, cfg.bm, cfg.slotwise):  # its fixed tiles: BN 64, BK 128
         ws_gate_up(x, r, p13, act, limit, k, ctas=up.ctas, stages=up.stages)
     else:
         _persistent(

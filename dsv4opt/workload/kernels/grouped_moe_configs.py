@@ -151,7 +151,7 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
     if base.bm == 16 and not base.slotwise:
         # gate/up warp-specialised (its stream probed at ~71% of the copy bandwidth against ~63%):
         # 2 programs an SM (its register split), no K split, 4 or 6 stages
-        ws = replace(up, ws=True, split=1, ctas=2, maxnreg=None, flat=False, static=False)
+        ws = GemmTiles(bn=64, bk=128, warps=4, stages=4, split=1, ctas=2, ws=True)  # the kernel's fixed tiles
         out += [replace(base, up=ws), replace(base, up=replace(ws, stages=6))]
     if slots <= _SLOTWISE_MOST:
         # No routing or combine launch (two launches of four). Down's loop nested: Triton 3.6 does not

@@ -1,8 +1,8 @@
 """grouped-moe's gate/up GEMM warp-specialised (Gluon, sm_90a): the production kernel's stream, fed by a producer warp.
 
 What it stands for: `_moe_up_kernel` (grouped_moe.py) on routed tiles, its weight stream split the
-way benchmarks/probe_grouped_moe_ws.py measured it (69.5-71.9% of the H200's copy bandwidth
-against ~63% for the plain Triton loop; best: 4 stages, 1 consumer warpgroup, 1 wgmma in flight,
+way benchmarks/probe_grouped_moe_ws.py measured it (tp4 67.8-71.9%, dp-ep 68.5-70.7% of the H200's
+copy bandwidth against ~63% for the plain Triton loop; best: 4 stages, 1 consumer warpgroup, 1 wgmma in flight,
 2 programs an SM). Persistent over work items (a tile of BM = 16 slots of one expert x BN = 64 gate
 rows and the same 64 up rows, every K step of BK = 128 columns), two partitions:
 - producer (1 warp): per K step, after waiting `empty`, cp.async of the step's 16 weight units and
@@ -35,6 +35,7 @@ import torch
 import triton
 
 from dsv4opt.sass import listing, tightest_loop
+from dsv4opt.tritonlib import interpreted
 
 try:
     from triton.experimental import gluon
@@ -127,7 +128,7 @@ def _epilogue(acc, p_act, stride_act, tile, n0, n_rows, limit):
     """`_up_done` with SPLIT = 1: act[n0 + n, tile * BM + m] = silu(min(g, limit)) * clamp(u, -limit,
     limit) for the tile's slots (m < n_rows); rows 0-63 of acc are gate, 64-127 up."""
     b_g, b_u = gl.split(gl.permute(gl.reshape(acc, [2, _BN, _BM]), (1, 2, 0)))
-    out_l: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])  # 16-byte rows of 8 slots
+    out_l: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])  # 8 slots of a row a thread (2-byte stores: the mask runs along them)
     b_g = gl.minimum(gl.convert_layout(b_g, out_l), limit)
     b_u = gl.convert_layout(b_u, out_l)
     b_u = gl.minimum(gl.maximum(b_u, -limit), limit)
@@ -154,7 +155,7 @@ def _consumer(vals, scs, toks, full, empty, p_tile_rows, p_meta, p_act, stride_a
             acc = _step(vals, scs, toks, full, empty, acc, t + 1, True, STAGES)
             t += 2
         if steps % 2 == 1:
-            acc = warpgroup_mma_wait(0, deps=[acc])  # the tail's A registers are not the loop's
+            acc = warpgroup_mma_wait(0, deps=[acc])  # the tail's decode may reuse the loop's in-flight A registers: retire them first
             acc = _step(vals, scs, toks, full, empty, acc, t, steps > 1, STAGES)
             t += 1
         acc = warpgroup_mma_wait(0, deps=[acc])
@@ -246,12 +247,12 @@ def ws_supported(x: torch.Tensor, packed13, block_m: int, slotwise: bool = False
     stride is a multiple of 16 elements (16-byte cp.async; Triton specialises strides on 16), routed
     tiles of 16 slots (not slotwise), folded scales, K (x's width) a multiple of 128 equal to the
     weights' and I a multiple of 64. Otherwise the Triton kernel (`_moe_up_kernel`) stays."""
-    if not (GLUON_API_OK and x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9):
+    if not (GLUON_API_OK and x.is_cuda and not interpreted() and torch.cuda.get_device_capability(x.device)[0] == 9):
         return False
     d, I = x.shape[1], packed13.rows // 2
     return (x.dtype == torch.bfloat16 and x.stride(1) == 1 and x.stride(0) % 16 == 0 and x.data_ptr() % 16 == 0
             and block_m == BM and not slotwise and packed13.fold and d % BK == 0 and d == packed13.k64 * 64
-            and I % BN == 0 and packed13.rows == 2 * I)
+            and I % BN == 0)
 
 
 @lru_cache(maxsize=None)
