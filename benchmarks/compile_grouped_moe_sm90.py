@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +25,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from dsv4opt.sass import listing, loops  # noqa: E402
+from dsv4opt.sass import listing, loops, ptxas_log  # noqa: E402
 from dsv4opt.workload.kernels import grouped_moe as kernel  # noqa: E402
 from dsv4opt.workload.kernels import grouped_moe_configs as configs  # noqa: E402
 
@@ -80,14 +78,7 @@ def report(src, tiles: configs.GemmTiles, label: str, dump: Path | None) -> dict
     opts = {"num_warps": tiles.warps, "num_stages": tiles.stages} | ({"maxnreg": tiles.maxnreg} if tiles.maxnreg else {})
     compiled = triton.compile(src, target=TARGET, options=opts)
     ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.ptx"
-        path.write_text(ptx)
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        done = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(path), "-o", str(Path(tmp) / "k.cubin")],
-                              capture_output=True, text=True, check=True)
-    log = done.stderr + done.stdout
+    log = ptxas_log(ptx)
     regs = int(re.search(r"Used (\d+) registers", log).group(1))
     spill_st, spill_ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups())
     row = {

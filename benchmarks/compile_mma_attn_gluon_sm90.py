@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,6 +27,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from dsv4opt.optimizations.mma_attn import kernel  # noqa: E402
+from dsv4opt.sass import ptxas_log  # noqa: E402
 from dsv4opt.workload.config import ModelConfig  # noqa: E402
 from dsv4opt.workload.kvcache import KVLayout  # noqa: E402
 
@@ -131,14 +130,7 @@ NUM_WARPS: dict[str, int] = {}
 def report(src, label: str, dump: Path | None, num_warps: int = 8) -> dict:
     compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps})
     ptx = compiled.asm["ptx"]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.ptx"
-        path.write_text(ptx)
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        done = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(path), "-o", str(Path(tmp) / "k.cubin")],
-                              capture_output=True, text=True, check=True)
-    log = done.stderr + done.stdout
+    log = ptxas_log(ptx)
     regs = int(re.search(r"Used (\d+) registers", log).group(1))
     spill_st, spill_ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups())
     shared = compiled.metadata.shared

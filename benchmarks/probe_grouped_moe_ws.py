@@ -31,9 +31,7 @@ import functools
 import itertools
 import json
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp  #
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 
-from dsv4opt.sass import listing, tightest_loop  # noqa: E402
+from dsv4opt.sass import listing, ptxas_log, tightest_loop  # noqa: E402
 from dsv4opt.workload.kernels.grouped_moe_ws import decode_asm  # noqa: E402
 
 BN, BK = gl.constexpr(64), gl.constexpr(128)
@@ -194,7 +192,6 @@ def _launch_opts(v) -> dict:
 def compile_report(v) -> dict:
     """Compile variant v for sm_90a (no GPU) and read ptxas, the PTX and the two partitions' SASS loops."""
     from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
     from triton.experimental.gluon._runtime import GluonASTSource
 
     stages, cw, pw, _, inflight = v
@@ -205,10 +202,7 @@ def compile_report(v) -> dict:
     c = triton.compile(GluonASTSource(ws_kernel, {**sig, **{k: "constexpr" for k in const}}, const, attrs),
                        target=GPUTarget("cuda", 90, 32), options=_launch_opts(v))
     ptx = c.asm["ptx"]
-    with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "k.ptx").write_text(ptx)
-        log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
-                             capture_output=True, text=True, check=True).stderr
+    log = ptxas_log(ptx)
     nreg = [int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)]
     # setmaxnreg in PTX order: the default partition's before the region, then inside it (the consumer)
     row = dict(variant=_name(v), warps=c.metadata.num_warps, launch_regs=int(re.search(r"Used (\d+) registers", log).group(1)),

@@ -1,10 +1,25 @@
-"""Reading a compiled Triton or Gluon kernel's SASS (nvdisasm from Triton's wheel): its listing and
-the opcodes of its loops, for the compile-only reports of the kernels and benchmarks (no GPU needed)."""
+"""Reading a compiled Triton or Gluon kernel without a GPU: ptxas' report on its PTX, its SASS listing
+(nvdisasm from Triton's wheel) and the opcodes of its loops, for the compile-only reports of the
+kernels and benchmarks."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import tempfile
 from collections import Counter
+from pathlib import Path
+
+
+def ptxas_log(ptx: str, arch: int = 90) -> str:
+    """What `ptxas -v` (Triton's own) prints assembling `ptx` for sm_{arch}a: registers, spills, warnings."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "k.ptx").write_text(ptx)
+        done = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name=sm_{arch}a", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
+                              capture_output=True, text=True, check=True)
+    return done.stderr + done.stdout
 
 
 def listing(compiled) -> str:

@@ -7,6 +7,7 @@ On a CPU, Triton runs only under its interpreter; there a bf16 `tl.dot` multipli
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -23,6 +24,16 @@ def runs_triton(t: torch.Tensor) -> bool:
     """A Triton kernel can take `t`: it lives on a CUDA GPU, or the interpreter is on and no bf16
     tensor-core product would be emulated wrongly (callers with `tl.dot` on bf16 check that)."""
     return t.is_cuda or interpreted()
+
+
+def sm_count(device: torch.device) -> int:
+    """The streaming multiprocessors of a CUDA device (the current one when `device` names no index)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def dot_dtype_ok(dtype: torch.dtype) -> bool:

@@ -27,7 +27,6 @@ docs/optimizations/grouped_moe.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 import triton
@@ -36,7 +35,7 @@ import triton.language as tl
 from dsv4opt.workload.kernels.grouped_moe_configs import MoeConfig, choose
 from dsv4opt.workload.kernels.grouped_moe_ws import ws_gate_up, ws_supported
 from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES, PackedExperts, packed_experts
-from dsv4opt.tritonlib import dot_dtype_ok, interpreted, runs_triton
+from dsv4opt.tritonlib import dot_dtype_ok, interpreted, runs_triton, sm_count
 from dsv4opt.workload.kernels import naive
 from dsv4opt.workload.quant import MXFP4_GROUP
 from dsv4opt.workload.weights import Mxfp4Experts
@@ -551,11 +550,6 @@ def _tickets(device: torch.device, n: int) -> torch.Tensor:
     return held[-1]
 
 
-@lru_cache(maxsize=None)
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 # (kernel, device, launch constants) -> programs an SM can hold, from the first launch's registers and
 # shared memory: a persistent program that is not resident runs its items after the others finish.
 _RESIDENT: dict[tuple, int] = {}
@@ -573,7 +567,7 @@ def _persistent(kernel, device: torch.device, tiles, work_max: int, **args) -> N
     than there can be work items."""
     key = (id(kernel), str(device), tiles, tuple(sorted((k, v) for k, v in args.items() if k.isupper())))
     ctas = min(tiles.ctas, _RESIDENT.get(key, tiles.ctas))
-    sms = _sms(device.index if device.index is not None else torch.cuda.current_device()) if device.type == "cuda" else 4
+    sms = sm_count(device) if device.type == "cuda" else 4
     progs = max(1, min(ctas * sms, work_max))
     extra = {"maxnreg": tiles.maxnreg} if tiles.maxnreg else {}
     compiled = kernel[(progs,)](num_progs=progs, num_warps=tiles.warps, num_stages=tiles.stages, **extra, **args)
@@ -581,10 +575,10 @@ def _persistent(kernel, device: torch.device, tiles, work_max: int, **args) -> N
         _RESIDENT[key] = _resident(compiled, tiles.warps)
 
 
-def _routing_args(ids: torch.Tensor, r: Routing | None, slotwise: bool) -> tuple[int, dict]:
-    """(tiles, the GEMM kernels' routing arguments): the routing's tensors, or slotwise (r None) one
-    tile a slot, read from the ids alone (the routing pointers are then never read: ids stand in)."""
-    if slotwise:
+def _routing_args(ids: torch.Tensor, r: Routing | None) -> tuple[int, dict]:
+    """(tiles, the GEMM kernels' routing arguments): the routing's tensors, or with no routing (slotwise)
+    one tile a slot, read from the ids alone (the routing pointers are then never read: ids stand in)."""
+    if r is None:
         S = ids.numel()
         return S, dict(p_ids=ids, p_rows=ids, p_tile_expert=ids, p_tile_rows=ids, p_meta=ids, n_slots=S, SLOTWISE=True)
     return r.max_tiles, dict(p_ids=ids, p_rows=r.rows, p_tile_expert=r.tile_expert, p_tile_rows=r.tile_rows,
@@ -626,7 +620,7 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     if cfg.slotwise and M * k == 0:
         return out.zero_()  # no slot, no item: nothing else writes out
     r = None if cfg.slotwise else route(ids, R, cfg.bm)
-    T, routing = _routing_args(ids, r, cfg.slotwise)
+    T, routing = _routing_args(ids, r)
     P = T * cfg.bm
     up, dn = cfg.up, cfg.down
     act = torch.empty(I, P, device=x.device, dtype=x.dtype)

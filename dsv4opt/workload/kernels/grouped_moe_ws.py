@@ -26,16 +26,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
-import tempfile
-from functools import lru_cache
-from pathlib import Path
 
 import torch
 import triton
 
-from dsv4opt.sass import listing, tightest_loop
-from dsv4opt.tritonlib import interpreted
+from dsv4opt.sass import listing, ptxas_log, tightest_loop
+from dsv4opt.tritonlib import interpreted, sm_count
 
 try:
     from triton.experimental import gluon
@@ -255,11 +251,6 @@ def ws_supported(x: torch.Tensor, packed13, block_m: int, slotwise: bool = False
             and I % BN == 0)
 
 
-@lru_cache(maxsize=None)
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def ws_gate_up(x: torch.Tensor, routing, packed13, act: torch.Tensor, limit: float, topk: int,
                ctas: int = 2, stages: int = 4) -> None:
     """act[n, tile * 16 + m] = silu(min(g, limit)) * clamp(u, -limit, limit) for every routed slot, as
@@ -268,7 +259,7 @@ def ws_gate_up(x: torch.Tensor, routing, packed13, act: torch.Tensor, limit: flo
     `ws_supported` first. No host synchronisation (CUDA-graph safe)."""
     I = packed13.rows // 2
     n_blk = I // BN
-    progs = grid_size(routing.max_tiles * n_blk, _sms(x.device), ctas)
+    progs = grid_size(routing.max_tiles * n_blk, sm_count(x.device), ctas)
     ws_gate_up_kernel[(progs,)](x, packed13.values, packed13.scales, routing.rows, routing.tile_expert,
                                 routing.tile_rows, routing.meta, act, x.stride(0), act.stride(0), limit, progs, n_blk,
                                 I, packed13.n16, packed13.k64, TOPK=topk, STAGES=stages, PREGS=PRODUCER_REGS,
@@ -286,7 +277,6 @@ def compile_report(stages: int = 4, ctas: int = 2, topk: int = 8) -> dict:
     """Compile for sm_90a (no GPU needed): ptxas registers and spills, setmaxnreg per partition,
     shared memory, what the PTX holds, SASS instructions a K step of the consumer's loop."""
     from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = dict(p_x="*bf16", p_w="*u8", p_s="*u8", p_rows="*i32", p_tile_expert="*i32", p_tile_rows="*i32",
@@ -297,10 +287,7 @@ def compile_report(stages: int = 4, ctas: int = 2, topk: int = 8) -> dict:
     src = GluonASTSource(ws_gate_up_kernel, {**sig, **{k: "constexpr" for k in const}}, const, attrs)
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch_options(ctas))
     ptx = c.asm["ptx"]
-    with tempfile.TemporaryDirectory() as tmp:
-        Path(tmp, "k.ptx").write_text(ptx)
-        log = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f"{tmp}/k.ptx", "-o", f"{tmp}/k.cubin"],
-                             capture_output=True, text=True, check=True).stderr
+    log = ptxas_log(ptx)
     setmaxnreg = [int(r) for r in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", ptx)]
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log).groups()
     row = dict(stages=stages, ctas=ctas, warps=c.metadata.num_warps,

@@ -11,13 +11,12 @@
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from dsv4opt.tritonlib import interpreted, quantize_e4m3, runs_triton
+from dsv4opt.tritonlib import interpreted, quantize_e4m3, runs_triton, sm_count
 from dsv4opt.workload import quant
 from dsv4opt.workload.kernels import naive
 
@@ -99,7 +98,7 @@ def block_fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_
     block_m = min(64, max(16, triton.next_power_of_2(M)))
     block_n = min(128, max(16, triton.next_power_of_2(N)))
     if fill_sms and a.is_cuda:
-        while block_n > 32 and triton.cdiv(M, block_m) * triton.cdiv(N, block_n) < _sms(a.device):
+        while block_n > 32 and triton.cdiv(M, block_m) * triton.cdiv(N, block_n) < sm_count(a.device):
             block_n //= 2
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     if M:
@@ -112,11 +111,6 @@ def block_fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_
             num_warps=4, num_stages=3,
         )
     return c
-
-
-@functools.lru_cache(maxsize=None)
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def mm_out_fp32(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
