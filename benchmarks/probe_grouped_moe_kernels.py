@@ -2,9 +2,10 @@
 own weights and rotating input sets, under torch.profiler (GPU only).
 
     PYTHONPATH=. python3 benchmarks/probe_grouped_moe_kernels.py [--layout tp4,dp-ep] [--concurrency 1,16,32,64]
-        [--calls 30] [--json OUT]
+        [--calls 30] [--match REGEX] [--json OUT]
 
-Prints, per layout and C, each kernel's mean µs a call (the profiler's device time, not a CUDA-graph
+`--match`: the first sweep candidate whose name matches instead of the table's config (`--match ws`
+for the warp-specialised gate/up). Prints, per layout and C, each kernel's mean µs a call (the profiler's device time, not a CUDA-graph
 median: launch gaps are not in it) beside the bench's floor, so the slot's gap to its floor can be
 split among its launches. `--drive N`: N calls on the rotating sets and no profiler, for Nsight
 Compute (each rotating set runs once first, to build the weights' copy and compile: tp4 C = 1 has
@@ -20,39 +21,56 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 from collections import defaultdict
 
 import torch
 
 from dsv4opt.optimizations.grouped_moe import bench
 from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
+from dsv4opt.workload.kernels.grouped_moe_configs import candidates, choose
 from dsv4opt.optimizations.timing import copy_bandwidth_gbps
 
 
-def _slot_calls(layout_name: str, concurrency: int, gen: torch.Generator, weights):
+def _config(lay, concurrency: int, match: str | None):
+    """The table's config, or the first candidate whose name matches `match`."""
+    shape = (lay.experts, lay.width, bench._CFG.hidden, concurrency * lay.token_ranks * bench._CFG.experts_per_token)
+    if match is None:
+        return choose(*shape)
+    found = [c for c in candidates(*shape) if re.search(match, c.name)]
+    if not found:
+        raise SystemExit(f"no candidate config matches {match!r} here")
+    return found[0]
+
+
+def _slot_calls(layout_name: str, concurrency: int, gen: torch.Generator, weights, match: str | None = None):
     """The slot on the bench's rotating input sets, each set run once (the production-layout copies and
     the compiles happen here): an endless cycle of calls."""
     lay = bench.LAYOUTS[layout_name]
     sets = bench._input_sets(lay, concurrency, gen)
     w13, w2 = weights
     cfg = bench._CFG
-    run = lambda x, ids, g: grouped_routed_experts(x, ids, g, w13, w2, cfg.swiglu_limit, cfg.routed_scale)  # noqa: E731
+    config = _config(lay, concurrency, match)
+    print(f"{layout_name} C = {concurrency}: {config.name}")
+    run = lambda x, ids, g: grouped_routed_experts(x, ids, g, w13, w2, cfg.swiglu_limit, cfg.routed_scale,  # noqa: E731
+                                                   config=config)
     for x, ids, g in sets:
         run(x, ids, g)
     torch.cuda.synchronize()
     return run, itertools.cycle(sets)
 
 
-def drive(layout_name: str, concurrency: int, calls: int, gen: torch.Generator, weights) -> None:
+def drive(layout_name: str, concurrency: int, calls: int, gen: torch.Generator, weights, match=None) -> None:
     """`calls` calls and nothing else (for a profiler outside the process)."""
-    run, cycle = _slot_calls(layout_name, concurrency, gen, weights)
+    run, cycle = _slot_calls(layout_name, concurrency, gen, weights, match)
     for _ in range(calls):
         run(*next(cycle))
     torch.cuda.synchronize()
 
 
-def kernel_means(layout_name: str, concurrency: int, calls: int, gen: torch.Generator, weights) -> dict[str, float]:
-    run, cycle = _slot_calls(layout_name, concurrency, gen, weights)
+def kernel_means(layout_name: str, concurrency: int, calls: int, gen: torch.Generator, weights,
+                 match: str | None = None) -> dict[str, float]:
+    run, cycle = _slot_calls(layout_name, concurrency, gen, weights, match)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             run(*next(cycle))
@@ -70,6 +88,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,16,32,64")
     ap.add_argument("--calls", type=int, default=30)
     ap.add_argument("--json")
+    ap.add_argument("--match", help="the first sweep candidate whose name matches, not the table's config")
     ap.add_argument("--drive", type=int, default=0, help="N calls a layout and C, no profiler (for Nsight Compute)")
     a = ap.parse_args()
     copy = None if a.drive else copy_bandwidth_gbps()
@@ -80,9 +99,9 @@ def main() -> None:
         weights = bench._weights(lay, gen)
         for c in map(int, a.concurrency.split(",")):
             if a.drive:
-                drive(name, c, a.drive, gen, weights)
+                drive(name, c, a.drive, gen, weights, a.match)
                 continue
-            means = kernel_means(name, c, a.calls, gen, weights)
+            means = kernel_means(name, c, a.calls, gen, weights, a.match)
             ids = bench.routing(lay, c, gen)[0]
             floor_us = bench.floor_bytes(lay, ids, bench._CFG.hidden)[0] / (copy * 1e9) * 1e6
             rows.append(dict(layout=name, concurrency=c, floor_us=floor_us, kernels=means))

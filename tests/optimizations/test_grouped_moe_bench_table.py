@@ -83,3 +83,24 @@ def test_json_holds_no_nan():
                                [bench.BenchRow("tp4", 1, 1, 2, 6.0, 4.7, float("nan"), float("nan"))])
     text = json.dumps(result.as_json(), allow_nan=False)
     assert '"grouped_us": null' in text and '"tp4 C=1": null' in text
+
+
+def test_a_narrowed_sweep_times_the_matching_candidates_beside_the_table():
+    from dsv4opt.workload.kernels import grouped_moe_configs as configs
+
+    shape = (32, 2048, 4096, 48 * 32)  # dp-ep at C = 32: the ws candidates are offered
+    cands = configs.candidates(*shape)
+    table = configs.choose(*shape)
+    picked = bench.swept(cands, table, r"ws down")
+    assert picked[0] == table and len(picked) == 3
+    assert all(c.up.ws for c in picked[1:]) and not table.up.ws
+    assert bench.swept(cands, table, None) == cands
+    assert bench.swept(cands, table, "no config is named this") == [table]
+
+
+def test_a_bad_match_is_one_line_and_exits_nonzero(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--sweep", "--match", "("])
+    assert "--match is not a regular expression" in str(exc.value.code)

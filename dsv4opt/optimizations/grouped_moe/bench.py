@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
@@ -253,11 +254,20 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
     return result
 
 
+def swept(cands: Sequence, table, match: str | None) -> list:
+    """The candidates whose names match (a regular expression), the table's own config always first,
+    so that each row of a narrowed sweep is timed beside what it would replace."""
+    if match is None:
+        return list(cands)
+    pattern = re.compile(match)
+    return [table] + [c for c in cands if c != table and pattern.search(c.name)]
+
+
 def run_sweep(concurrencies: Sequence[int] = CONCURRENCIES, layouts: Sequence[str] = ("tp4", "dp-ep"),
-              on_step: Callable[[str], None] = print) -> list[dict]:
-    """Each candidate config (configs.candidates) of each layout and concurrency: checked against the
-    float64 definition on the first input set, then timed as the bench times. Diagnostic: the table
-    in configs.py is edited by hand from what this prints."""
+              on_step: Callable[[str], None] = print, match: str | None = None) -> list[dict]:
+    """Each candidate config (configs.candidates) of each layout and concurrency, or those whose names
+    match: checked against the float64 definition on the first input set, then timed as the bench
+    times. Diagnostic: the table in configs.py is edited by hand from what this prints."""
     from dsv4opt.workload.kernels.grouped_moe_configs import candidates, choose
     from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
     from dsv4opt.workload.kernels.grouped_moe_layout import packed_experts
@@ -278,7 +288,7 @@ def run_sweep(concurrencies: Sequence[int] = CONCURRENCIES, layouts: Sequence[st
             x, ids, gates = sets[0]
             ref = naive.routed_experts(x.double(), ids, gates.double(), w13, w2, _CFG.swiglu_limit, _CFG.routed_scale)
             table = choose(lay.experts, lay.width, _CFG.hidden, ids.numel())
-            for cfg in candidates(lay.experts, lay.width, _CFG.hidden, ids.numel()):
+            for cfg in swept(candidates(lay.experts, lay.width, _CFG.hidden, ids.numel()), table, match):
                 def impl(x, ids, gates, w13, w2, limit, scale, cfg=cfg):
                     return grouped_routed_experts(x, ids, gates, w13, w2, limit, scale, config=cfg)
 
@@ -343,8 +353,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)))
     ap.add_argument("--no-baseline", action="store_true", help="skip SGLang's per-slot path (slow at large C)")
     ap.add_argument("--sweep", action="store_true", help="time every candidate config instead of the table")
+    ap.add_argument("--match", help="sweep only the candidates whose names match this regular expression "
+                    "(the table's config is always timed beside them)")
     ap.add_argument("--json", help="also write the results here (refused if it exists)")
     args = ap.parse_args(argv)
+    if args.match is not None:
+        try:
+            re.compile(args.match)
+        except re.error as err:
+            raise SystemExit(f"--match is not a regular expression: {err}") from None
     layouts = [v for v in args.layout.split(",") if v]
     unknown = set(layouts) - set(LAYOUTS)
     if unknown:
@@ -356,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not torch.cuda.is_available():
             raise DsvOptError("the grouped-moe bench needs a CUDA GPU")
         if args.sweep:
-            rows = run_sweep(conc, layouts, on_step=console.print)
+            rows = run_sweep(conc, layouts, on_step=console.print, match=args.match)
             payload = {"bench": "grouped-moe sweep", "device": torch.cuda.get_device_name(), "rows": rows}
         else:
             result = run_bench(conc, on_step=lambda m: console.print(f"[dim]{m}[/dim]"), layouts=layouts,
