@@ -91,9 +91,9 @@ def test_a_narrowed_sweep_times_the_matching_candidates_beside_the_table():
     shape = (32, 2048, 4096, 48 * 32)  # dp-ep at C = 32: the ws candidates are offered
     cands = configs.candidates(*shape)
     table = configs.choose(*shape)
-    picked = bench.swept(cands, table, r"ws down")
-    assert picked[0] == table and len(picked) == 3
-    assert all(c.up.ws for c in picked[1:]) and not table.up.ws
+    picked = bench.swept(cands, table, r"up 64x128w4s4k1c2ws ")  # the ws gate/up on 4 stages
+    assert picked[0] == table and len(picked) == 2
+    assert picked[1].up.ws and picked[1].up.stages == 4 and picked[1] != table
     assert bench.swept(cands, table, None) == cands
     assert bench.swept(cands, table, "no config is named this") == [table]
 

@@ -21,8 +21,7 @@ class GemmTiles:
     (ptxas' maxnreg) so that more programs fit an SM, or None, and whether the item and K-step counts
     are compile-time constants (static: the flat loop divides by them every K step). ws (gate/up only):
     the warp-specialised Gluon kernel (grouped_moe_ws.py: a producer warp feeds the decoding warpgroup;
-    routed tiles of 16, no split, sm_90 under Triton 3.6, else the Triton kernel runs); not yet
-    checked or timed on a GPU."""
+    routed tiles of 16, no split, sm_90 under Triton 3.6, else the Triton kernel runs)."""
 
     bn: int
     bk: int
@@ -60,6 +59,9 @@ class MoeConfig:
 
 _UP = GemmTiles(bn=64, bk=128, warps=4, stages=4)
 _DOWN = GemmTiles(bn=128, bk=128, warps=4, stages=4)
+# gate/up warp-specialised (grouped_moe_ws.py): its fixed tiles, 2 programs an SM, no K split, 6 stages
+# (4 and 6 within 0.8 us of each other in the sweep below; 6 ahead in all six rows)
+_UP_WS = GemmTiles(bn=64, bk=128, warps=4, stages=6, split=1, ctas=2, ws=True)
 
 # (R, I, d) -> [(most slots, config)], ascending. Split K where few tiles would leave SMs idle:
 # dp-ep at C = 1 uses 6 of 32 experts, tp4 at C = 1 6 of 256 (docs: work items per round).
@@ -68,9 +70,11 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # at C = 1 the K splits halved (66.8 -> 54.3 us); from C = 16 both GEMMs capped at 128 registers
     # (C = 16/32: 200.7/216.9 -> 187.0/191.7 us). C = 64 takes the same row (237.5 -> 213.8 us in a second
     # sweep, inline-routing-cc322e7/sweep_dpep64_cc322e7.log). C = 2-8 take it unswept.
+    # From C = 16 gate/up warp-specialised (a producer warp feeds the decoding warpgroup): C = 16/32/64
+    # 187.0/192.4/215.8 -> 169.8/178.2/201.4 us (evidence/h200/grouped_moe/sweep_ws_3530681.log).
     (32, 2048, 4096): [
         (48, MoeConfig(16, replace(_UP, split=2), replace(_DOWN, split=2))),
-        (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, maxnreg=128))),
+        (1 << 62, MoeConfig(16, _UP_WS, replace(_DOWN, maxnreg=128))),
     ],
     # tp4: C tokens, 6C slots. From the H200 sweeps (evidence/h200/grouped_moe/sweep_tp4_5a39fce.log,
     # sweep_f0fc69d.log): down's K is 512, four steps of 128, so its nested loop drains the pipeline every
@@ -82,11 +86,12 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # At C = 1 slotwise (no routing or combine launch; down nested): 29.3 -> 25.0 us; down's item and
     # K-step counts as constants (static) gained at every C swept (C = 1/16/32/64: 29.3/139.0/209.5/290.1
     # -> 28.8/137.3/206.0/285.6 us, 1.2-1.7%, each inside the bench's ~2% spread but all one way),
-    # evidence/h200/grouped_moe/sweep_c4d4601.log.
+    # evidence/h200/grouped_moe/sweep_c4d4601.log. From C = 16 gate/up warp-specialised: C = 16/32/64
+    # 135.9/200.3/286.1 -> 124.7/183.1/259.9 us (evidence/h200/grouped_moe/sweep_ws_3530681.log).
     (256, 512, 4096): [
         (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2), slotwise=True)),
         (24, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True, static=True))),
-        (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, flat=True, static=True))),
+        (1 << 62, MoeConfig(16, _UP_WS, replace(_DOWN, flat=True, static=True))),
     ],
     (256, 256, 4096): [  # tp8
         (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2))),
@@ -117,15 +122,18 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
     halved and doubled, wider weight tiles on 8 warps, a deeper pipeline, more programs an SM."""
     base = choose(experts, width, hidden, slots)
     up, dn = base.up, base.down
+    if up.ws:  # the variations below are of the Triton kernel's tiles (the ws kernel's are fixed)
+        up = replace(_UP, maxnreg=128)
     out = [
         base,
+        replace(base, up=up),
         replace(base, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2))),
         replace(base, up=replace(up, split=up.split * 2), down=replace(dn, split=dn.split * 2)),
         replace(base, up=replace(up, bn=128, warps=8), down=replace(dn, bn=256, warps=8)),
         replace(base, up=replace(up, stages=up.stages + 2, bk=64), down=replace(dn, stages=dn.stages + 2, bk=64)),
         replace(base, up=replace(up, flat=not up.flat), down=replace(dn, flat=not dn.flat)),
         replace(base, up=replace(up, ctas=2), down=replace(dn, ctas=2)),
-        replace(base, bm=16 if base.bm == 32 else 32),
+        replace(base, bm=16 if base.bm == 32 else 32, up=up),  # the ws kernel tiles 16 slots
         # One GEMM at a time, since the slot's time is the two GEMMs' sum: tp4's down has K = 512
         # (four steps of 128) and can drain its pipeline between items, gate/up K = 4096.
         replace(base, down=replace(dn, flat=not dn.flat)),
@@ -151,8 +159,7 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
     if base.bm == 16 and not base.slotwise:
         # gate/up warp-specialised (its stream probed at ~71% of the copy bandwidth against ~63%):
         # 2 programs an SM (its register split), no K split, 4 or 6 stages
-        ws = GemmTiles(bn=64, bk=128, warps=4, stages=4, split=1, ctas=2, ws=True)  # the kernel's fixed tiles
-        out += [replace(base, up=ws), replace(base, up=replace(ws, stages=6))]
+        out += [replace(base, up=replace(_UP_WS, stages=4)), replace(base, up=_UP_WS)]
     if slots <= _SLOTWISE_MOST:
         # No routing or combine launch (two launches of four). Down's loop nested: Triton 3.6 does not
         # pipeline the flat loop's loads once the fused combine sits in it (cp.async 12 -> 0 a K step in
