@@ -185,7 +185,7 @@ PATHS = {
     "slotwise-flat": configs.MoeConfig(16, replace(_T, flat=True, split=2), replace(_T, flat=True, split=3),
                                        slotwise=True),
     "slotwise-one-program": configs.MoeConfig(16, replace(_T, ctas=1), replace(_T, ctas=1), slotwise=True),
-    "ws-where-gluon-cannot-run": configs.MoeConfig(16, replace(_T, ws=True), _T),
+    "ws-where-gluon-cannot-run": configs.MoeConfig(16, replace(_T, ws=True), replace(_T, ws=True)),
 }
 
 
@@ -388,7 +388,8 @@ def test_dequantised_weights_are_what_the_definition_reads():
 
 def _config(case: MoeCase, mode: str | None) -> configs.MoeConfig | None:
     """The table's config for the case (None), slotwise with down's loop nested, or with the
-    warp-specialised gate/up kernel (which must then run: Triton 3.6's Gluon on an sm_90 GPU)."""
+    warp-specialised gate/up kernel (ws), and down's too (ws-down); those must then run: Triton 3.6's
+    Gluon on an sm_90 GPU."""
     if mode is None:
         return None
     cfg = configs.choose(case.experts, case.width, case.hidden, case.tokens * case.topk)
@@ -398,7 +399,10 @@ def _config(case: MoeCase, mode: str | None) -> configs.MoeConfig | None:
 
     if not (GLUON_API_OK and torch.cuda.get_device_capability()[0] == 9):
         pytest.skip("the warp-specialised kernel needs Triton 3.6's Gluon on an sm_90 GPU")
-    return replace(cfg, slotwise=False, up=configs.GemmTiles(bn=64, bk=128, warps=4, stages=4, split=1, ctas=2, ws=True))
+    ws = configs.GemmTiles(bn=64, bk=128, warps=4, stages=4, split=1, ctas=2, ws=True)
+    if mode == "ws-down":
+        return replace(cfg, slotwise=False, up=ws, down=replace(ws, bn=128))
+    return replace(cfg, slotwise=False, up=ws)
 
 
 _TP4 = dict(width=512, experts=256)
@@ -408,7 +412,10 @@ _GRAPH_CASES = [(MoeCase(4, "no_other_ranks", **_TP4), None), (MoeCase(16, "mixe
                 (MoeCase(16, "mixed"), "ws"), (MoeCase(13, "no_other_ranks", **_TP4), "ws"),
                 (MoeCase(64, "all_on_one", **_TP4), "ws"),
                 (MoeCase(5, "mixed", hidden=384, width=128, experts=8), "ws"),  # 3 K steps: the odd tail
-                (MoeCase(3, "mixed", hidden=128, width=64, experts=8), "ws")]  # 1 K step
+                (MoeCase(3, "mixed", hidden=128, width=64, experts=8), "ws"),  # 1 K step
+                # down's K is I: 4 steps (tp4), 16 (dp-ep), 1 (the odd tail alone, 3 blocks of d)
+                (MoeCase(13, "no_other_ranks", **_TP4), "ws-down"), (MoeCase(64, "all_on_one", **_TP4), "ws-down"),
+                (MoeCase(16, "mixed"), "ws-down"), (MoeCase(5, "mixed", hidden=384, width=128, experts=8), "ws-down")]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -421,10 +428,12 @@ def test_cuda_graph_replays_match_the_definition_for_new_routings(case, mode):
 
     cfg = _config(case, mode)
     first = make_inputs(case, "cuda", torch.bfloat16, seed=0)
-    if mode == "ws":  # the Gluon kernel runs, not the Triton one in its place
-        from dsv4opt.workload.kernels.grouped_moe_ws import ws_supported
+    if mode in ("ws", "ws-down"):  # the Gluon kernels run, not the Triton ones in their place
+        from dsv4opt.workload.kernels.grouped_moe_ws import ws_down_supported, ws_supported
 
         assert ws_supported(first.x, kernel.packed_experts(first.w13), cfg.bm, cfg.slotwise)
+        act = torch.empty(case.width, 16, device="cuda", dtype=torch.bfloat16)  # as the slot allocates it
+        assert mode == "ws" or ws_down_supported(act, kernel.packed_experts(first.w2), cfg.bm, cfg.slotwise)
     x, ids, gates = first.x.clone(), first.local_ids.clone(), first.gates.clone()
     kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale, config=cfg)
     torch.cuda.synchronize()

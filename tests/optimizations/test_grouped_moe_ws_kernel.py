@@ -1,8 +1,8 @@
-"""The warp-specialised gate/up kernel (dsv4opt/workload/kernels/grouped_moe_ws.py) on the CPU: the
-module imports anywhere and declines CPU tensors, its launch arithmetic, and (with Triton 3.6's Gluon,
-the H200's) its sm_90a compile: no spills, the partitions' register caps, wgmma with register A on
-ring tokens, cp.async into the ring (token rows zero-filled) with noinc arrives. Its numbers need an
-H200: the sweep's check against float64 comes first there."""
+"""The warp-specialised gate/up and down kernels (dsv4opt/workload/kernels/grouped_moe_ws.py) on the
+CPU: the module imports anywhere and declines CPU tensors, its launch arithmetic, and (with Triton
+3.6's Gluon, the H200's) their sm_90a compiles: no spills, the partitions' register caps, wgmma with
+register A on ring tokens, cp.async into the ring (gate/up's token rows zero-filled) with noinc
+arrives. Their numbers need an H200: the graph-replay test in test_grouped_moe.py checks them there."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def _packed(rows: int, cols: int, fold: bool = True):
 def test_cpu_tensors_are_declined():
     x = torch.zeros(4, 4096, dtype=torch.bfloat16)
     assert ws.ws_supported(x, _packed(2 * 2048, 4096), 16) is False
+    assert ws.ws_down_supported(torch.zeros(2048, 16, dtype=torch.bfloat16), _packed(4096, 2048), 16) is False
 
 
 def test_launch_arithmetic():
@@ -62,3 +63,26 @@ def test_ptx_streams_through_the_ring(report):
 def test_token_copies_zero_fill_rows_past_the_tile(report):
     # 8 token copies a lane with a source-size register: 16 bytes, or 0 (zeros) past the tile's slots
     assert report["cp_async_zero_fill"] == 8
+
+
+@pytest.fixture(scope="module")
+def down_report():
+    pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
+    if not ws.GLUON_API_OK:
+        pytest.skip("written against Triton 3.6's Gluon API")
+    return ws.compile_report(stages=4, ctas=2, down=True)
+
+
+def test_down_compiles_for_sm90a_without_spills(down_report):
+    assert down_report["spill_store_bytes"] == 0 and down_report["spill_load_bytes"] == 0
+    assert down_report["launch_regs"] == 128 and down_report["warps"] == 8
+    assert 256 - ws.PRODUCER_REGS in down_report["setmaxnreg"] and ws.PRODUCER_REGS in down_report["setmaxnreg"]
+    assert down_report["shared_bytes"] >= 4 * (16 * 512 + 16 * 32 + 128 * 16 * 2)
+    assert not down_report["wgmma_serialized"]
+
+
+def test_down_streams_act_columns_unmasked(down_report):
+    # a K step: 16 value units + 1 scale copy + 8 act chunks a lane (128 rows x 32 bytes), none zero-filled
+    assert down_report["wgmma"] > 0 and down_report["wgmma_reg_a"] == down_report["wgmma"]
+    assert down_report["cp_async"] == 25 and down_report["cp_async_arrive_noinc"] == 1
+    assert down_report["cp_async_zero_fill"] == 0

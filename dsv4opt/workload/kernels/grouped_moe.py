@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from dsv4opt.workload.kernels.grouped_moe_configs import MoeConfig, choose
-from dsv4opt.workload.kernels.grouped_moe_ws import ws_gate_up, ws_supported
+from dsv4opt.workload.kernels.grouped_moe_ws import ws_down, ws_down_supported, ws_gate_up, ws_supported
 from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES, PackedExperts, packed_experts
 from dsv4opt.tritonlib import dot_dtype_ok, interpreted, runs_triton, sm_count
 from dsv4opt.workload.kernels import naive
@@ -645,15 +645,18 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
             **_shape_constants(up, n_blk, p13.k64 * UNIT_COLS), **routing,
             EVEN=(I % up.bn == 0 and (p13.k64 * UNIT_COLS) % (up.bk * up.split) == 0 and d == p13.k64 * UNIT_COLS),
         )
-    _persistent(
-        _moe_down_kernel, x.device, dn, T * n_blk_down * dn.split,
-        p_act=act, p_w=p2.values, p_s=p2.scales, p_down=down, p_gates=gates, p_out=out,
-        p_count=tickets[up_tickets:], stride_act=act.stride(0), stride_ds=down.stride(0), stride_dm=down.stride(1),
-        stride_om=out.stride(0), scale=scale, N=d, K=I, N16=p2.n16, K64=p2.k64, TOPK=k,
-        BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FLAT=dn.flat, FOLD=p2.fold, EMULATE=emulate,
-        **_shape_constants(dn, n_blk_down, p2.k64 * UNIT_COLS), **routing,
-        EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
-    )
+    if dn.ws and dn.split == 1 and ws_down_supported(act, p2, cfg.bm, cfg.slotwise):  # fixed tiles: BN 128, BK 128
+        ws_down(act, r, p2, down[0], ctas=dn.ctas, stages=dn.stages)
+    else:
+        _persistent(
+            _moe_down_kernel, x.device, dn, T * n_blk_down * dn.split,
+            p_act=act, p_w=p2.values, p_s=p2.scales, p_down=down, p_gates=gates, p_out=out,
+            p_count=tickets[up_tickets:], stride_act=act.stride(0), stride_ds=down.stride(0), stride_dm=down.stride(1),
+            stride_om=out.stride(0), scale=scale, N=d, K=I, N16=p2.n16, K64=p2.k64, TOPK=k,
+            BM=cfg.bm, BN=dn.bn, BK=dn.bk, SPLIT=dn.split, FLAT=dn.flat, FOLD=p2.fold, EMULATE=emulate,
+            **_shape_constants(dn, n_blk_down, p2.k64 * UNIT_COLS), **routing,
+            EVEN=(d % dn.bn == 0 and (p2.k64 * UNIT_COLS) % (dn.bk * dn.split) == 0 and I == p2.k64 * UNIT_COLS),
+        )
     if not cfg.slotwise:
         bc = min(1024, triton.next_power_of_2(d))
         _moe_combine_kernel[(M, triton.cdiv(d, bc))](

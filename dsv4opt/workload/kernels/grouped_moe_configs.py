@@ -19,9 +19,10 @@ class GemmTiles:
     K split, persistent programs an SM (capped at what fits), whether one loop runs over
     (item, K step) so the pipeline does not drain between items (flat), a register cap a thread
     (ptxas' maxnreg) so that more programs fit an SM, or None, and whether the item and K-step counts
-    are compile-time constants (static: the flat loop divides by them every K step). ws (gate/up only):
-    the warp-specialised Gluon kernel (grouped_moe_ws.py: a producer warp feeds the decoding warpgroup;
-    routed tiles of 16, no split, sm_90 under Triton 3.6, else the Triton kernel runs)."""
+    are compile-time constants (static: the flat loop divides by them every K step). ws: the GEMM's
+    warp-specialised Gluon kernel (grouped_moe_ws.py: a producer warp feeds the decoding warpgroup;
+    its fixed tiles, routed tiles of 16, no split, sm_90 under Triton 3.6, else the Triton kernel runs
+    with these tiles)."""
 
     bn: int
     bk: int
@@ -62,6 +63,7 @@ _DOWN = GemmTiles(bn=128, bk=128, warps=4, stages=4)
 # gate/up warp-specialised (grouped_moe_ws.py): its fixed tiles, 2 programs an SM, no K split, 6 stages
 # (4 and 6 within 0.8 us of each other in the sweep below; 6 ahead in all six rows)
 _UP_WS = GemmTiles(bn=64, bk=128, warps=4, stages=6, split=1, ctas=2, ws=True)
+_DOWN_WS = GemmTiles(bn=128, bk=128, warps=4, stages=4, split=1, ctas=2, ws=True)  # its fixed tiles; swept, not in the table
 
 # (R, I, d) -> [(most slots, config)], ascending. Split K where few tiles would leave SMs idle:
 # dp-ep at C = 1 uses 6 of 32 experts, tp4 at C = 1 6 of 256 (docs: work items per round).
@@ -122,8 +124,10 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
     halved and doubled, wider weight tiles on 8 warps, a deeper pipeline, more programs an SM."""
     base = choose(experts, width, hidden, slots)
     up, dn = base.up, base.down
-    if up.ws:  # the variations below are of the Triton kernel's tiles (the ws kernel's are fixed)
+    if up.ws:  # the variations below are of the Triton kernel's tiles (the ws kernels' are fixed)
         up = replace(_UP, maxnreg=128)
+    if dn.ws:
+        dn = replace(_DOWN, maxnreg=128)
     out = [
         base,
         replace(base, up=up),
@@ -159,7 +163,10 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
     if base.bm == 16 and not base.slotwise:
         # gate/up warp-specialised (its stream probed at ~71% of the copy bandwidth against ~63%):
         # 2 programs an SM (its register split), no K split, 4 or 6 stages
-        out += [replace(base, up=replace(_UP_WS, stages=4)), replace(base, up=_UP_WS)]
+        out += [replace(base, up=replace(_UP_WS, stages=4)), replace(base, up=_UP_WS),
+                # down warp-specialised too (its K = I: 512 on tp4, four steps an item)
+                replace(base, up=_UP_WS, down=_DOWN_WS), replace(base, up=_UP_WS, down=replace(_DOWN_WS, stages=6)),
+                replace(base, up=_UP_WS, down=replace(_DOWN_WS, ctas=1))]
     if slots <= _SLOTWISE_MOST:
         # No routing or combine launch (two launches of four). Down's loop nested: Triton 3.6 does not
         # pipeline the flat loop's loads once the fused combine sits in it (cp.async 12 -> 0 a K step in
