@@ -63,7 +63,8 @@ _DOWN = GemmTiles(bn=128, bk=128, warps=4, stages=4)
 # gate/up warp-specialised (grouped_moe_ws.py): its fixed tiles, 2 programs an SM, no K split, 6 stages
 # (4 and 6 within 0.8 us of each other in the sweep below; 6 ahead in all six rows)
 _UP_WS = GemmTiles(bn=64, bk=128, warps=4, stages=6, split=1, ctas=2, ws=True)
-_DOWN_WS = GemmTiles(bn=128, bk=128, warps=4, stages=4, split=1, ctas=2, ws=True)  # its fixed tiles; swept, not in the table
+# down warp-specialised: its fixed tiles, 6 stages (within 1.8 us of 4 in the sweep; ahead in 4 rows of 6)
+_DOWN_WS = GemmTiles(bn=128, bk=128, warps=4, stages=6, split=1, ctas=2, ws=True)
 
 # (R, I, d) -> [(most slots, config)], ascending. Split K where few tiles would leave SMs idle:
 # dp-ep at C = 1 uses 6 of 32 experts, tp4 at C = 1 6 of 256 (docs: work items per round).
@@ -73,10 +74,11 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # (C = 16/32: 200.7/216.9 -> 187.0/191.7 us). C = 64 takes the same row (237.5 -> 213.8 us in a second
     # sweep, inline-routing-cc322e7/sweep_dpep64_cc322e7.log). C = 2-8 take it unswept.
     # From C = 16 gate/up warp-specialised (a producer warp feeds the decoding warpgroup): C = 16/32/64
-    # 187.0/192.4/215.8 -> 169.8/178.2/201.4 us (evidence/h200/grouped_moe/sweep_ws_3530681.log).
+    # 187.0/192.4/215.8 -> 169.8/178.2/201.4 us (evidence/h200/grouped_moe/sweep_ws_3530681.log); then down
+    # too: 169.7/174.4/196.6 -> 150.6/155.7/178.8 us (sweep_wsdown_f977d8b.log).
     (32, 2048, 4096): [
         (48, MoeConfig(16, replace(_UP, split=2), replace(_DOWN, split=2))),
-        (1 << 62, MoeConfig(16, _UP_WS, replace(_DOWN, maxnreg=128))),
+        (1 << 62, MoeConfig(16, _UP_WS, _DOWN_WS)),
     ],
     # tp4: C tokens, 6C slots. From the H200 sweeps (evidence/h200/grouped_moe/sweep_tp4_5a39fce.log,
     # sweep_f0fc69d.log): down's K is 512, four steps of 128, so its nested loop drains the pipeline every
@@ -89,11 +91,12 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # K-step counts as constants (static) gained at every C swept (C = 1/16/32/64: 29.3/139.0/209.5/290.1
     # -> 28.8/137.3/206.0/285.6 us, 1.2-1.7%, each inside the bench's ~2% spread but all one way),
     # evidence/h200/grouped_moe/sweep_c4d4601.log. From C = 16 gate/up warp-specialised: C = 16/32/64
-    # 135.9/200.3/286.1 -> 124.7/183.1/259.9 us (evidence/h200/grouped_moe/sweep_ws_3530681.log).
+    # 135.9/200.3/286.1 -> 124.7/183.1/259.9 us (evidence/h200/grouped_moe/sweep_ws_3530681.log); then down
+    # too: 124.3/181.9/257.1 -> 115.9/165.1/232.8 us (sweep_wsdown_f977d8b.log; one program an SM: slower).
     (256, 512, 4096): [
         (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2), slotwise=True)),
         (24, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True, static=True))),
-        (1 << 62, MoeConfig(16, _UP_WS, replace(_DOWN, flat=True, static=True))),
+        (1 << 62, MoeConfig(16, _UP_WS, _DOWN_WS)),
     ],
     (256, 256, 4096): [  # tp8
         (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2))),
@@ -165,7 +168,7 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         # 2 programs an SM (its register split), no K split, 4 or 6 stages
         out += [replace(base, up=replace(_UP_WS, stages=4)), replace(base, up=_UP_WS),
                 # down warp-specialised too (its K = I: 512 on tp4, four steps an item)
-                replace(base, up=_UP_WS, down=_DOWN_WS), replace(base, up=_UP_WS, down=replace(_DOWN_WS, stages=6)),
+                replace(base, up=_UP_WS, down=_DOWN_WS), replace(base, up=_UP_WS, down=replace(_DOWN_WS, stages=4)),
                 replace(base, up=_UP_WS, down=replace(_DOWN_WS, ctas=1))]
     if slots <= _SLOTWISE_MOST:
         # No routing or combine launch (two launches of four). Down's loop nested: Triton 3.6 does not
