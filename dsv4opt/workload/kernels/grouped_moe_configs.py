@@ -86,7 +86,8 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # and from C = 16 gate/up has items enough without a K split (-> 157/240/330 with no split alone);
     # gate/up under 128 registers then gains 1-2% more (144.8/218.0/298.8 -> 142.3/213.7/295.8), within the
     # bench's run-to-run spread: kept because no sweep row was slower with it.
-    # C = 2-4 (row 24) was not swept: down flat as at C = 1 and 16, gate/up's split unchanged.
+    # C = 2 (row 12) was not swept: down flat as at C = 1 and 16, gate/up's split unchanged. C = 3-4 take
+    # the warp-specialised row: C = 4 65.7 -> 47.0 us (evidence/h200/grouped_moe/sweep_c4-8_7936b5b.log).
     # At C = 1 slotwise (no routing or combine launch; down nested): 29.3 -> 25.0 us; down's item and
     # K-step counts as constants (static) gained at every C swept (C = 1/16/32/64: 29.3/139.0/209.5/290.1
     # -> 28.8/137.3/206.0/285.6 us, 1.2-1.7%, each inside the bench's ~2% spread but all one way),
@@ -95,7 +96,7 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # too: 124.3/181.9/257.1 -> 115.9/165.1/232.8 us (sweep_wsdown_f977d8b.log; one program an SM: slower).
     (256, 512, 4096): [
         (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2), slotwise=True)),
-        (24, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True, static=True))),
+        (12, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True, static=True))),
         (1 << 62, MoeConfig(16, _UP_WS, _DOWN_WS)),
     ],
     (256, 256, 4096): [  # tp8
