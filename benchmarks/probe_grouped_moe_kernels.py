@@ -4,8 +4,8 @@ own weights and rotating input sets, under torch.profiler (GPU only).
     PYTHONPATH=. python3 benchmarks/probe_grouped_moe_kernels.py [--layout tp4,dp-ep] [--concurrency 1,16,32,64]
         [--calls 30] [--match REGEX] [--json OUT]
 
-`--match`: the first sweep candidate whose name matches instead of the table's config (`--match ws`
-for the warp-specialised gate/up). Prints, per layout and C, each kernel's mean µs a call (the profiler's device time, not a CUDA-graph
+`--match`: the first sweep candidate whose name matches instead of the table's config (the table's
+own is the first candidate: `--match "r128"` for the Triton row a warp-specialised one replaced). Prints, per layout and C, each kernel's mean µs a call (the profiler's device time, not a CUDA-graph
 median: launch gaps are not in it) beside the bench's floor, so the slot's gap to its floor can be
 split among its launches. `--drive N`: N calls on the rotating sets and no profiler, for Nsight
 Compute (each rotating set runs once first, to build the weights' copy and compile: tp4 C = 1 has

@@ -358,6 +358,25 @@ def test_every_table_row_and_candidate_is_launchable(shape):
         assert configs.choose(R, I, d, slots) == configs.candidates(R, I, d, slots)[0]
 
 
+@pytest.mark.parametrize("shape", [(256, 512, 4096), (32, 2048, 4096)], ids=["tp4", "dp-ep"])
+def test_warp_specialised_rows_fall_back_to_the_triton_rows_they_replaced(shape):
+    """Where the Gluon kernels cannot run, the table's ws rows give way to Triton rows (not to the
+    Triton kernels on the ws kernels' tiles); and no sweep candidate names a ws GEMM that could not run
+    (split, slotwise or BM 32 tiles)."""
+    seen_ws = False
+    for c in (1, 2, 3, 4, 8, 16, 32, 64):
+        slots = c * 6 * (8 if shape[0] == 32 else 1)
+        table, triton = configs.choose(*shape, slots), configs.choose(*shape, slots, ws=False)
+        assert not (triton.up.ws or triton.down.ws)
+        seen_ws |= table.up.ws
+        assert table == triton or table.up.ws
+        for cand in configs.candidates(*shape, slots):
+            for g in (cand.up, cand.down):
+                assert not g.ws or (g.split == 1 and cand.bm == 16 and not cand.slotwise), cand.name
+        assert triton in configs.candidates(*shape, slots)
+    assert seen_ws
+
+
 @on_cpu
 def test_moe_blocks_of_the_model_match_the_baseline_on_the_same_input():
     """The tiny model, each MoE block run with grouped-moe and with SGLang's path on identical input
@@ -400,9 +419,8 @@ def _config(case: MoeCase, mode: str | None) -> configs.MoeConfig | None:
     if not (GLUON_API_OK and torch.cuda.get_device_capability()[0] == 9):
         pytest.skip("the warp-specialised kernel needs Triton 3.6's Gluon on an sm_90 GPU")
     ws = configs.GemmTiles(bn=64, bk=128, warps=4, stages=4, split=1, ctas=2, ws=True)
-    if mode == "ws-down":
-        return replace(cfg, slotwise=False, up=ws, down=replace(ws, bn=128))
-    return replace(cfg, slotwise=False, up=ws)
+    down = replace(ws, bn=128) if mode == "ws-down" else configs.GemmTiles(bn=128, bk=128, warps=4, stages=4)
+    return replace(cfg, slotwise=False, up=ws, down=down)
 
 
 _TP4 = dict(width=512, experts=256)
@@ -420,20 +438,21 @@ _GRAPH_CASES = [(MoeCase(4, "no_other_ranks", **_TP4), None), (MoeCase(16, "mixe
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("case, mode", _GRAPH_CASES, ids=lambda v: v.name if isinstance(v, MoeCase) else (v or "table"))
-def test_cuda_graph_replays_match_the_definition_for_new_routings(case, mode):
+def test_cuda_graph_replays_match_the_definition_for_new_routings(case, mode, monkeypatch):
     """Captured once (after an eager call builds the weights' copy), replayed on other tokens and
     routings copied into the captured inputs: every replay against float64, NaN-poisoned. Slotwise
-    configs too (their tickets a token, other ranks' slots), and the warp-specialised gate/up."""
+    configs too (their tickets a token, other ranks' slots), the warp-specialised gate/up with
+    Triton's down (ws), and both warp-specialised (ws-down)."""
     from dsv4opt.numerics import nan_poisoned_allocations
 
     cfg = _config(case, mode)
     first = make_inputs(case, "cuda", torch.bfloat16, seed=0)
-    if mode in ("ws", "ws-down"):  # the Gluon kernels run, not the Triton ones in their place
-        from dsv4opt.workload.kernels.grouped_moe_ws import ws_down_supported, ws_supported
-
-        assert ws_supported(first.x, kernel.packed_experts(first.w13), cfg.bm, cfg.slotwise)
-        act = torch.empty(case.width, 16, device="cuda", dtype=torch.bfloat16)  # as the slot allocates it
-        assert mode == "ws" or ws_down_supported(act, kernel.packed_experts(first.w2), cfg.bm, cfg.slotwise)
+    calls = {"ws_gate_up": 0, "ws_down": 0}
+    for name in calls:  # count the Gluon kernels' launches: they run, not the Triton ones in their place
+        def spy(*args, _real=getattr(kernel, name), _name=name, **kw):
+            calls[_name] += 1
+            return _real(*args, **kw)
+        monkeypatch.setattr(kernel, name, spy)
     x, ids, gates = first.x.clone(), first.local_ids.clone(), first.gates.clone()
     kernel.grouped_routed_experts(x, ids, gates, first.w13, first.w2, first.limit, first.scale, config=cfg)
     torch.cuda.synchronize()
@@ -449,6 +468,9 @@ def test_cuda_graph_replays_match_the_definition_for_new_routings(case, mode):
         ref = naive.routed_experts(x.double(), ids, gates.double(), first.w13, first.w2, first.limit, first.scale)
         err = error_report(out, ref)
         assert err.ok(check_module.REL_TOL), (seed, err)
+    ws = {"ws": (1, 0), "ws-down": (1, 1)}.get(mode, (None, None))  # the eager call and the capture: 2 each
+    for name, want in zip(calls, ws):
+        assert want is None or calls[name] == 2 * want, (name, calls)
 
 
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -98,9 +99,10 @@ def test_a_narrowed_sweep_times_the_matching_candidates_beside_the_table():
     assert bench.swept(cands, table, "no config is named this") == [table]
 
 
-def test_a_bad_match_is_one_line_and_exits_nonzero(capsys):
-    import pytest
-
+def test_a_bad_match_is_one_line_and_exits_nonzero():
     with pytest.raises(SystemExit) as exc:
         bench.main(["--sweep", "--match", "("])
     assert "--match is not a regular expression" in str(exc.value.code)
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--match", "ws"])
+    assert "give --sweep too" in str(exc.value.code)

@@ -358,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--json", help="also write the results here (refused if it exists)")
     args = ap.parse_args(argv)
     if args.match is not None:
+        if not args.sweep:
+            raise SystemExit("--match narrows a sweep: give --sweep too")
         try:
             re.compile(args.match)
         except re.error as err:

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from dsv4opt.workload.kernels.grouped_moe_configs import MoeConfig, choose
-from dsv4opt.workload.kernels.grouped_moe_ws import ws_down, ws_down_supported, ws_gate_up, ws_supported
+from dsv4opt.workload.kernels.grouped_moe_ws import ws_down, ws_down_supported, ws_gate_up, ws_runs_on, ws_supported
 from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES, PackedExperts, packed_experts
 from dsv4opt.tritonlib import dot_dtype_ok, interpreted, runs_triton, sm_count
 from dsv4opt.workload.kernels import naive
@@ -612,7 +612,7 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     assert K13 * 2 == d and w2.packed.shape == (R, d, I // 2) and d % MXFP4_GROUP == 0 and I % MXFP4_GROUP == 0
     assert x.stride(1) == 1 and local_ids.is_contiguous() and gates.is_contiguous()
     p13, p2 = packed_experts(w13), packed_experts(w2)
-    cfg = config or choose(R, I, d, M * k)
+    cfg = config or choose(R, I, d, M * k, ws=ws_runs_on(x))
     ids = local_ids.to(torch.int32)
     out = torch.empty(M, d, device=x.device, dtype=x.dtype)
     if M == 0:

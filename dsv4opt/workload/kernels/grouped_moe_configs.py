@@ -72,10 +72,11 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # dp-ep: 8C gathered tokens, 48C slots. From the H200 sweep (evidence/h200/grouped_moe/sweep_f0fc69d.log):
     # at C = 1 the K splits halved (66.8 -> 54.3 us); from C = 16 both GEMMs capped at 128 registers
     # (C = 16/32: 200.7/216.9 -> 187.0/191.7 us). C = 64 takes the same row (237.5 -> 213.8 us in a second
-    # sweep, inline-routing-cc322e7/sweep_dpep64_cc322e7.log). C = 2-8 take it unswept.
-    # From C = 16 gate/up warp-specialised (a producer warp feeds the decoding warpgroup): C = 16/32/64
-    # 187.0/192.4/215.8 -> 169.8/178.2/201.4 us (evidence/h200/grouped_moe/sweep_ws_3530681.log); then down
-    # too: 169.7/174.4/196.6 -> 150.6/155.7/178.8 us (sweep_wsdown_f977d8b.log).
+    # sweep, inline-routing-cc322e7/sweep_dpep64_cc322e7.log).
+    # From C = 2 both GEMMs warp-specialised (a producer warp feeds the decoding warpgroup): gate/up at
+    # C = 16/32/64 187.0/192.4/215.8 -> 169.8/178.2/201.4 us (evidence/h200/grouped_moe/sweep_ws_3530681.log),
+    # then down too: 169.7/174.4/196.6 -> 150.6/155.7/178.8 us (sweep_wsdown_f977d8b.log); C = 4 and 8
+    # swept around it (sweep_c4-8_7936b5b.log: nothing faster by more than 0.2 us); C = 2 unswept.
     (32, 2048, 4096): [
         (48, MoeConfig(16, replace(_UP, split=2), replace(_DOWN, split=2))),
         (1 << 62, MoeConfig(16, _UP_WS, _DOWN_WS)),
@@ -87,11 +88,12 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # gate/up under 128 registers then gains 1-2% more (144.8/218.0/298.8 -> 142.3/213.7/295.8), within the
     # bench's run-to-run spread: kept because no sweep row was slower with it.
     # C = 2 (row 12) was not swept: down flat as at C = 1 and 16, gate/up's split unchanged. C = 3-4 take
-    # the warp-specialised row: C = 4 65.7 -> 47.0 us (evidence/h200/grouped_moe/sweep_c4-8_7936b5b.log).
+    # the warp-specialised row: C = 4 65.7 -> 47.0 us (evidence/h200/grouped_moe/sweep_c4-8_7936b5b.log);
+    # C = 3 unswept.
     # At C = 1 slotwise (no routing or combine launch; down nested): 29.3 -> 25.0 us; down's item and
     # K-step counts as constants (static) gained at every C swept (C = 1/16/32/64: 29.3/139.0/209.5/290.1
     # -> 28.8/137.3/206.0/285.6 us, 1.2-1.7%, each inside the bench's ~2% spread but all one way),
-    # evidence/h200/grouped_moe/sweep_c4d4601.log. From C = 16 gate/up warp-specialised: C = 16/32/64
+    # evidence/h200/grouped_moe/sweep_c4d4601.log. Then gate/up warp-specialised: C = 16/32/64
     # 135.9/200.3/286.1 -> 124.7/183.1/259.9 us (evidence/h200/grouped_moe/sweep_ws_3530681.log); then down
     # too: 124.3/181.9/257.1 -> 115.9/165.1/232.8 us (sweep_wsdown_f977d8b.log; one program an SM: slower).
     (256, 512, 4096): [
@@ -107,6 +109,20 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     ],
 }
 
+# The Triton rows the warp-specialised ones replaced, for where those cannot run (another Triton,
+# another GPU, the CPU): the table as it stood before them (commit d45e7f8).
+_TRITON_ROWS: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
+    (32, 2048, 4096): [
+        (48, TABLE[(32, 2048, 4096)][0][1]),
+        (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, maxnreg=128))),
+    ],
+    (256, 512, 4096): [
+        (6, TABLE[(256, 512, 4096)][0][1]),
+        (24, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True, static=True))),
+        (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, flat=True, static=True))),
+    ],
+}
+
 # Slot counts up to which the sweep tries slotwise configs: an expert two slots share is read twice
 # (none at tp4 C = 1, 6 slots on 256 experts), and another rank's slot streams expert 0 for nothing
 # (dp-ep C = 1, 48 slots, 7 in 8 elsewhere: 285 us slotwise against 52 us routed on the H200,
@@ -117,23 +133,28 @@ _SLOTWISE_MOST = 24
 _GENERIC = [(64, MoeConfig(16, replace(_UP, split=2), _DOWN)), (1 << 62, MoeConfig(16, _UP, _DOWN))]
 
 
-def choose(experts: int, width: int, hidden: int, slots: int) -> MoeConfig:
-    """The table's config for this shape and slot count."""
-    rows = TABLE.get((experts, width, hidden), _GENERIC)
-    return next(cfg for bound, cfg in rows if slots <= bound)
+def choose(experts: int, width: int, hidden: int, slots: int, ws: bool = True) -> MoeConfig:
+    """The table's config for this shape and slot count; with ws False (the warp-specialised kernels
+    cannot run here) the Triton row a warp-specialised one replaced."""
+    key = (experts, width, hidden)
+    cfg = next(c for bound, c in TABLE.get(key, _GENERIC) if slots <= bound)
+    if not ws and (cfg.up.ws or cfg.down.ws):
+        cfg = next(c for bound, c in _TRITON_ROWS[key] if slots <= bound)
+    return cfg
 
 
 def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeConfig]:
     """A handful of configs around the table's choice, for the GPU sweep: the K split of each GEMM
     halved and doubled, wider weight tiles on 8 warps, a deeper pipeline, more programs an SM."""
     base = choose(experts, width, hidden, slots)
-    up, dn = base.up, base.down
-    if up.ws:  # the variations below are of the Triton kernel's tiles (the ws kernels' are fixed)
-        up = replace(_UP, maxnreg=128)
-    if dn.ws:
-        dn = replace(_DOWN, maxnreg=128)
+    triton = choose(experts, width, hidden, slots, ws=False)
+    # the variations below are of the Triton kernels' tiles (the ws kernels' are fixed): of the row a
+    # ws row replaced, which is timed too
+    up = triton.up if base.up.ws else base.up
+    dn = triton.down if base.down.ws else base.down
     out = [
         base,
+        triton,
         replace(base, up=up),
         replace(base, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2))),
         replace(base, up=replace(up, split=up.split * 2), down=replace(dn, split=dn.split * 2)),
@@ -141,7 +162,7 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         replace(base, up=replace(up, stages=up.stages + 2, bk=64), down=replace(dn, stages=dn.stages + 2, bk=64)),
         replace(base, up=replace(up, flat=not up.flat), down=replace(dn, flat=not dn.flat)),
         replace(base, up=replace(up, ctas=2), down=replace(dn, ctas=2)),
-        replace(base, bm=16 if base.bm == 32 else 32, up=up),  # the ws kernel tiles 16 slots
+        replace(base, bm=16 if base.bm == 32 else 32, up=up, down=dn),  # the ws kernels tile 16 slots
         # One GEMM at a time, since the slot's time is the two GEMMs' sum: tp4's down has K = 512
         # (four steps of 128) and can drain its pipeline between items, gate/up K = 4096.
         replace(base, down=replace(dn, flat=not dn.flat)),
@@ -175,7 +196,7 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         # No routing or combine launch (two launches of four). Down's loop nested: Triton 3.6 does not
         # pipeline the flat loop's loads once the fused combine sits in it (cp.async 12 -> 0 a K step in
         # the PTX, compiled at c4d4601).
-        sw = replace(base, slotwise=True, down=replace(dn, flat=False))
+        sw = replace(base, slotwise=True, up=up, down=replace(dn, flat=False))  # Triton's: ws tiles are routed
         out += [
             replace(base, slotwise=False, down=replace(dn, flat=True)),  # routed, as the row was before slotwise
             sw,

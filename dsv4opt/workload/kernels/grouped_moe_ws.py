@@ -3,7 +3,7 @@
 What they stand for: `_moe_up_kernel` and `_moe_down_kernel` (grouped_moe.py) on routed tiles, the
 weight stream split the way benchmarks/probe_grouped_moe_ws.py measured it (tp4 67.8-71.9%, dp-ep
 68.5-70.7% of the H200's copy bandwidth against ~63% for the plain Triton loop; best: 4 stages,
-1 consumer warpgroup, 1 wgmma in flight, 2 programs an SM). Persistent over work items (a tile of
+1 consumer warpgroup, 1 wgmma in flight, 2 programs an SM; the table runs 6 stages). Persistent over work items (a tile of
 BM = 16 slots of one expert x 128 weight rows: gate/up's BN = 64 gate rows and the same 64 up rows,
 down's 128 output rows; every K step of BK = 128 columns), two partitions:
 - producer (1 warp): per K step, after waiting `empty`, cp.async of the step's 16 weight units and
@@ -14,7 +14,8 @@ down's 128 output rows; every K step of BK = 128 columns), two partitions:
   with the production shifts, masks and folded bf16x2 multiply straight into the wgmma A registers,
   wgmma [128, 16] += A [128, 128] x tokens [128, 16] from the ring, releases a slot once the wgmma
   reading its tokens has retired; then gate/up's `_up_done` (clamped SwiGLU, SPLIT = 1) into act[I, P],
-  or down's `_down_done` (SPLIT = 1) into down[0, slot, d] for the combine kernel.
+  or, as down's `_down_done` does with SPLIT = 1, fp32 rows into down[slot, d] for the combine kernel
+  (`_down_rows`).
 
 Not covered (the Triton kernels keep them): K splits, slotwise tiles, unfolded scales (scales above
 2), other tile shapes, ragged K or N, fp16 tokens. `ws_supported` / `ws_down_supported` say when
@@ -51,8 +52,8 @@ except Exception:  # noqa: BLE001  (no Gluon, or one without Hopper's API: the k
 
     gluon = gl = _Absent
 
-# The Gluon API the kernel is written against (the H200's Triton): 3.9 replaced async_copy_global_to_shared
-# by async_load, so elsewhere `ws_supported` says no rather than fail at compile time.
+# The Gluon API the kernels are written against (the H200's Triton): 3.9 replaced async_copy_global_to_shared
+# by async_load, so elsewhere `ws_runs_on` says no rather than fail at compile time.
 GLUON_API_OK = GLUON and triton.__version__.split(".")[:2] == ["3", "6"]
 
 BM, BN, BK = 16, 64, 128  # slots a tile, gate (and up) rows an item, columns a K step
@@ -86,7 +87,8 @@ def decode_asm() -> str:
 _DECODE_ASM = gl.constexpr(decode_asm())
 
 
-# the [128, 16] accumulator of one warpgroup's wgmma (two m64 halves: a thread holds gate row r and up row r + 64)
+# the [128, 16] accumulator of one warpgroup's wgmma (two m64 halves: a thread holds rows r and r + 64,
+# gate/up's gate and up row, or two of down's output rows)
 _ACC_L = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
                       if GLUON else None)
 
@@ -196,11 +198,11 @@ def _unit_offsets(o_u, e, n0, i, I, N16, K64, DOWN: gl.constexpr):
 
 
 @gluon.jit
-def _producer(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, vals, scs, toks, full, empty,
-              stride_xm, num_progs, n_blk, I, N16, K64, TOPK: gl.constexpr, STAGES: gl.constexpr,
+def _producer(p_in, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, vals, scs, toks, full, empty,
+              stride_in, num_progs, n_blk, I, N16, K64, TOPK: gl.constexpr, STAGES: gl.constexpr,
               DOWN: gl.constexpr):
     """Per item: its tile's expert and slots; per K step: wait `empty`, cp.async the units, scales
-    and tokens into the slot, arrive on `full` when this thread's copies land (noinc). p_x is x
+    and tokens into the slot, arrive on `full` when this thread's copies land (noinc). p_in is x
     (gate/up: the tile's token rows, gathered) or act (down: the tile's 16 columns, K rows)."""
     lw: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [1, 1], [1, 0])  # a lane: 16 bytes a unit
     ls: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [1, 1], [1, 0])  # one 16-byte copy a lane
@@ -219,14 +221,14 @@ def _producer(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, vals, s
             # every column of the tile is read: a column past its slots stays in its own output column, never stored
             o_k = gl.arange(0, _BK, layout=gl.SliceLayout(1, lx))
             o_m = gl.arange(0, _BM, layout=gl.SliceLayout(0, lx))
-            p_tok = p_x + o_k.to(gl.int64)[:, None] * stride_xm + (tile * _BM + o_m)[None, :]
+            p_tok = p_in + o_k.to(gl.int64)[:, None] * stride_in + (tile * _BM + o_m)[None, :]
         else:
             n0 = (w % n_blk) * _BN
             o_m = gl.arange(0, _BM, layout=gl.SliceLayout(1, lx))
             o_k = gl.arange(0, _BK, layout=gl.SliceLayout(0, lx))
             m_row = o_m < gl.load(p_tile_rows + tile)
             slot = gl.load(p_rows + tile * _BM + o_m, mask=m_row, other=0)  # rows past the count: unwritten
-            p_tok = p_x + (slot // TOPK).to(gl.int64)[:, None] * stride_xm + o_k[None, :]
+            p_tok = p_in + (slot // TOPK).to(gl.int64)[:, None] * stride_in + o_k[None, :]
         for i in range(K64 // 2):
             s = t % STAGES
             mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)  # the first pass finds it free
@@ -236,7 +238,7 @@ def _producer(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, vals, s
             cp.async_copy_global_to_shared(scs.index(s), p_s + unit[:, None] * 32 + o_bs[None, :])
             if DOWN:
                 cp.async_copy_global_to_shared(toks.index(s), p_tok)
-                p_tok += _BK * stride_xm  # in place: a fresh pointer tensor a step spills the producer's 56 registers
+                p_tok += _BK * stride_in  # in place: a fresh pointer tensor a step spills the producer's 56 registers
             else:
                 cp.async_copy_global_to_shared(toks.index(s), p_tok + i * _BK, mask=m_row[:, None])  # masked: zeros
             cp.mbarrier_arrive(full.index(s), increment_count=False)
@@ -244,7 +246,7 @@ def _producer(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, vals, s
 
 
 @gluon.jit
-def _ws_gemm(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_out, stride_xm, stride_out, limit,
+def _ws_gemm(p_in, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_out, stride_in, stride_out, limit,
              num_progs, n_blk, I, N16, K64, TOPK: gl.constexpr, STAGES: gl.constexpr, PREGS: gl.constexpr,
              DOWN: gl.constexpr):
     """The ring (weights, scales, tokens a slot) and its barriers, then the two partitions."""
@@ -265,8 +267,8 @@ def _ws_gemm(p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, p_out, s
     fence_async_shared()
     gl.warp_specialize([(_consumer, (vals, scs, toks, full, empty, p_rows, p_tile_rows, p_meta, p_out, stride_out,
                                      limit, num_progs, n_blk, K64, STAGES, DOWN)),
-                        (_producer, (p_x, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, vals, scs, toks,
-                                     full, empty, stride_xm, num_progs, n_blk, I, N16, K64, TOPK, STAGES, DOWN))],
+                        (_producer, (p_in, p_w, p_s, p_rows, p_tile_expert, p_tile_rows, p_meta, vals, scs, toks,
+                                     full, empty, stride_in, num_progs, n_blk, I, N16, K64, TOPK, STAGES, DOWN))],
                        [1], [PREGS])  # one producer warp
 
 
@@ -299,12 +301,17 @@ def grid_size(max_items: int, sms: int, ctas: int) -> int:
     return max(1, min(ctas * sms, max_items))
 
 
+def ws_runs_on(t: torch.Tensor) -> bool:
+    """Whether the kernels can run on t's device: Triton 3.6's Gluon, an sm_90 GPU, not interpreted."""
+    return GLUON_API_OK and t.is_cuda and not interpreted() and torch.cuda.get_device_capability(t.device)[0] == 9
+
+
 def ws_supported(x: torch.Tensor, packed13, block_m: int, slotwise: bool = False) -> bool:
     """Whether `ws_gate_up` covers this call: Triton 3.6's Gluon, an sm_90 GPU, bf16 tokens whose row
     stride is a multiple of 16 elements (16-byte cp.async; Triton specialises strides on 16), routed
     tiles of 16 slots (not slotwise), folded scales, K (x's width) a multiple of 128 equal to the
     weights' and I a multiple of 64. Otherwise the Triton kernel (`_moe_up_kernel`) stays."""
-    if not (GLUON_API_OK and x.is_cuda and not interpreted() and torch.cuda.get_device_capability(x.device)[0] == 9):
+    if not ws_runs_on(x):
         return False
     d, I = x.shape[1], packed13.rows // 2
     return (x.dtype == torch.bfloat16 and x.stride(1) == 1 and x.stride(0) % 16 == 0 and x.data_ptr() % 16 == 0
@@ -328,12 +335,13 @@ def ws_gate_up(x: torch.Tensor, routing, packed13, act: torch.Tensor, limit: flo
 
 
 def ws_down_supported(act: torch.Tensor, packed2, block_m: int, slotwise: bool = False) -> bool:
-    """Whether `ws_down` covers this call: as `ws_supported`, on act [I, P] (bf16, P contiguous, rows
-    16-byte aligned), I (down's K) a multiple of 128 equal to the weights' and d a multiple of 128."""
-    if not (GLUON_API_OK and act.is_cuda and not interpreted() and torch.cuda.get_device_capability(act.device)[0] == 9):
+    """Whether `ws_down` covers this call: as `ws_supported`, on act [I, P] (bf16, P contiguous, its row
+    stride a multiple of 16 elements), I (down's K) a multiple of 128 equal to the weights' and d a
+    multiple of 128."""
+    if not ws_runs_on(act):
         return False
     I, d = act.shape[0], packed2.rows
-    return (act.dtype == torch.bfloat16 and act.stride(1) == 1 and act.stride(0) % 8 == 0 and act.data_ptr() % 16 == 0
+    return (act.dtype == torch.bfloat16 and act.stride(1) == 1 and act.stride(0) % 16 == 0 and act.data_ptr() % 16 == 0
             and block_m == BM and not slotwise and packed2.fold and I % BK == 0 and I == packed2.k64 * 64
             and d % DOWN_BN == 0)
 
