@@ -180,6 +180,11 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         replace(base, up=replace(up, maxnreg=128, ctas=4)),
         replace(base, up=replace(up, split=1), down=replace(dn, split=1)),
         replace(base, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2), flat=True)),
+        # The same tiles on 8 warps: half the values a thread decodes a K step, so a shorter chain a warp and
+        # more warps an SM (tp4 C = 1: a scheduler issued every 3.4 cycles from ~3 resident warps, Nsight
+        # Compute at 7936b5b)
+        replace(base, up=replace(up, warps=8), down=replace(dn, warps=8)),
+        replace(base, up=replace(up, warps=8)),
         # Constant item and K-step counts: tp4's flat down loop from 628 to 565 SASS instructions a K step
         # (benchmarks/compile_grouped_moe_sm90.py); timed in sweep_c4d4601: down static won at every tp4 C
         replace(base, up=replace(up, static=True), down=replace(dn, static=True)),
@@ -207,6 +212,8 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
             replace(sw, up=replace(up, split=max(1, up.split // 2)), down=replace(sw.down, split=1)),
             replace(sw, down=replace(sw.down, static=True)),
             replace(sw, up=replace(up, bn=128, warps=8)),
+            replace(sw, up=replace(up, warps=8), down=replace(sw.down, warps=8)),
+            replace(sw, up=replace(up, warps=8)),
         ]
     seen: list[MoeConfig] = []
     for c in out:
