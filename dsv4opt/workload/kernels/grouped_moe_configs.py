@@ -214,6 +214,9 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
             replace(sw, up=replace(up, bn=128, warps=8)),
             replace(sw, up=replace(up, warps=8), down=replace(sw.down, warps=8)),
             replace(sw, up=replace(up, warps=8)),
+            # and capped so that 4 or 5 programs (32 or 40 warps) fit an SM: no spills at tp4 C = 1 (compiled)
+            replace(sw, up=replace(up, warps=8, maxnreg=64), down=replace(sw.down, warps=8, maxnreg=64)),
+            replace(sw, up=replace(up, warps=8, maxnreg=48, ctas=5), down=replace(sw.down, warps=8, maxnreg=48, ctas=5)),
         ]
     seen: list[MoeConfig] = []
     for c in out:
