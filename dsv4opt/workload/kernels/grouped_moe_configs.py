@@ -22,7 +22,7 @@ class GemmTiles:
     are compile-time constants (static: the flat loop divides by them every K step). ws: the GEMM's
     warp-specialised Gluon kernel (grouped_moe_ws.py: a producer warp feeds the decoding warpgroup;
     its fixed tiles, routed tiles of 16, no split, sm_90 under Triton 3.6, else the Triton kernel runs
-    with these tiles)."""
+    with these tiles; the table's ws rows give way to the Triton rows they replaced, `choose(ws=False)`)."""
 
     bn: int
     bk: int
