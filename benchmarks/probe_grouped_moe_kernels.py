@@ -27,17 +27,16 @@ from collections import defaultdict
 import torch
 
 from dsv4opt.optimizations.grouped_moe import bench
-from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
-from dsv4opt.workload.kernels.grouped_moe_configs import candidates, choose
+from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts, table_config
+from dsv4opt.workload.kernels.grouped_moe_configs import candidates
 from dsv4opt.optimizations.timing import copy_bandwidth_gbps
 
 
-def _config(lay, concurrency: int, match: str | None):
-    """The table's config, or the first candidate whose name matches `match`."""
-    shape = (lay.experts, lay.width, bench._CFG.hidden, concurrency * lay.token_ranks * bench._CFG.experts_per_token)
+def _config(lay, x: torch.Tensor, slots: int, match: str | None):
+    """The table's config as the slot chooses it on x, or the first candidate whose name matches `match`."""
     if match is None:
-        return choose(*shape)
-    found = [c for c in candidates(*shape) if re.search(match, c.name)]
+        return table_config(x, lay.experts, lay.width, slots)
+    found = [c for c in candidates(lay.experts, lay.width, x.shape[1], slots) if re.search(match, c.name)]
     if not found:
         raise SystemExit(f"no candidate config matches {match!r} here")
     return found[0]
@@ -50,7 +49,7 @@ def _slot_calls(layout_name: str, concurrency: int, gen: torch.Generator, weight
     sets = bench._input_sets(lay, concurrency, gen)
     w13, w2 = weights
     cfg = bench._CFG
-    config = _config(lay, concurrency, match)
+    config = _config(lay, sets[0][0], sets[0][1].numel(), match)
     print(f"{layout_name} C = {concurrency}: {config.name}")
     run = lambda x, ids, g: grouped_routed_experts(x, ids, g, w13, w2, cfg.swiglu_limit, cfg.routed_scale,  # noqa: E731
                                                    config=config)

@@ -190,8 +190,7 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
         raise DsvOptError("dsv4opt bench grouped-moe needs a CUDA GPU (on a CPU only the correctness check runs, under Triton's interpreter)")
     from dsv4opt.optimizations.grouped_moe import anchor
     from dsv4opt.optimizations.grouped_moe.check import check
-    from dsv4opt.workload.kernels.grouped_moe_configs import choose
-    from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts, route
+    from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts, route, table_config
     from dsv4opt.optimizations.timing import copy_bandwidth_gbps
     from dsv4opt.workload.baseline import routed_experts_sm120
     from dsv4opt.workload.kernels import naive
@@ -218,7 +217,8 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
             floor_us = sum(b for b, _ in floors) / len(floors) / (result.copy_gbps * 1e9) * 1e6
             ours = _time(_rotating(grouped_routed_experts, sets, w13, w2))
             ids_cycle = itertools.cycle([ids for _, ids, _ in sets])
-            bm = choose(lay.experts, lay.width, _CFG.hidden, sets[0][1].numel()).bm
+            cfg = table_config(sets[0][0], lay.experts, lay.width, sets[0][1].numel())  # what grouped_routed_experts runs
+            bm = cfg.bm
             route_us = _time(lambda: route(next(ids_cycle), lay.experts, bm))
             x, ids, gates = sets[0]
             mine = _rel(grouped_routed_experts(x, ids, gates, w13, w2, _CFG.swiglu_limit, _CFG.routed_scale),
@@ -227,7 +227,7 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
             row = dict(layout=name, concurrency=c, tokens=sets[0][0].shape[0], sets=len(sets),
                        experts_hit=sum(h for _, h in floors) / len(floors), floor_us=floor_us, grouped_us=ours,
                        frac_floor=floor_us / ours,
-                       route_us=route_us, rel_err=mine, config=choose(lay.experts, lay.width, _CFG.hidden, sets[0][1].numel()).name)
+                       route_us=route_us, rel_err=mine, config=cfg.name)
             if tk is not None:
                 x, ids, gates = sets[0]
                 ref = anchor.reference(x, ids, gates, w13, w2, _CFG.swiglu_limit, _CFG.routed_scale)
@@ -268,10 +268,9 @@ def run_sweep(concurrencies: Sequence[int] = CONCURRENCIES, layouts: Sequence[st
     """Each candidate config (configs.candidates) of each layout and concurrency, or those whose names
     match: checked against the float64 definition on the first input set, then timed as the bench
     times. Diagnostic: the table in configs.py is edited by hand from what this prints."""
-    from dsv4opt.workload.kernels.grouped_moe_configs import candidates, choose
-    from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
-    from dsv4opt.workload.kernels.grouped_moe_layout import packed_experts
-    from dsv4opt.workload.kernels.grouped_moe_ws import ws_supported
+    from dsv4opt.workload.kernels.grouped_moe_configs import candidates
+    from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts, table_config
+    from dsv4opt.workload.kernels.grouped_moe_ws import ws_runs_on
     from dsv4opt.optimizations.timing import copy_bandwidth_gbps
     from dsv4opt.workload.kernels import naive
 
@@ -287,13 +286,13 @@ def run_sweep(concurrencies: Sequence[int] = CONCURRENCIES, layouts: Sequence[st
             floor_us = sum(floors) / len(floors) / (copy * 1e9) * 1e6
             x, ids, gates = sets[0]
             ref = naive.routed_experts(x.double(), ids, gates.double(), w13, w2, _CFG.swiglu_limit, _CFG.routed_scale)
-            table = choose(lay.experts, lay.width, _CFG.hidden, ids.numel())
+            table = table_config(x, lay.experts, lay.width, ids.numel())
             for cfg in swept(candidates(lay.experts, lay.width, _CFG.hidden, ids.numel()), table, match):
                 def impl(x, ids, gates, w13, w2, limit, scale, cfg=cfg):
                     return grouped_routed_experts(x, ids, gates, w13, w2, limit, scale, config=cfg)
 
-                if cfg.up.ws and not ws_supported(x, packed_experts(w13), cfg.bm, cfg.slotwise):
-                    on_step(f"{name:5} C={c:<3}   {cfg.name:48} skipped: the Gluon kernel does not run here")
+                if (cfg.up.ws or cfg.down.ws) and not ws_runs_on(x):
+                    on_step(f"{name:5} C={c:<3}   {cfg.name:48} skipped: the Gluon kernels do not run here")
                     continue
                 try:
                     err = _rel(impl(x, ids, gates, w13, w2, _CFG.swiglu_limit, _CFG.routed_scale), ref)

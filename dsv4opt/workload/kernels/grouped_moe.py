@@ -593,6 +593,12 @@ def _shape_constants(tiles, n_blk: int, k_cols: int) -> dict[str, int]:
     return {"N_BLK": n_blk, "STEPS": triton.cdiv(k_cols, tiles.bk * tiles.split)}
 
 
+def table_config(x: torch.Tensor, experts: int, width: int, slots: int) -> MoeConfig:
+    """The table's config for a call on x [M, d]: its warp-specialised rows only where those kernels
+    run on x's device, else the Triton rows they replaced."""
+    return choose(experts, width, x.shape[1], slots, ws=ws_runs_on(x))
+
+
 def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torch.Tensor, w13: Mxfp4Experts,
                            w2: Mxfp4Experts, limit: float, scale: float, config: MoeConfig | None = None) -> torch.Tensor:
     """The `routed_experts` slot (dsv4opt/workload/slots.py), grouped by expert on tensor cores.
@@ -612,7 +618,7 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     assert K13 * 2 == d and w2.packed.shape == (R, d, I // 2) and d % MXFP4_GROUP == 0 and I % MXFP4_GROUP == 0
     assert x.stride(1) == 1 and local_ids.is_contiguous() and gates.is_contiguous()
     p13, p2 = packed_experts(w13), packed_experts(w2)
-    cfg = config or choose(R, I, d, M * k, ws=ws_runs_on(x))
+    cfg = config or table_config(x, R, I, M * k)
     ids = local_ids.to(torch.int32)
     out = torch.empty(M, d, device=x.device, dtype=x.dtype)
     if M == 0:
@@ -666,5 +672,5 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
     return out
 
 
-__all__ = ["Routing", "grouped_routed_experts", "max_tiles", "route", "route_torch", "PackedExperts",
+__all__ = ["Routing", "grouped_routed_experts", "max_tiles", "route", "route_torch", "table_config", "PackedExperts",
            "UNIT_BYTES", "UNIT_ROWS", "UNIT_SCALES"]
