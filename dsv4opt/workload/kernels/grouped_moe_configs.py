@@ -217,6 +217,11 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
             # and capped so that 4 or 5 programs (32 or 40 warps) fit an SM: no spills at tp4 C = 1 (compiled)
             replace(sw, up=replace(up, warps=8, maxnreg=64), down=replace(sw.down, warps=8, maxnreg=64)),
             replace(sw, up=replace(up, warps=8, maxnreg=48, ctas=5), down=replace(sw.down, warps=8, maxnreg=48, ctas=5)),
+            # half the rows an item on 4 warps (twice the items, each thread half the values), and 8 warps
+            # with twice the K splits (two programs' worth of items an SM in flight)
+            replace(sw, up=replace(up, bn=32)),
+            replace(sw, up=replace(up, bn=32), down=replace(sw.down, bn=64)),
+            replace(sw, up=replace(up, warps=8, split=up.split * 2), down=replace(sw.down, warps=8)),
         ]
     seen: list[MoeConfig] = []
     for c in out:
