@@ -52,3 +52,10 @@ def tightest_loop(sass: str, op: str) -> Counter | None:
     """The smallest conditional loop holding `op` (a thread's K loop): its opcodes, or None."""
     held = [ops for _, ops in loops(sass, conditional=True) if ops.get(op)]
     return min(held, key=lambda ops: sum(ops.values()), default=None)
+
+
+def opcodes(sass: str) -> Counter:
+    """Every instruction of the listing by opcode (predicates and modifiers dropped): for kernels with
+    no loop, whose K steps are unrolled."""
+    body = [ln.split("\t", 1)[-1].strip() for ln in sass.splitlines() if "\t" in ln and ";" in ln]
+    return Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body if b)

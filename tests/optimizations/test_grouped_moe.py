@@ -353,7 +353,9 @@ def test_every_table_row_and_candidate_is_launchable(shape):
     for slots in (6, 48, 96, 384, 768, 1536, 3072):
         for cfg in configs.candidates(R, I, d, slots):
             for t in (cfg.up, cfg.down):
-                assert t.bn % 64 == 0 and t.bk % 64 == 0 and t.warps in (4, 8) and t.split >= 1 and t.ctas >= 1, cfg
+                assert t.bn % (32 if t.direct else 64) == 0 and t.bk % 64 == 0 and t.warps in (4, 8), cfg
+                assert t.split >= 1 and t.ctas >= 1, cfg
+            assert cfg.up.direct == cfg.down.direct and (cfg.slotwise or not cfg.up.direct), cfg
             assert cfg.bm in (16, 32)
         assert configs.choose(R, I, d, slots) == configs.candidates(R, I, d, slots)[0]
 
@@ -369,10 +371,12 @@ def test_warp_specialised_rows_fall_back_to_the_triton_rows_they_replaced(shape)
         table, triton = configs.choose(*shape, slots), configs.choose(*shape, slots, ws=False)
         assert not (triton.up.ws or triton.down.ws)
         seen_ws |= table.up.ws
-        assert table == triton or table.up.ws
+        assert not (triton.up.gluon or triton.down.gluon)
+        assert table == triton or table.up.gluon
         for cand in configs.candidates(*shape, slots):
             for g in (cand.up, cand.down):
                 assert not g.ws or (g.split == 1 and cand.bm == 16 and not cand.slotwise), cand.name
+                assert not g.direct or cand.slotwise, cand.name
         assert triton in configs.candidates(*shape, slots)
     assert seen_ws
 
@@ -417,7 +421,10 @@ def _config(case: MoeCase, mode: str | None) -> configs.MoeConfig | None:
     from dsv4opt.workload.kernels.grouped_moe_ws import GLUON_API_OK
 
     if not (GLUON_API_OK and torch.cuda.get_device_capability()[0] == 9):
-        pytest.skip("the warp-specialised kernel needs Triton 3.6's Gluon on an sm_90 GPU")
+        pytest.skip("the Gluon kernels need Triton 3.6's Gluon on an sm_90 GPU")
+    if mode.startswith("direct"):  # direct-W-REP-SPLIT-W-REP-SPLIT: gate/up's and down's tiles
+        v = [int(p) for p in mode.split("-")[1:]]
+        return configs.direct_config(tuple(v[:3]), tuple(v[3:]))
     ws = configs.GemmTiles(bn=64, bk=128, warps=4, stages=4, split=1, ctas=2, ws=True)
     down = replace(ws, bn=128) if mode == "ws-down" else configs.GemmTiles(bn=128, bk=128, warps=4, stages=4)
     return replace(cfg, slotwise=False, up=ws, down=down)
@@ -433,7 +440,13 @@ _GRAPH_CASES = [(MoeCase(4, "no_other_ranks", **_TP4), None), (MoeCase(16, "mixe
                 (MoeCase(3, "mixed", hidden=128, width=64, experts=8), "ws"),  # 1 K step
                 # down's K is I: 4 steps (tp4), 16 (dp-ep), 1 (the odd tail alone, 3 blocks of d)
                 (MoeCase(13, "no_other_ranks", **_TP4), "ws-down"), (MoeCase(64, "all_on_one", **_TP4), "ws-down"),
-                (MoeCase(16, "mixed"), "ws-down"), (MoeCase(5, "mixed", hidden=384, width=128, experts=8), "ws-down")]
+                (MoeCase(16, "mixed"), "ws-down"), (MoeCase(5, "mixed", hidden=384, width=128, experts=8), "ws-down"),
+                # the direct kernels: tp4 at C = 1-3, two slots of a token on one expert, other ranks' slots
+                # (dp-ep), 1 and 8 units a split, 8 warps, 4 units of rows a warp
+                (MoeCase(1, "no_other_ranks", **_TP4), "direct-4-2-8-4-2-2"),
+                (MoeCase(3, "mixed", **_TP4), "direct-4-2-16-4-2-1"), (MoeCase(2, "all_on_one", **_TP4), "direct-4-1-8-4-1-2"),
+                (MoeCase(1, "mixed"), "direct-8-1-8-8-1-2"), (MoeCase(5, "mixed", hidden=512, width=128, experts=8), "direct-4-2-8-4-2-2"),
+                (MoeCase(2, "no_other_ranks", hidden=1024, width=256, experts=8), "direct-4-4-16-4-4-2")]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -447,7 +460,7 @@ def test_cuda_graph_replays_match_the_definition_for_new_routings(case, mode, mo
 
     cfg = _config(case, mode)
     first = make_inputs(case, "cuda", torch.bfloat16, seed=0)
-    calls = {"ws_gate_up": 0, "ws_down": 0}
+    calls = {"ws_gate_up": 0, "ws_down": 0, "direct_routed_experts": 0}
     for name in calls:  # count the Gluon kernels' launches: they run, not the Triton ones in their place
         def spy(*args, _real=getattr(kernel, name), _name=name, **kw):
             calls[_name] += 1
@@ -469,6 +482,9 @@ def test_cuda_graph_replays_match_the_definition_for_new_routings(case, mode, mo
         err = error_report(out, ref)
         assert err.ok(check_module.REL_TOL), (seed, err)
     ws = {"ws": (1, 0), "ws-down": (1, 1)}.get(mode, (None, None))  # the eager call and the capture: 2 each
+    if mode and mode.startswith("direct"):
+        ws = (0, 0)
+        assert calls["direct_routed_experts"] == 2, calls
     for name, want in zip(calls, ws):
         assert want is None or calls[name] == 2 * want, (name, calls)
 

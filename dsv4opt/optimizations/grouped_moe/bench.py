@@ -291,7 +291,7 @@ def run_sweep(concurrencies: Sequence[int] = CONCURRENCIES, layouts: Sequence[st
                 def impl(x, ids, gates, w13, w2, limit, scale, cfg=cfg):
                     return grouped_routed_experts(x, ids, gates, w13, w2, limit, scale, config=cfg)
 
-                if (cfg.up.ws or cfg.down.ws) and not ws_runs_on(x):
+                if (cfg.up.gluon or cfg.down.gluon) and not ws_runs_on(x):
                     on_step(f"{name:5} C={c:<3}   {cfg.name:48} skipped: the Gluon kernels do not run here")
                     continue
                 try:

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from dsv4opt.workload.kernels.grouped_moe_configs import MoeConfig, choose
+from dsv4opt.workload.kernels.grouped_moe_direct import DirectTiles, direct_routed_experts, direct_supported, tickets_needed
 from dsv4opt.workload.kernels.grouped_moe_ws import ws_down, ws_down_supported, ws_gate_up, ws_runs_on, ws_supported
 from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES, PackedExperts, packed_experts
 from dsv4opt.tritonlib import dot_dtype_ok, interpreted, runs_triton, sm_count
@@ -593,6 +594,12 @@ def _shape_constants(tiles, n_blk: int, k_cols: int) -> dict[str, int]:
     return {"N_BLK": n_blk, "STEPS": triton.cdiv(k_cols, tiles.bk * tiles.split)}
 
 
+def direct_tiles(cfg: MoeConfig) -> tuple[DirectTiles, DirectTiles]:
+    """The direct kernels' (gate/up, down) tiles of a config: its act rows and output rows a warp in units of 16."""
+    up, dn = cfg.up, cfg.down
+    return DirectTiles(up.warps, up.bn * 2 // 16 // up.warps, up.split), DirectTiles(dn.warps, dn.bn // 16 // dn.warps, dn.split)
+
+
 def table_config(x: torch.Tensor, experts: int, width: int, slots: int) -> MoeConfig:
     """The table's config for a call on x [M, d]: its warp-specialised rows only where those kernels
     run on x's device, else the Triton rows they replaced."""
@@ -625,6 +632,11 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
         return out
     if cfg.slotwise and M * k == 0:
         return out.zero_()  # no slot, no item: nothing else writes out
+    if cfg.slotwise and cfg.up.direct and cfg.down.direct:
+        up_d, down_d = direct_tiles(cfg)
+        if direct_supported(x, p13, p2, up_d, down_d):
+            tickets = _tickets(x.device, tickets_needed(M * k, M, I, d, up_d, down_d))
+            return direct_routed_experts(x, ids, gates, p13, p2, limit, scale, tickets, up_d, down_d)
     r = None if cfg.slotwise else route(ids, R, cfg.bm)
     T, routing = _routing_args(ids, r)
     P = T * cfg.bm

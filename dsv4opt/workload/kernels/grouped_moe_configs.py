@@ -22,7 +22,11 @@ class GemmTiles:
     are compile-time constants (static: the flat loop divides by them every K step). ws: the GEMM's
     warp-specialised Gluon kernel (grouped_moe_ws.py: a producer warp feeds the decoding warpgroup;
     its fixed tiles, routed tiles of 16, no split, sm_90 under Triton 3.6, else the Triton kernel runs
-    with these tiles; the table's ws rows give way to the Triton rows they replaced, `choose(ws=False)`)."""
+    with these tiles; the table's ws rows give way to the Triton rows they replaced, `choose(ws=False)`).
+    direct: the slotwise Gluon kernels that load each lane's weight bytes straight into its mma.sync
+    fragments (grouped_moe_direct.py; both GEMMs or neither, slotwise configs only, where the ws
+    kernels run): bn act rows an item (gate/up) or output rows (down), bk 64 (a unit a step), warps,
+    the K split; their rows give way as the ws rows do."""
 
     bn: int
     bk: int
@@ -34,10 +38,16 @@ class GemmTiles:
     maxnreg: int | None = None
     static: bool = False
     ws: bool = False
+    direct: bool = False
 
     def short(self) -> str:
         return (f"{self.bn}x{self.bk}w{self.warps}s{self.stages}k{self.split}c{self.ctas}{'f' if self.flat else ''}"
-                + (f"r{self.maxnreg}" if self.maxnreg else "") + ("t" if self.static else "") + ("ws" if self.ws else ""))
+                + (f"r{self.maxnreg}" if self.maxnreg else "") + ("t" if self.static else "") + ("ws" if self.ws else "") + ("d" if self.direct else ""))
+
+    @property
+    def gluon(self) -> bool:
+        """Runs a Gluon kernel (warp-specialised or direct): only where `grouped_moe_ws.ws_runs_on`."""
+        return self.ws or self.direct
 
 
 @dataclass(frozen=True)
@@ -133,12 +143,20 @@ _SLOTWISE_MOST = 24
 _GENERIC = [(64, MoeConfig(16, replace(_UP, split=2), _DOWN)), (1 << 62, MoeConfig(16, _UP, _DOWN))]
 
 
+def direct_config(up: tuple[int, int, int], down: tuple[int, int, int]) -> MoeConfig:
+    """A slotwise config on the direct kernels from each GEMM's (warps, units of 16 rows a warp, K split):
+    gate/up's bn its act rows (half its weight rows), down's its output rows."""
+    (uw, ur, us), (dw, dr, ds) = up, down
+    return MoeConfig(16, GemmTiles(bn=8 * uw * ur, bk=64, warps=uw, stages=1, split=us, ctas=1, direct=True),
+                     GemmTiles(bn=16 * dw * dr, bk=64, warps=dw, stages=1, split=ds, ctas=1, direct=True), slotwise=True)
+
+
 def choose(experts: int, width: int, hidden: int, slots: int, ws: bool = True) -> MoeConfig:
     """The table's config for this shape and slot count; with ws False (the warp-specialised kernels
     cannot run here) the Triton row a warp-specialised one replaced."""
     key = (experts, width, hidden)
     cfg = next(c for bound, c in TABLE.get(key, _GENERIC) if slots <= bound)
-    if not ws and (cfg.up.ws or cfg.down.ws):
+    if not ws and (cfg.up.gluon or cfg.down.gluon):
         cfg = next(c for bound, c in _TRITON_ROWS[key] if slots <= bound)
     return cfg
 
@@ -150,8 +168,8 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
     triton = choose(experts, width, hidden, slots, ws=False)
     # the variations below are of the Triton kernels' tiles (the ws kernels' are fixed): of the row a
     # ws row replaced, which is timed too
-    up = triton.up if base.up.ws else base.up
-    dn = triton.down if base.down.ws else base.down
+    up = triton.up if base.up.gluon else base.up
+    dn = triton.down if base.down.gluon else base.down
     out = [
         base,
         triton,
@@ -190,7 +208,7 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         replace(base, up=replace(up, static=True), down=replace(dn, static=True)),
         replace(base, down=replace(dn, static=True)),
     ]
-    if base.bm == 16 and not base.slotwise:
+    if base.bm == 16 and not base.slotwise and not base.up.direct:
         # gate/up warp-specialised (its stream probed at ~71% of the copy bandwidth against ~63%):
         # 2 programs an SM (its register split), no K split, 4 or 6 stages
         out += [replace(base, up=replace(_UP_WS, stages=4)), replace(base, up=_UP_WS),
@@ -217,12 +235,11 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
             # and capped so that 4 or 5 programs (32 or 40 warps) fit an SM: no spills at tp4 C = 1 (compiled)
             replace(sw, up=replace(up, warps=8, maxnreg=64), down=replace(sw.down, warps=8, maxnreg=64)),
             replace(sw, up=replace(up, warps=8, maxnreg=48, ctas=5), down=replace(sw.down, warps=8, maxnreg=48, ctas=5)),
-            # half the rows an item on 4 warps (twice the items, each thread half the values), and 8 warps
-            # with twice the K splits (two programs' worth of items an SM in flight)
-            replace(sw, up=replace(up, bn=32)),
-            replace(sw, up=replace(up, bn=32), down=replace(sw.down, bn=64)),
-            replace(sw, up=replace(up, warps=8, split=up.split * 2), down=replace(sw.down, warps=8)),
         ]
+        # the direct kernels (grouped_moe_direct.py): (warps, units of 16 rows a warp, K split) of each GEMM
+        out += [direct_config(u, d) for u, d in (((4, 2, 8), (4, 2, 2)), ((4, 2, 16), (4, 2, 1)), ((4, 2, 4), (4, 2, 2)),
+                                                   ((4, 1, 8), (4, 1, 2)), ((4, 2, 8), (4, 1, 1)), ((8, 1, 8), (8, 1, 2)),
+                                                   ((4, 4, 16), (4, 4, 2)), ((4, 2, 8), (4, 2, 4)))]
     seen: list[MoeConfig] = []
     for c in out:
         if c not in seen:
