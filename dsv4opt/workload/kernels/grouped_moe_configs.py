@@ -239,7 +239,9 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
         # the direct kernels (grouped_moe_direct.py): (warps, units of 16 rows a warp, K split) of each GEMM
         out += [direct_config(u, d) for u, d in (((4, 2, 8), (4, 2, 2)), ((4, 2, 16), (4, 2, 1)), ((4, 2, 4), (4, 2, 2)),
                                                    ((4, 1, 8), (4, 1, 2)), ((4, 2, 8), (4, 1, 1)), ((8, 1, 8), (8, 1, 2)),
-                                                   ((4, 4, 16), (4, 4, 2)), ((4, 2, 8), (4, 2, 4)))]
+                                                   ((4, 4, 16), (4, 4, 2)), ((4, 2, 8), (4, 2, 4)),
+                                                   ((4, 1, 8), (4, 1, 1)), ((8, 1, 8), (8, 1, 1)), ((4, 2, 4), (4, 1, 1)),
+                                                   ((4, 2, 16), (4, 1, 1)), ((4, 1, 4), (4, 1, 1)))]
     seen: list[MoeConfig] = []
     for c in out:
         if c not in seen:
