@@ -507,3 +507,30 @@ def test_gate_fails_a_broken_implementation_on_the_gpu(broken):
     cases = [MoeCase(8, "mixed"), MoeCase(4, "no_other_ranks", **TP4)]
     result = check_module.check("cuda", cases=cases, impl=broken)
     assert not result.passed, result.summary
+
+
+@on_gpu
+def test_gate_fails_the_direct_kernels_with_stale_tickets():
+    """Tickets left at 1 make a K split's sum (gate/up) and a token's combine (down) run one arrival
+    early, on partials not yet written (NaN-poisoned): the gate must fail the direct kernels so, and
+    pass them with the tickets at 0."""
+    from dsv4opt.optimizations.grouped_moe.cases import TP4
+    from dsv4opt.workload.kernels.grouped_moe_ws import ws_runs_on
+
+    if not ws_runs_on(torch.empty(1, device="cuda")):
+        pytest.skip("the direct kernels need Triton 3.6's Gluon on an sm_90 GPU")
+    cfg = configs.direct_config((4, 1, 4), (4, 1, 1))
+
+    def direct(x, local_ids, gates, w13, w2, limit, scale):
+        return kernel.grouped_routed_experts(x, local_ids, gates, w13, w2, limit, scale, config=cfg)
+
+    cases = [MoeCase(1, "no_other_ranks", **TP4), MoeCase(2, "mixed", **TP4)]
+    clean = check_module.check("cuda", cases=cases, impl=direct)
+    assert clean.passed and clean.figures["nonfinite"] == 0, clean.summary
+    tickets = kernel._tickets(torch.device("cuda", torch.cuda.current_device()), 1)
+    tickets.fill_(1)
+    try:
+        result = check_module.check("cuda", cases=cases, impl=direct)
+    finally:
+        tickets.fill_(0)
+    assert not result.passed, result.summary

@@ -632,11 +632,12 @@ def grouped_routed_experts(x: torch.Tensor, local_ids: torch.Tensor, gates: torc
         return out
     if cfg.slotwise and M * k == 0:
         return out.zero_()  # no slot, no item: nothing else writes out
-    if cfg.slotwise and cfg.up.direct and cfg.down.direct:
+    if cfg.up.direct or cfg.down.direct:
         up_d, down_d = direct_tiles(cfg)
         if direct_supported(x, p13, p2, up_d, down_d):
             tickets = _tickets(x.device, tickets_needed(M * k, M, I, d, up_d, down_d))
             return direct_routed_experts(x, ids, gates, p13, p2, limit, scale, tickets, up_d, down_d)
+        cfg = choose(R, I, d, M * k, ws=False)  # the Triton row the direct one replaced
     r = None if cfg.slotwise else route(ids, R, cfg.bm)
     T, routing = _routing_args(ids, r)
     P = T * cfg.bm

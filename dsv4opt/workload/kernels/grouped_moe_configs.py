@@ -76,6 +76,14 @@ _UP_WS = GemmTiles(bn=64, bk=128, warps=4, stages=6, split=1, ctas=2, ws=True)
 # down warp-specialised: its fixed tiles, 6 stages (within 1.8 us of 4 in the sweep; ahead in 4 rows of 6)
 _DOWN_WS = GemmTiles(bn=128, bk=128, warps=4, stages=6, split=1, ctas=2, ws=True)
 
+def direct_config(up: tuple[int, int, int], down: tuple[int, int, int]) -> MoeConfig:
+    """A slotwise config on the direct kernels from each GEMM's (warps, units of 16 rows a warp, K split):
+    gate/up's bn its act rows (half its weight rows), down's its output rows."""
+    (uw, ur, us), (dw, dr, ds) = up, down
+    return MoeConfig(16, GemmTiles(bn=8 * uw * ur, bk=64, warps=uw, stages=1, split=us, ctas=1, direct=True),
+                     GemmTiles(bn=16 * dw * dr, bk=64, warps=dw, stages=1, split=ds, ctas=1, direct=True), slotwise=True)
+
+
 # (R, I, d) -> [(most slots, config)], ascending. Split K where few tiles would leave SMs idle:
 # dp-ep at C = 1 uses 6 of 32 experts, tp4 at C = 1 6 of 256 (docs: work items per round).
 TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
@@ -106,9 +114,12 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # evidence/h200/grouped_moe/sweep_c4d4601.log. Then gate/up warp-specialised: C = 16/32/64
     # 135.9/200.3/286.1 -> 124.7/183.1/259.9 us (evidence/h200/grouped_moe/sweep_ws_3530681.log); then down
     # too: 124.3/181.9/257.1 -> 115.9/165.1/232.8 us (sweep_wsdown_f977d8b.log; one program an SM: slower).
+    # To C = 4 the direct kernels (grouped_moe_direct.py: each lane's weight bytes straight into its
+    # mma.sync fragments): C = 1/2/3/4 24.9/38.2/43.6/47.4 -> 14.3/20.3/28.3/34.2 us with these tiles
+    # (evidence/h200/grouped_moe/sweep_direct_c1-4_9ff02cf.log; the best at C = 1 and 4, within 0.1 us of
+    # it at C = 2 and 1.4 us at C = 3, inside the sweep's spread of the next tiles). C = 5-8 not swept.
     (256, 512, 4096): [
-        (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2), slotwise=True)),
-        (12, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True, static=True))),
+        (24, direct_config((4, 1, 4), (4, 1, 1))),
         (1 << 62, MoeConfig(16, _UP_WS, _DOWN_WS)),
     ],
     (256, 256, 4096): [  # tp8
@@ -119,15 +130,15 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     ],
 }
 
-# The Triton rows the warp-specialised ones replaced, for where those cannot run (another Triton,
-# another GPU, the CPU): the table as it stood before them (commit d45e7f8).
+# The Triton rows the Gluon ones (warp-specialised, direct) replaced, for where those cannot run (another
+# Triton, another GPU, the CPU): the table as it stood before them (commit d45e7f8).
 _TRITON_ROWS: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     (32, 2048, 4096): [
         (48, TABLE[(32, 2048, 4096)][0][1]),
         (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, maxnreg=128))),
     ],
     (256, 512, 4096): [
-        (6, TABLE[(256, 512, 4096)][0][1]),
+        (6, MoeConfig(16, replace(_UP, split=8), replace(_DOWN, split=2), slotwise=True)),
         (24, MoeConfig(16, replace(_UP, split=4), replace(_DOWN, flat=True, static=True))),
         (1 << 62, MoeConfig(16, replace(_UP, maxnreg=128), replace(_DOWN, flat=True, static=True))),
     ],
@@ -141,14 +152,6 @@ _SLOTWISE_MOST = 24
 
 # Shapes off the table (the small test shapes, other models): split K when the tiles are few.
 _GENERIC = [(64, MoeConfig(16, replace(_UP, split=2), _DOWN)), (1 << 62, MoeConfig(16, _UP, _DOWN))]
-
-
-def direct_config(up: tuple[int, int, int], down: tuple[int, int, int]) -> MoeConfig:
-    """A slotwise config on the direct kernels from each GEMM's (warps, units of 16 rows a warp, K split):
-    gate/up's bn its act rows (half its weight rows), down's its output rows."""
-    (uw, ur, us), (dw, dr, ds) = up, down
-    return MoeConfig(16, GemmTiles(bn=8 * uw * ur, bk=64, warps=uw, stages=1, split=us, ctas=1, direct=True),
-                     GemmTiles(bn=16 * dw * dr, bk=64, warps=dw, stages=1, split=ds, ctas=1, direct=True), slotwise=True)
 
 
 def choose(experts: int, width: int, hidden: int, slots: int, ws: bool = True) -> MoeConfig:
@@ -166,6 +169,7 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
     halved and doubled, wider weight tiles on 8 warps, a deeper pipeline, more programs an SM."""
     base = choose(experts, width, hidden, slots)
     triton = choose(experts, width, hidden, slots, ws=False)
+    root = triton if base.up.direct else base  # direct GEMMs go in pairs: vary the Triton row they replaced
     # the variations below are of the Triton kernels' tiles (the ws kernels' are fixed): of the row a
     # ws row replaced, which is timed too
     up = triton.up if base.up.gluon else base.up
@@ -173,55 +177,55 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
     out = [
         base,
         triton,
-        replace(base, up=up),
-        replace(base, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2))),
-        replace(base, up=replace(up, split=up.split * 2), down=replace(dn, split=dn.split * 2)),
-        replace(base, up=replace(up, bn=128, warps=8), down=replace(dn, bn=256, warps=8)),
-        replace(base, up=replace(up, stages=up.stages + 2, bk=64), down=replace(dn, stages=dn.stages + 2, bk=64)),
-        replace(base, up=replace(up, flat=not up.flat), down=replace(dn, flat=not dn.flat)),
-        replace(base, up=replace(up, ctas=2), down=replace(dn, ctas=2)),
-        replace(base, bm=16 if base.bm == 32 else 32, up=up, down=dn),  # the ws kernels tile 16 slots
+        replace(root, up=up),
+        replace(root, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2))),
+        replace(root, up=replace(up, split=up.split * 2), down=replace(dn, split=dn.split * 2)),
+        replace(root, up=replace(up, bn=128, warps=8), down=replace(dn, bn=256, warps=8)),
+        replace(root, up=replace(up, stages=up.stages + 2, bk=64), down=replace(dn, stages=dn.stages + 2, bk=64)),
+        replace(root, up=replace(up, flat=not up.flat), down=replace(dn, flat=not dn.flat)),
+        replace(root, up=replace(up, ctas=2), down=replace(dn, ctas=2)),
+        replace(root, bm=16 if root.bm == 32 else 32, up=up, down=dn),  # the ws kernels tile 16 slots
         # One GEMM at a time, since the slot's time is the two GEMMs' sum: tp4's down has K = 512
         # (four steps of 128) and can drain its pipeline between items, gate/up K = 4096.
-        replace(base, down=replace(dn, flat=not dn.flat)),
-        replace(base, down=replace(dn, split=dn.split * 2)),
-        replace(base, down=replace(dn, bn=64)),
-        replace(base, up=replace(up, split=up.split * 2)),
-        replace(base, up=replace(up, split=max(1, up.split // 2))),
-        replace(base, up=replace(up, ctas=8), down=replace(dn, ctas=8)),
+        replace(root, down=replace(dn, flat=not dn.flat)),
+        replace(root, down=replace(dn, split=dn.split * 2)),
+        replace(root, down=replace(dn, bn=64)),
+        replace(root, up=replace(up, split=up.split * 2)),
+        replace(root, up=replace(up, split=max(1, up.split // 2))),
+        replace(root, up=replace(up, ctas=8), down=replace(dn, ctas=8)),
         # More bytes in flight an SM (the weights' loads alone go 70% -> 81% of the copy bandwidth from 3 to 4
         # programs an SM, benchmarks/probe_grouped_moe_ceiling.py); at f0fc69d only the register cap won.
-        replace(base, up=replace(up, stages=6), down=replace(dn, stages=6)),
-        replace(base, up=replace(up, stages=5)),
-        replace(base, up=replace(up, bk=256, stages=3), down=replace(dn, bk=256, stages=3)),
-        replace(base, up=replace(up, maxnreg=128, ctas=4), down=replace(dn, maxnreg=128, ctas=4)),
-        replace(base, up=replace(up, maxnreg=128, ctas=4)),
-        replace(base, up=replace(up, split=1), down=replace(dn, split=1)),
-        replace(base, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2), flat=True)),
+        replace(root, up=replace(up, stages=6), down=replace(dn, stages=6)),
+        replace(root, up=replace(up, stages=5)),
+        replace(root, up=replace(up, bk=256, stages=3), down=replace(dn, bk=256, stages=3)),
+        replace(root, up=replace(up, maxnreg=128, ctas=4), down=replace(dn, maxnreg=128, ctas=4)),
+        replace(root, up=replace(up, maxnreg=128, ctas=4)),
+        replace(root, up=replace(up, split=1), down=replace(dn, split=1)),
+        replace(root, up=replace(up, split=max(1, up.split // 2)), down=replace(dn, split=max(1, dn.split // 2), flat=True)),
         # The same tiles on 8 warps: half the values a thread decodes a K step, so a shorter chain a warp and
         # more warps an SM (tp4 C = 1: a scheduler issued every 3.4 cycles from ~3 resident warps, Nsight
         # Compute at 7936b5b)
-        replace(base, up=replace(up, warps=8), down=replace(dn, warps=8)),
-        replace(base, up=replace(up, warps=8)),
+        replace(root, up=replace(up, warps=8), down=replace(dn, warps=8)),
+        replace(root, up=replace(up, warps=8)),
         # Constant item and K-step counts: tp4's flat down loop from 628 to 565 SASS instructions a K step
         # (benchmarks/compile_grouped_moe_sm90.py); timed in sweep_c4d4601: down static won at every tp4 C
-        replace(base, up=replace(up, static=True), down=replace(dn, static=True)),
-        replace(base, down=replace(dn, static=True)),
+        replace(root, up=replace(up, static=True), down=replace(dn, static=True)),
+        replace(root, down=replace(dn, static=True)),
     ]
-    if base.bm == 16 and not base.slotwise and not base.up.direct:
+    if root.bm == 16 and not root.slotwise:
         # gate/up warp-specialised (its stream probed at ~71% of the copy bandwidth against ~63%):
         # 2 programs an SM (its register split), no K split, 4 or 6 stages
-        out += [replace(base, up=replace(_UP_WS, stages=4)), replace(base, up=_UP_WS),
+        out += [replace(root, up=replace(_UP_WS, stages=4)), replace(root, up=_UP_WS),
                 # down warp-specialised too (its K = I: 512 on tp4, four steps an item)
-                replace(base, up=_UP_WS, down=_DOWN_WS), replace(base, up=_UP_WS, down=replace(_DOWN_WS, stages=4)),
-                replace(base, up=_UP_WS, down=replace(_DOWN_WS, ctas=1))]
+                replace(root, up=_UP_WS, down=_DOWN_WS), replace(root, up=_UP_WS, down=replace(_DOWN_WS, stages=4)),
+                replace(root, up=_UP_WS, down=replace(_DOWN_WS, ctas=1))]
     if slots <= _SLOTWISE_MOST:
         # No routing or combine launch (two launches of four). Down's loop nested: Triton 3.6 does not
         # pipeline the flat loop's loads once the fused combine sits in it (cp.async 12 -> 0 a K step in
         # the PTX, compiled at c4d4601).
-        sw = replace(base, slotwise=True, up=up, down=replace(dn, flat=False))  # Triton's: ws tiles are routed
+        sw = replace(root, slotwise=True, up=up, down=replace(dn, flat=False))  # Triton's: ws tiles are routed
         out += [
-            replace(base, slotwise=False, down=replace(dn, flat=True)),  # routed, as the row was before slotwise
+            replace(root, slotwise=False, down=replace(dn, flat=True)),  # routed, as the row was before slotwise
             sw,
             replace(sw, down=replace(sw.down, split=1)),
             replace(sw, down=replace(sw.down, split=sw.down.split * 2)),
