@@ -511,9 +511,10 @@ def test_gate_fails_a_broken_implementation_on_the_gpu(broken):
 
 @on_gpu
 def test_gate_fails_the_direct_kernels_with_stale_tickets():
-    """Tickets left at 1 make a K split's sum (gate/up) and a token's combine (down) run one arrival
-    early, on partials not yet written (NaN-poisoned): the gate must fail the direct kernels so, and
-    pass them with the tickets at 0."""
+    """Tickets left past the last arrival's count: no K split's sum (gate/up) and no token's combine
+    (down) runs, so act and out stay as allocated (NaN-poisoned): the gate must fail the direct kernels
+    so, and pass them with the tickets at 0. (Left at 1, one arrival early, the H200 passed: each split
+    writes its partials before its ticket, so the early sum found them all written.)"""
     from dsv4opt.optimizations.grouped_moe.cases import TP4
     from dsv4opt.workload.kernels.grouped_moe_ws import ws_runs_on
 
@@ -528,7 +529,7 @@ def test_gate_fails_the_direct_kernels_with_stale_tickets():
     clean = check_module.check("cuda", cases=cases, impl=direct)
     assert clean.passed and clean.figures["nonfinite"] == 0, clean.summary
     tickets = kernel._tickets(torch.device("cuda", torch.cuda.current_device()), 1)
-    tickets.fill_(1)
+    tickets.fill_(1 << 20)
     try:
         result = check_module.check("cuda", cases=cases, impl=direct)
     finally:
