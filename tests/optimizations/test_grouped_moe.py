@@ -186,6 +186,8 @@ PATHS = {
                                        slotwise=True),
     "slotwise-one-program": configs.MoeConfig(16, replace(_T, ctas=1), replace(_T, ctas=1), slotwise=True),
     "ws-where-gluon-cannot-run": configs.MoeConfig(16, replace(_T, ws=True), replace(_T, ws=True)),
+    # the direct kernels cannot run here: the Triton row the table gives for the shape runs instead
+    "direct-where-gluon-cannot-run": configs.direct_config((4, 1, 4), (4, 1, 1)),
 }
 
 
