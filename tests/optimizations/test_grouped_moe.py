@@ -13,6 +13,7 @@ import torch
 from dsv4opt.errors import DsvOptError
 from dsv4opt.numerics import error_report
 from dsv4opt.workload.kernels import grouped_moe as kernel
+from dsv4opt.workload.kernels.grouped_moe_direct import DirectTiles, direct_shape_ok
 from dsv4opt.workload.kernels import grouped_moe_configs as configs
 from dsv4opt.workload.kernels import grouped_moe_layout as layout
 from dsv4opt.optimizations.grouped_moe.cases import MoeCase, interpreter_cases, make_inputs
@@ -358,8 +359,12 @@ def test_every_table_row_and_candidate_is_launchable(shape):
                 assert t.bn % (32 if t.direct else 64) == 0 and t.bk % 64 == 0 and t.warps in (4, 8), cfg
                 assert t.split >= 1 and t.ctas >= 1, cfg
             assert cfg.up.direct == cfg.down.direct and (cfg.slotwise or not cfg.up.direct), cfg
+            if cfg.up.direct and shape == (256, 512, 4096):  # tp4, where the table runs them: every candidate fits
+                assert direct_shape_ok(d, I, *kernel.direct_tiles(cfg)), cfg.name
             assert cfg.bm in (16, 32)
-        assert configs.choose(R, I, d, slots) == configs.candidates(R, I, d, slots)[0]
+        table = configs.choose(R, I, d, slots)
+        assert not table.up.direct or direct_shape_ok(d, I, *kernel.direct_tiles(table)), table.name
+        assert table == configs.candidates(R, I, d, slots)[0]
 
 
 @pytest.mark.parametrize("shape", [(256, 512, 4096), (32, 2048, 4096)], ids=["tp4", "dp-ep"])
@@ -448,7 +453,10 @@ _GRAPH_CASES = [(MoeCase(4, "no_other_ranks", **_TP4), None), (MoeCase(16, "mixe
                 (MoeCase(1, "no_other_ranks", **_TP4), "direct-4-2-8-4-2-2"),
                 (MoeCase(3, "mixed", **_TP4), "direct-4-2-16-4-2-1"), (MoeCase(2, "all_on_one", **_TP4), "direct-4-1-8-4-1-2"),
                 (MoeCase(1, "mixed"), "direct-8-1-8-8-1-2"), (MoeCase(5, "mixed", hidden=512, width=128, experts=8), "direct-4-2-8-4-2-2"),
-                (MoeCase(2, "no_other_ranks", hidden=1024, width=256, experts=8), "direct-4-4-16-4-4-2")]
+                (MoeCase(2, "no_other_ranks", hidden=1024, width=256, experts=8), "direct-4-4-16-4-4-2"),
+                # the table's tiles (16 units a warp on one unit of rows; down's whole K), tp4 and dp-ep's width
+                (MoeCase(1, "no_other_ranks", **_TP4), "direct-4-1-4-4-1-1"), (MoeCase(4, "mixed", **_TP4), "direct-4-1-4-4-1-1"),
+                (MoeCase(1, "mixed"), "direct-4-1-4-4-1-1")]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -515,8 +523,9 @@ def test_gate_fails_a_broken_implementation_on_the_gpu(broken):
 def test_gate_fails_the_direct_kernels_with_stale_tickets():
     """Tickets left past the last arrival's count: no K split's sum (gate/up) and no token's combine
     (down) runs, so act and out stay as allocated (NaN-poisoned): the gate must fail the direct kernels
-    so, and pass them with the tickets at 0. (Left at 1, one arrival early, the H200 passed: each split
-    writes its partials before its ticket, so the early sum found them all written.)"""
+    so, and pass them with the tickets at 0. (Left at 1, one arrival early, the H200 passed once: each
+    split writes its partials before its ticket, so the early sum, racing the last split, found them
+    written; a race, not a test.)"""
     from dsv4opt.optimizations.grouped_moe.cases import TP4
     from dsv4opt.workload.kernels.grouped_moe_ws import ws_runs_on
 
@@ -536,4 +545,38 @@ def test_gate_fails_the_direct_kernels_with_stale_tickets():
         result = check_module.check("cuda", cases=cases, impl=direct)
     finally:
         tickets.fill_(0)
-    assert not result.passed, result.summary
+    assert not result.passed and result.figures["nonfinite"] > 0, result.summary  # the poisoned rows came out
+
+
+def test_the_direct_kernels_take_only_tiles_that_fit_the_shape():
+    """The shape rule the direct kernels are launched under (no GPU needed): tp4's and dp-ep's shapes
+    with the table's tiles, not a width whose K steps a split are not a power of two, nor half-direct
+    configs or tiles that are not whole 16-row units a warp."""
+    table = DirectTiles(4, 1, 4), DirectTiles(4, 1, 1)
+    assert direct_shape_ok(4096, 512, *table) and direct_shape_ok(4096, 2048, *table)
+    assert not direct_shape_ok(4096, 192, *table)  # down: 3 units a split
+    assert not direct_shape_ok(7168, 512, *table)  # gate/up: 28 units a split
+    assert not direct_shape_ok(4096, 512, DirectTiles(4, 1, 1), table[1])  # 64 units a warp at once
+    assert not direct_shape_ok(4096, 512, DirectTiles(2, 1, 4), table[1])
+    with pytest.raises(ValueError, match="both GEMMs"):
+        kernel.direct_tiles(replace(configs.direct_config((4, 1, 4), (4, 1, 1)), down=_T))
+    with pytest.raises(ValueError, match="16-row units"):
+        kernel.direct_tiles(configs.MoeConfig(16, replace(_T, bn=8, direct=True), replace(_T, direct=True), slotwise=True))
+
+
+@on_cpu
+def test_a_direct_row_where_gluon_cannot_run_launches_the_triton_row_it_replaced(monkeypatch):
+    """Not the Triton kernels on the direct tiles: the table's Triton row for the shape (`choose(ws=False)`)."""
+    launched = []
+    real = kernel._persistent
+
+    def spy(kern, device, tiles, *args, **kw):
+        launched.append(tiles)
+        return real(kern, device, tiles, *args, **kw)
+
+    monkeypatch.setattr(kernel, "_persistent", spy)
+    case = MoeCase(5, "mixed", hidden=192, width=96, experts=6, topk=4)
+    x = make_inputs(case, "cpu", torch.float16, seed=4)
+    kernel.grouped_routed_experts(*x.args(), config=configs.direct_config((4, 1, 4), (4, 1, 1)))
+    want = configs.choose(case.experts, case.width, case.hidden, case.tokens * case.topk, ws=False)
+    assert launched == [want.up, want.down]

@@ -39,7 +39,8 @@ def gpu_cases() -> list[MoeCase]:
     cases = [MoeCase(8, "mixed"), MoeCase(32, "one_hot_expert"), MoeCase(256, "mixed"), MoeCase(8, "all_other_ranks"),
              MoeCase(24, "no_other_ranks"), MoeCase(1, "no_other_ranks", **TP4), MoeCase(13, "no_other_ranks", **TP4),
              MoeCase(64, "no_other_ranks", **TP4), MoeCase(64, "all_on_one", **TP4),
-             MoeCase(16, "no_other_ranks", scale_shift=9, **TP4)]
+             MoeCase(16, "no_other_ranks", scale_shift=9, **TP4),
+             MoeCase(2, "no_other_ranks", scale_shift=9, **TP4)]  # scales past 2 where the table's row is direct
     cases += interpreter_cases()
     return cases
 

@@ -595,14 +595,19 @@ def _shape_constants(tiles, n_blk: int, k_cols: int) -> dict[str, int]:
 
 
 def direct_tiles(cfg: MoeConfig) -> tuple[DirectTiles, DirectTiles]:
-    """The direct kernels' (gate/up, down) tiles of a config: its act rows and output rows a warp in units of 16."""
+    """The direct kernels' (gate/up, down) tiles of a config: its weight rows a warp in units of 16
+    (gate/up's bn act rows are half its weight rows). Both GEMMs direct or neither, whole units a warp."""
     up, dn = cfg.up, cfg.down
-    return DirectTiles(up.warps, up.bn * 2 // 16 // up.warps, up.split), DirectTiles(dn.warps, dn.bn // 16 // dn.warps, dn.split)
+    if not (up.direct and dn.direct and (2 * up.bn) % (UNIT_ROWS * up.warps) == 0
+            and dn.bn % (UNIT_ROWS * dn.warps) == 0 and up.bn and dn.bn):
+        raise ValueError(f"{cfg.name}: the direct kernels take both GEMMs, in whole 16-row units a warp")
+    return (DirectTiles(up.warps, 2 * up.bn // (UNIT_ROWS * up.warps), up.split),
+            DirectTiles(dn.warps, dn.bn // (UNIT_ROWS * dn.warps), dn.split))
 
 
 def table_config(x: torch.Tensor, experts: int, width: int, slots: int) -> MoeConfig:
-    """The table's config for a call on x [M, d]: its warp-specialised rows only where those kernels
-    run on x's device, else the Triton rows they replaced."""
+    """The table's config for a call on x [M, d]: its Gluon rows (warp-specialised, direct) only where
+    those kernels run on x's device, else the Triton rows they replaced."""
     return choose(experts, width, x.shape[1], slots, ws=ws_runs_on(x))
 
 

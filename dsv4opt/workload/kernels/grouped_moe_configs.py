@@ -155,8 +155,8 @@ _GENERIC = [(64, MoeConfig(16, replace(_UP, split=2), _DOWN)), (1 << 62, MoeConf
 
 
 def choose(experts: int, width: int, hidden: int, slots: int, ws: bool = True) -> MoeConfig:
-    """The table's config for this shape and slot count; with ws False (the warp-specialised kernels
-    cannot run here) the Triton row a warp-specialised one replaced."""
+    """The table's config for this shape and slot count; with ws False (the Gluon kernels, warp-specialised
+    or direct, cannot run here) the Triton row a Gluon one replaced."""
     key = (experts, width, hidden)
     cfg = next(c for bound, c in TABLE.get(key, _GENERIC) if slots <= bound)
     if not ws and (cfg.up.gluon or cfg.down.gluon):

@@ -37,6 +37,7 @@ import torch
 import triton
 
 from dsv4opt.sass import listing, opcodes, ptxas_log
+from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_SCALES
 from dsv4opt.workload.kernels.grouped_moe_ws import GLUON, GLUON_API_OK, decode_asm, ws_runs_on
 
 if GLUON:
@@ -48,6 +49,7 @@ else:
 
 _DECODE = gl.constexpr(decode_asm())
 _N = gl.constexpr(8)  # mma.sync's narrow side: the slot's token in column 0
+_UB, _US = gl.constexpr(UNIT_BYTES), gl.constexpr(UNIT_SCALES)  # a unit's value and scale bytes (16 rows x 64 columns)
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,9 @@ class DirectTiles:
     """One GEMM's launch: warps a program, units of 16 rows a warp (rep), K split (each split
     K / 64 / split units a warp)."""
 
-    warps: int = 4
-    rep: int = 2
-    split: int = 8
+    warps: int
+    rep: int
+    split: int
 
     def rows(self) -> int:
         """Weight rows an item (gate/up: half gate, half the same up rows)."""
@@ -102,14 +104,14 @@ def _weights(p_w, p_s, e, n0, I, N16, kb0, K64, W: gl.constexpr, REP: gl.constex
     o_l16 = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, l16)))
     o_b16 = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, l16)))
     unit16 = _unit_row(o_r16 // STEPS, e, n0, I, N16, REP * W // 2, UP) * K64 + kb0 + o_r16 % STEPS
-    b_v = gl.load(p_w + unit16[:, None, None] * 512 + o_l16[None, :, None] * 16 + o_b16[None, None, :])
+    b_v = gl.load(p_w + unit16[:, None, None] * _UB + o_l16[None, :, None] * 16 + o_b16[None, None, :])  # [R, 32 lanes, 16 bytes]
     b_v = gl.convert_layout(gl.reshape(b_v, [REP * W * STEPS, 32, 4, 4]), lv, assert_trivial=True)
     ls: gl.constexpr = gl.SliceLayout(2, lv)
     o_rs = gl.arange(0, REP * W * STEPS, layout=gl.SliceLayout(1, gl.SliceLayout(2, ls)))
     o_ls = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(2, ls)))
     o_bs = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, ls)))
     unit_s = _unit_row(o_rs // STEPS, e, n0, I, N16, REP * W // 2, UP) * K64 + kb0 + o_rs % STEPS
-    b_s = gl.load(p_s + unit_s[:, None, None] * 32 + (o_ls // 4)[None, :, None] * 4 + o_bs[None, None, :])  # (group, row half)
+    b_s = gl.load(p_s + unit_s[:, None, None] * _US + (o_ls // 4)[None, :, None] * 4 + o_bs[None, None, :])  # [R, 32, 4]: (group, row half)
     r0, r1 = gl.inline_asm_elementwise(_DECODE, "=r," * 16 + "r,r,r,r,r,r,r,r", [b_v, gl.expand_dims(b_s, 2)],
                                        dtype=(gl.bfloat16, gl.bfloat16), is_pure=True, pack=16)
     # (rep, warp, step, g, q, s, ih, h, w): row = (rep * W + warp) * 16 + ih * 8 + g,
@@ -132,8 +134,6 @@ def _product(a, p_tok, W: gl.constexpr, REP: gl.constexpr, STEPS: gl.constexpr):
     acc = mma_v2(a, b_b, gl.zeros([REP * W * 16, _N], gl.float32, acc_l))
     o_c = gl.arange(0, _N, layout=gl.SliceLayout(0, acc_l))
     return gl.sum(gl.where((o_c == 0)[None, :], acc, 0.0), axis=1)
-
-
 
 
 @gluon.jit
@@ -167,9 +167,9 @@ def _moe_up_direct_kernel(p_x, p_ids, p_w, p_s, p_act, p_part, p_count, stride_x
         b_g = gl.zeros([HALF * 16], gl.float32, out_l)
         b_u = gl.zeros([HALF * 16], gl.float32, out_l)
         for s in gl.static_range(SPLIT):  # L2 reads: other SMs wrote them
-            p_s_row = p_part + (s * n_slots + slot).to(gl.int64) * (2 * I) + n0 + o_n
-            b_g += gl.load(p_s_row, cache_modifier=".cg")
-            b_u += gl.load(p_s_row + I, cache_modifier=".cg")
+            p_split = p_part + (s * n_slots + slot).to(gl.int64) * (2 * I) + n0 + o_n
+            b_g += gl.load(p_split, cache_modifier=".cg")
+            b_u += gl.load(p_split + I, cache_modifier=".cg")
         b_g = gl.minimum(b_g, limit)
         b_u = gl.minimum(gl.maximum(b_u, -limit), limit)
         b_a = b_g * (1 / (1 + gl.exp(-b_g))) * b_u  # tl.sigmoid's definition
@@ -208,62 +208,85 @@ def _moe_down_direct_kernel(p_act, p_ids, p_gates, p_w, p_s, p_down, p_out, p_co
         b_o = gl.zeros([ROWS], gl.float32, out_l)
         for j in gl.static_range(TOPK):
             at = tok * TOPK + j
-            g = gl.where(gl.load(p_ids + at) >= 0, gl.load(p_gates + at), 0.0)  # another rank's slot: never added
+            ok = gl.load(p_ids + at) >= 0  # another rank's slot (its rows computed on expert 0): selected away
             b_d = gl.zeros([ROWS], gl.float32, out_l)
             for s in gl.static_range(SPLIT):  # L2 reads: other SMs wrote them
                 b_d += gl.load(p_down + (s * n_slots + at).to(gl.int64) * d + n0 + o_n, cache_modifier=".cg")
-            b_o += g * b_d
+            b_o += gl.where(ok, gl.load(p_gates + at) * b_d, 0.0)
         gl.store(p_out + tok.to(gl.int64) * stride_om + n0 + o_n, (b_o * scale).to(p_out.dtype.element_ty))
         gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
 
 
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def direct_shape_ok(d: int, I: int, up: DirectTiles, down: DirectTiles) -> bool:
+    """Whether the tiles fit hidden size d and width I (no GPU needed): whole units, I and d divided
+    exactly into items, K into whole units a split, and the extents the kernels lay out (a warp's
+    units, its K columns, an item's rows) powers of two, at most 32 units a warp issued at once (the
+    most compiled without spills, `compile_report`)."""
+    if d % UNIT_COLS or I % UNIT_COLS or up.warps not in (4, 8) or down.warps not in (4, 8):
+        return False
+    k64_up, k64_down = d // UNIT_COLS, I // UNIT_COLS
+    if k64_up % up.split or k64_down % down.split:
+        return False
+    steps_up, steps_down = k64_up // up.split, k64_down // down.split
+    return (all(_pow2(n) for n in (up.rep, down.rep, steps_up, steps_down))
+            and up.rep * up.warps % 2 == 0 and I % (up.rows() // 2) == 0 and d % down.rows() == 0
+            and steps_up * up.rep <= 32 and steps_down * down.rep <= 32)
+
+
 def direct_supported(x: torch.Tensor, packed13, packed2, up: DirectTiles, down: DirectTiles) -> bool:
     """Whether `direct_routed_experts` covers this call: Triton 3.6's Gluon on an sm_90 GPU, bf16
-    tokens with unit stride, folded scales, and shapes the tiles divide exactly (I by gate/up's act
-    rows, d by down's rows, each K into whole units a split)."""
+    tokens with unit stride, folded scales, weights of x's width, and tiles `direct_shape_ok` admits."""
     if not ws_runs_on(x):
         return False
     d, I = x.shape[1], packed13.rows // 2
     return (x.dtype == torch.bfloat16 and x.stride(1) == 1 and packed13.fold and packed2.fold
-            and d == packed13.k64 * 64 and I == packed2.k64 * 64 and packed2.rows == d
-            and I % (up.rows() // 2) == 0 and up.rep * up.warps % 2 == 0 and d % down.rows() == 0
-            and packed13.k64 % up.split == 0 and packed2.k64 % down.split == 0)
+            and d == packed13.k64 * UNIT_COLS and I == packed2.k64 * UNIT_COLS and packed2.rows == d
+            and direct_shape_ok(d, I, up, down))
 
 
 def direct_routed_experts(x: torch.Tensor, ids: torch.Tensor, gates: torch.Tensor, packed13, packed2, limit: float,
                           scale: float, tickets: torch.Tensor, up: DirectTiles, down: DirectTiles) -> torch.Tensor:
     """out [M, d] in x's dtype = the routed experts' sum for x [M, d] with ids [M, k] (int32, -1 another
     rank's), gates [M, k] fp32: two launches, no host synchronisation (CUDA-graph safe). tickets: int32,
-    zero, at least M * k * I / up act rows + M * d / down rows (the last arrivals set them back to 0).
-    Caller checks `direct_supported` first."""
+    zero, at least `tickets_needed` (the last arrivals set them back to 0). Caller checks
+    `direct_supported` first."""
     M, d = x.shape
     k = ids.shape[1]
     S = M * k
     I = packed13.rows // 2
     out = torch.empty(M, d, device=x.device, dtype=x.dtype)
-    part = torch.empty(up.split, S, 2 * I, device=x.device, dtype=torch.float32)
+    up_part = torch.empty(up.split, S, 2 * I, device=x.device, dtype=torch.float32)
     act = torch.empty(S, I, device=x.device, dtype=x.dtype)
-    rows = torch.empty(down.split, S, d, device=x.device, dtype=torch.float32)
-    grp_up, grp_down = I // (up.rows() // 2), d // down.rows()
-    up_tickets = -(-S * grp_up // 4) * 4  # down's after gate/up's, 16-byte aligned
-    _moe_up_direct_kernel[(S * grp_up * up.split,)](
-        x, ids, packed13.values, packed13.scales, act, part, tickets, x.stride(0), limit, S, I, packed13.n16,
-        packed13.k64, TOPK=k, W=up.warps, REP=up.rep, STEPS=packed13.k64 // up.split, SPLIT=up.split,
-        num_warps=up.warps)
-    _moe_down_direct_kernel[(S * grp_down * down.split,)](
-        act, ids, gates, packed2.values, packed2.scales, rows, out, tickets[up_tickets:], out.stride(0), scale, S, d,
-        packed2.n16, packed2.k64, TOPK=k, W=down.warps, REP=down.rep, STEPS=packed2.k64 // down.split,
-        SPLIT=down.split, num_warps=down.warps)
+    down_part = torch.empty(down.split, S, d, device=x.device, dtype=torch.float32)
+    up_tickets = _up_tickets(S, I, up)
+    _moe_up_direct_kernel[(S * (I // (up.rows() // 2)) * up.split,)](
+        p_x=x, p_ids=ids, p_w=packed13.values, p_s=packed13.scales, p_act=act, p_part=up_part, p_count=tickets,
+        stride_xm=x.stride(0), limit=limit, n_slots=S, I=I, N16=packed13.n16, K64=packed13.k64, TOPK=k,
+        W=up.warps, REP=up.rep, STEPS=packed13.k64 // up.split, SPLIT=up.split, num_warps=up.warps)
+    _moe_down_direct_kernel[(S * (d // down.rows()) * down.split,)](
+        p_act=act, p_ids=ids, p_gates=gates, p_w=packed2.values, p_s=packed2.scales, p_down=down_part, p_out=out,
+        p_count=tickets[up_tickets:], stride_om=out.stride(0), scale=scale, n_slots=S, d=d, N16=packed2.n16,
+        K64=packed2.k64, TOPK=k, W=down.warps, REP=down.rep, STEPS=packed2.k64 // down.split, SPLIT=down.split,
+        num_warps=down.warps)
     return out
+
+
+def _up_tickets(slots: int, I: int, up: DirectTiles) -> int:
+    """gate/up's tickets, one a (slot, act-row group), rounded up to 4 so that down's start 16-byte aligned."""
+    return -(-slots * (I // (up.rows() // 2)) // 4) * 4
 
 
 def tickets_needed(slots: int, tokens: int, I: int, d: int, up: DirectTiles, down: DirectTiles) -> int:
     """The tickets `direct_routed_experts` uses: gate/up's (slot, act-row group), then down's (token, row group)."""
-    return -(-slots * (I // (up.rows() // 2)) // 4) * 4 + tokens * (d // down.rows())
+    return _up_tickets(slots, I, up) + tokens * (d // down.rows())
 
 
-def compile_report(I: int = 512, d: int = 4096, topk: int = 6, up: DirectTiles = DirectTiles(),
-                   down: DirectTiles = DirectTiles(split=2)) -> dict:
+def compile_report(I: int = 512, d: int = 4096, topk: int = 6, up: DirectTiles = DirectTiles(4, 1, 4),
+                   down: DirectTiles = DirectTiles(4, 1, 1)) -> dict:
     """Compile both kernels for sm_90a (no GPU needed): registers, spills, PTX counts, the SASS of each."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -300,8 +323,8 @@ def compile_report(I: int = 512, d: int = 4096, topk: int = 6, up: DirectTiles =
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compile-only", action="store_true", help="sm_90a compile figures (no GPU)")
-    ap.add_argument("--up", default="4,2,8", help="gate/up's warps,rep,split")
-    ap.add_argument("--down", default="4,2,2", help="down's warps,rep,split")
+    ap.add_argument("--up", default="4,1,4", help="gate/up's warps,rep,split (default: tp4's table row to C = 4)")
+    ap.add_argument("--down", default="4,1,1", help="down's warps,rep,split")
     args = ap.parse_args()
     if not args.compile_only:
         ap.error("only --compile-only runs from here; the GPU check lives with the grouped-moe tests and bench")
