@@ -38,7 +38,7 @@ import triton
 
 from dsv4opt.sass import listing, opcodes, ptxas_log
 from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_SCALES
-from dsv4opt.workload.kernels.grouped_moe_ws import GLUON, GLUON_API_OK, decode_asm, ws_runs_on
+from dsv4opt.workload.kernels.grouped_moe_ws import GLUON, compile_only_args, decode_asm, ws_runs_on
 
 if GLUON:
     from triton.experimental import gluon
@@ -322,14 +322,9 @@ def compile_report(I: int = 512, d: int = 4096, topk: int = 6, up: DirectTiles =
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--compile-only", action="store_true", help="sm_90a compile figures (no GPU)")
     ap.add_argument("--up", default="4,1,4", help="gate/up's warps,rep,split (default: tp4's table row to C = 4)")
     ap.add_argument("--down", default="4,1,1", help="down's warps,rep,split")
-    args = ap.parse_args()
-    if not args.compile_only:
-        ap.error("only --compile-only runs from here; the GPU check lives with the grouped-moe tests and bench")
-    if not GLUON_API_OK:
-        raise SystemExit(f"written against Triton 3.6's Gluon (Hopper API); this is Triton {triton.__version__}")
+    args = compile_only_args(ap)
     up = DirectTiles(*map(int, args.up.split(",")))
     down = DirectTiles(*map(int, args.down.split(",")))
     for name, row in compile_report(up=up, down=down).items():

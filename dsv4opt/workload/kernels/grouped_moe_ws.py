@@ -400,17 +400,24 @@ def compile_report(stages: int = 4, ctas: int = 2, topk: int = 8, down: bool = F
     return row
 
 
+def compile_only_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """A Gluon kernel module's command line, which only compiles: --compile-only required (the GPU checks
+    live with the grouped-moe tests and bench), and Triton 3.6's Gluon."""
+    ap.add_argument("--compile-only", action="store_true", help="sm_90a compile figures (no GPU)")
+    args = ap.parse_args()
+    if not args.compile_only:
+        ap.error("only --compile-only runs from here; the GPU checks live with the grouped-moe tests and bench")
+    if not GLUON_API_OK:
+        raise SystemExit(f"written against Triton 3.6's Gluon (Hopper API); this is Triton {triton.__version__}")
+    return args
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--compile-only", action="store_true", help="sm_90a compile figures (no GPU)")
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--ctas", type=int, default=2)
     ap.add_argument("--down", action="store_true", help="down's kernel instead of gate/up's")
-    args = ap.parse_args()
-    if not args.compile_only:
-        ap.error("only --compile-only runs from here; the GPU check lives with the grouped-moe bench")
-    if not GLUON_API_OK:
-        raise SystemExit(f"written against Triton 3.6's Gluon (Hopper API); this is Triton {triton.__version__}")
+    args = compile_only_args(ap)
     for k, v in compile_report(args.stages, args.ctas, down=args.down).items():
         print(f"{k}: {v}")
 
