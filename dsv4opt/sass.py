@@ -44,8 +44,13 @@ def loops(sass: str, conditional: bool = False) -> list[tuple[str, Counter]]:
         if not m or labels.get(m.group(1), i) >= i:
             continue
         body = [b.split("\t", 1)[-1].strip() for b in lines[labels[m.group(1)] + 1 : i + 1] if "\t" in b]
-        found.append((m.group(1), Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body if b)))
+        found.append((m.group(1), Counter(_opcode(b) for b in body if b)))
     return found
+
+
+def _opcode(instruction: str) -> str:
+    """An instruction's opcode, its predicate and modifiers dropped (`@!P0 LDG.E.128 ...` -> `LDG`)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0].split(".")[0]
 
 
 def tightest_loop(sass: str, op: str) -> Counter | None:
@@ -58,4 +63,4 @@ def opcodes(sass: str) -> Counter:
     """Every instruction of the listing by opcode (predicates and modifiers dropped): for kernels with
     no loop, whose K steps are unrolled."""
     body = [ln.split("\t", 1)[-1].strip() for ln in sass.splitlines() if "\t" in ln and ";" in ln]
-    return Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body if b)
+    return Counter(_opcode(b) for b in body if b)

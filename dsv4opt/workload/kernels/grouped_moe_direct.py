@@ -37,7 +37,7 @@ import torch
 import triton
 
 from dsv4opt.sass import listing, opcodes, ptxas_log
-from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_SCALES
+from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES
 from dsv4opt.workload.kernels.grouped_moe_ws import GLUON, compile_only_args, decode_asm, ws_runs_on
 
 if GLUON:
@@ -63,7 +63,7 @@ class DirectTiles:
 
     def rows(self) -> int:
         """Weight rows an item (gate/up: half gate, half the same up rows)."""
-        return 16 * self.warps * self.rep
+        return UNIT_ROWS * self.warps * self.rep
 
 
 _constexpr_function = gluon.constexpr_function if GLUON else (lambda fn: fn)
