@@ -7,11 +7,14 @@ On a CPU, Triton runs only under its interpreter; there a bf16 `tl.dot` multipli
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from dataclasses import dataclass, replace
 
 import torch
 
+from dsv4opt.errors import DsvOptError
 from dsv4opt.formats import FP8_MAX, LN2, LOG2E  # noqa: F401  (re-exported for the kernels)
 
 
@@ -22,18 +25,81 @@ def interpreted() -> bool:
 
 def runs_triton(t: torch.Tensor) -> bool:
     """A Triton kernel can take `t`: it lives on a CUDA GPU, or the interpreter is on and no bf16
-    tensor-core product would be emulated wrongly (callers with `tl.dot` on bf16 check that)."""
-    return t.is_cuda or interpreted()
+    tensor-core product would be emulated wrongly (callers with `tl.dot` on bf16 check that), or a
+    compile-only check is compiling the launches (`compile_only_target`)."""
+    return t.is_cuda or interpreted() or compile_only()
+
+
+def on_gpu(t: torch.Tensor) -> bool:
+    """`t` is on a CUDA GPU, or stands for one in a compile-only check: the GPU paths are taken."""
+    return t.is_cuda or compile_only()
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What one GPU allows a kernel: the figures its launch and residency depend on."""
+
+    name: str
+    capability: tuple[int, int]
+    sms: int
+    shared_per_block: int  # bytes a block may ask for (the opt-in maximum Triton's launcher checks)
+    shared_per_sm: int
+    regs_per_sm: int
+    threads_per_sm: int
+
+
+# Hopper's shared memory a block (sm_90: 227 KB). Kernels tiled for it check the device against this.
+HOPPER_SHARED_PER_BLOCK = 232448
+# Caps the shared memory a block may use below what the device has, so that a Hopper card runs the
+# kernels a GPU with less (sm_120, sm_89: 99 KB) would get: the tile tables read the cap, not the card.
+SHARED_LIMIT_ENV = "DSV4OPT_SHARED_MEMORY_LIMIT"
+_STAND_IN: list[DeviceLimits] = []  # a compile-only check's target, in place of the device (compile_only)
+
+
+def device_limits(device: torch.device) -> DeviceLimits:
+    """The limits of a CUDA device (the current one when `device` names no index), read from the
+    device, with the shared memory a block capped by DSV4OPT_SHARED_MEMORY_LIMIT where it is set."""
+    if _STAND_IN:
+        return _STAND_IN[-1]
+    limits = _read_limits(device.index if device.index is not None else torch.cuda.current_device())
+    cap = os.environ.get(SHARED_LIMIT_ENV)
+    if cap:
+        try:
+            limits = replace(limits, shared_per_block=min(limits.shared_per_block, int(cap)))
+        except ValueError:
+            raise DsvOptError(f"{SHARED_LIMIT_ENV}={cap!r} is not a number of bytes") from None
+    return limits
+
+
+@functools.lru_cache(maxsize=None)
+def _read_limits(index: int) -> DeviceLimits:
+    p = torch.cuda.get_device_properties(index)
+    return DeviceLimits(
+        name=p.name, capability=(p.major, p.minor), sms=p.multi_processor_count,
+        shared_per_block=p.shared_memory_per_block_optin, shared_per_sm=p.shared_memory_per_multiprocessor,
+        regs_per_sm=p.regs_per_multiprocessor, threads_per_sm=p.max_threads_per_multi_processor,
+    )
+
+
+@contextlib.contextmanager
+def compile_only_target(limits: DeviceLimits):
+    """Within: every device query above answers with `limits`, and `runs_triton` is true, so a
+    compile-only check (tests/compile/) steps the workload with the launches a GPU of those limits gets."""
+    _STAND_IN.append(limits)
+    try:
+        yield
+    finally:
+        _STAND_IN.pop()
+
+
+def compile_only() -> bool:
+    """A compile-only check is stepping the workload (compile_only_target): launches compile, never run."""
+    return bool(_STAND_IN)
 
 
 def sm_count(device: torch.device) -> int:
     """The streaming multiprocessors of a CUDA device (the current one when `device` names no index)."""
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return device_limits(device).sms
 
 
 def dot_dtype_ok(dtype: torch.dtype) -> bool:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from dsv4opt import tritonlib
 from dsv4opt.errors import DsvOptError
 from dsv4opt.numerics import error_report
 from dsv4opt.workload.kernels import grouped_moe as kernel
@@ -579,3 +581,14 @@ def test_a_direct_row_where_gluon_cannot_run_launches_the_triton_row_it_replaced
     kernel.grouped_routed_experts(*x.args(), config=configs.direct_config((4, 1, 4), (4, 1, 1)))
     want = configs.choose(case.experts, case.width, case.hidden, case.tokens * case.topk, ws=False)
     assert launched == [want.up, want.down]
+
+
+@pytest.mark.parametrize("limits, programs", [
+    (tritonlib.DeviceLimits("sm_90", (9, 0), 132, 232448, 233472, 65536, 2048), 3),
+    (tritonlib.DeviceLimits("sm_120", (12, 0), 188, 101376, 102400, 65536, 1536), 1),
+])
+def test_persistent_programs_an_sm_follow_the_devices_limits(limits, programs):
+    """The gate/up kernel's Triton rows ask for 71,168 B of shared memory and 128 registers on 4
+    warps (tests/compile/): Hopper holds three an SM, a 100 KB SM one (its shared memory binds)."""
+    compiled = SimpleNamespace(n_regs=128, metadata=SimpleNamespace(shared=71168))
+    assert kernel._resident(compiled, 4, limits) == programs

@@ -16,7 +16,9 @@ import triton.language as tl
 from rich.console import Console
 from typer.testing import CliRunner
 
+from dsv4opt import tritonlib
 from dsv4opt.cli import app
+from dsv4opt.errors import DsvOptError
 from dsv4opt.numerics import error_report
 from dsv4opt.optimizations.mma_attn import cases, dispatch, kernel
 from dsv4opt.optimizations.mma_attn.cases import AttnCase, interpreter_cases, make_inputs
@@ -52,8 +54,11 @@ def test_kernel_and_baseline_match_reference(case):
         kernel.Tiles(16, 32, 2, 4, 1, block_v=32),
         kernel.Tiles(16, 16, 4, 4, 1, block_v=16, reload_v=True),
         kernel.Tiles(16, 64, 2, 4, 1, reload_v=True),
+        kernel.Tiles(16, 16, 3, 4, 1, block_v=32, reload_v=True, block_d=16),
+        kernel.Tiles(16, 32, 1, 4, 1, block_d=32),
     ],
-    ids=["single-pass", "split3-bk16", "split2-vsplit2", "split4-vsplit4-reload", "split2-bk64-reload"],
+    ids=["single-pass", "split3-bk16", "split2-vsplit2", "split4-vsplit4-reload", "split2-bk64-reload",
+         "chunked-d16-vsplit2", "chunked-d32-single-pass"],
 )
 @pytest.mark.parametrize("layout", ["fp8", "bf16"])
 def test_tile_variants_match_reference(tiles, layout):
@@ -76,8 +81,9 @@ GRAPH_SMALL = dict(heads=8, dim=64, rope_dim=16, tile=16, window=16)
         kernel.Tiles(16, 16, 33, 4, 1),
         kernel.Tiles(16, 32, 5, 4, 1, block_v=32, reload_v=True),
         kernel.Tiles(16, 64, 1, 4, 1),
+        kernel.Tiles(16, 16, 7, 4, 1, block_v=32, reload_v=True, block_d=16),
     ],
-    ids=["planned", "split33-bk16", "split5-vsplit2", "single-pass"],
+    ids=["planned", "split33-bk16", "split5-vsplit2", "single-pass", "chunked-d16-split7"],
 )
 @pytest.mark.parametrize("batch", [1, 5])
 @pytest.mark.parametrize("layout", ["fp8", "bf16"])
@@ -915,3 +921,82 @@ def test_the_cpu_gate_refuses_cleanly_once_triton_kernels_were_defined_without_t
         use_interpreter(("a.module.never.imported",))  # dsv4opt.tritonlib alone is enough
     with pytest.raises(DsvOptError, match="TRITON_INTERPRET=1"):
         use_interpreter(mma_check._KERNEL_MODULES)
+
+
+# ---- the device's shared memory decides the tile family (fitting_plan) -----------------------------
+
+SM120 = tritonlib.DeviceLimits("sm_120", (12, 0), 188, 101376, 102400, 65536, 1536)
+SM90 = tritonlib.DeviceLimits("sm_90", (9, 0), 132, 232448, 233472, 65536, 2048)
+
+
+def _fit_inputs(batch: int = 32):
+    return make_inputs(AttnCase(batch, 512, "all"), "cpu", torch.float32, seed=1)
+
+
+@pytest.mark.parametrize("limits, usual_needs, want", [
+    (SM90, 160_000, "triton"),  # Hopper's shared memory: the families measured there
+    (SM90, 240_000, "triton-chunked"),  # ... unless the launch would ask for more than the device has
+    (SM120, 90_000, "triton-chunked"),  # less than Hopper's: the chunked family, even where the usual would fit
+], ids=["hopper-usual", "hopper-over-limit", "small-smem"])
+def test_fitting_plan_picks_the_family_by_the_devices_shared_memory(monkeypatch, limits, usual_needs, want):
+    x = _fit_inputs()
+    asked = []
+
+    def needs(*args):
+        p = args[9]
+        asked.append(p.engine)
+        return 16_384 if p.engine == "triton-chunked" else usual_needs
+
+    monkeypatch.setattr(kernel, "_INTERPRETED", False)
+    monkeypatch.setattr(kernel, "_shared_bytes", needs)
+    with tritonlib.compile_only_target(limits):
+        p = kernel.fitting_plan(*x.args())
+    assert p.engine == want
+    if want == "triton-chunked":
+        assert (p.tiles.block_d, p.tiles.block_v) == (kernel.CHUNKED_TILES["block_d"], kernel.CHUNKED_TILES["block_v"])
+        assert p.tiles.block_d < x.q.shape[-1]
+    assert asked[-1] == want and ("triton" in asked) == (limits is SM90)
+
+
+def test_fitting_plan_refuses_in_one_line_where_no_tiles_fit(monkeypatch):
+    x = _fit_inputs(batch=4)
+    monkeypatch.setattr(kernel, "_INTERPRETED", False)
+    monkeypatch.setattr(kernel, "_shared_bytes", lambda *a: 120_000)
+    with tritonlib.compile_only_target(SM120), pytest.raises(DsvOptError) as err:
+        kernel.fitting_plan(*x.args())
+    msg = str(err.value)
+    assert "\n" not in msg and "101,376 B" in msg and "120,000 B" in msg and "B = 4" in msg and "mma-attn off" in msg
+
+
+def test_mma_attention_with_tiles_given_skips_the_fit(monkeypatch):
+    """Explicit tiles run as given (the tests' and the bench's variants); only planned tiles are fitted."""
+    x = _fit_inputs(batch=1)
+    monkeypatch.setattr(kernel, "fitting_plan", lambda *a, **k: pytest.fail("fitted explicit tiles"))
+    monkeypatch.setattr(kernel, "_launch_fused", lambda *a, **k: None)
+    monkeypatch.setattr(kernel, "combine_splits", lambda *a, **k: None)
+    kernel.mma_attention(*x.args(), tiles=kernel.Tiles(16, 32, 2, 4, 1))
+
+
+def test_chunked_tiles_take_the_latent_in_chunks_and_split_the_values():
+    t = kernel.choose_tiles(32, 64, 640, torch.device("cpu"), fp8=True, chunked=True)
+    assert t.block_h == 64 and t.block_d == 64 and t.block_v == 128 and t.reload_v and t.num_stages == 1
+    # a latent no wider than a chunk is taken whole
+    assert kernel.choose_tiles(1, 8, 100, torch.device("cpu"), dim=64, chunked=True).block_d == 0
+
+
+def test_gluon_loops_are_off_where_shared_memory_is_capped(monkeypatch):
+    """DSV4OPT_SHARED_MEMORY_LIMIT makes a Hopper card a 99 KB GPU for every tile table: the Gluon
+    loops (tiled for Hopper's shared memory) say why they are off."""
+    monkeypatch.setattr(dispatch, "INTERPRETED", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dispatch.triton, "__version__", dispatch.GLUON_VALIDATED_TRITON[0] + "0")
+    dispatch.gluon_unavailable_reason.cache_clear()
+    try:
+        with tritonlib.compile_only_target(replace(SM90, shared_per_block=101376)):
+            reason = dispatch.gluon_unavailable_reason()
+        assert reason.startswith("101,376 B of shared memory a block"), reason
+        dispatch.gluon_unavailable_reason.cache_clear()
+        with tritonlib.compile_only_target(SM90):
+            assert dispatch.gluon_unavailable_reason() == ""
+    finally:
+        dispatch.gluon_unavailable_reason.cache_clear()

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
+from dsv4opt.tritonlib import HOPPER_SHARED_PER_BLOCK, device_limits
+
 if TYPE_CHECKING:
     from dsv4opt.workload.kvcache import KVCache
 
@@ -43,8 +45,8 @@ FUSED_ENGINES = ("gluon-fp8-ws", "gluon-ws")  # one launch over both caches
 
 @functools.lru_cache(maxsize=None)
 def gluon_unavailable_reason() -> str:
-    """Why the Gluon loops cannot run here, in a phrase ("" where they can): they need a Hopper GPU,
-    a Triton version they were validated on, not the interpreter, and not switched off with
+    """Why the Gluon loops cannot run here, in a phrase ("" where they can): they need a Hopper GPU
+    with its shared memory (not capped by DSV4OPT_SHARED_MEMORY_LIMIT), a Triton version they were validated on, not the interpreter, and not switched off with
     DSV4OPT_MMA_ATTN_GLUON=0. Where they cannot, the block-level kernel runs every launch. Read
     once per process, so what the gate reports is what the dispatch did."""
     if INTERPRETED:
@@ -53,9 +55,12 @@ def gluon_unavailable_reason() -> str:
         return "switched off (DSV4OPT_MMA_ATTN_GLUON=0)"
     if not torch.cuda.is_available():
         return "no CUDA device"
-    major, minor = torch.cuda.get_device_capability()
+    limits = device_limits(torch.device("cuda"))
+    major, minor = limits.capability
     if major != 9:
         return f"compute capability {major}.{minor}, not Hopper (9.x)"
+    if limits.shared_per_block < HOPPER_SHARED_PER_BLOCK:
+        return f"{limits.shared_per_block:,} B of shared memory a block (the loops are tiled for Hopper's {HOPPER_SHARED_PER_BLOCK:,})"
     if not triton.__version__.startswith(GLUON_VALIDATED_TRITON):
         validated = ", ".join(v + "x" for v in GLUON_VALIDATED_TRITON)
         return f"Triton {triton.__version__}, validated on {validated} only"

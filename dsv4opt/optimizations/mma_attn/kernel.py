@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from dsv4opt.errors import DsvOptError
-from dsv4opt.tritonlib import LN2, LOG2E
+from dsv4opt.tritonlib import HOPPER_SHARED_PER_BLOCK, LN2, LOG2E, compile_only, device_limits, sm_count
 from dsv4opt.workload.attention.simt import check_attention_inputs
 from dsv4opt.optimizations.mma_attn.dispatch import FUSED_ENGINES, INTERPRETED, cache_engine, fused_engine
 from dsv4opt.optimizations.mma_attn.operands import extra_offsets
@@ -53,7 +53,20 @@ def _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, W: tl.co
     wide enough for an asynchronous copy), the tile past the nope the bf16 rope; dequantised in
     registers in q's dtype (exact: the scales are powers of two)."""
     dt = p_kv.dtype.element_ty
-    if FP8:
+    if FP8 and W == TILE:
+        # one tile: a [BK, TILE] load, e4m3 nope or (the tile past the nope) the bf16 rope
+        NOPE_TILES1: tl.constexpr = DN // TILE
+        o_e = tl.arange(0, TILE)
+        t = c0 // TILE
+        m_n = m_row & ((at * 0 + t) < NOPE_TILES1)  # a tensor compare (the interpreter refuses a scalar mask)
+        m_r = m_row & ((at * 0 + t) == NOPE_TILES1)
+        b_nope = tl.load(p_kv8 + (at + c0)[:, None] + o_e[None, :], mask=m_n[:, None], other=0.0)  # [BK, TILE]
+        byte = at_s + t
+        b_word = tl.load(p_kv32 + (byte >> 2), mask=m_n, other=127)  # [BK]
+        b_e = ((b_word >> tl.where(m_n, (byte & 3) * 8, 0).to(tl.int32)) & 0xFF) - 127
+        b_rope = tl.load(p_kv16 + ((at + DN) // 2)[:, None] + o_e[None, :], mask=m_r[:, None], other=0.0)  # [BK, TILE]
+        b_x = tl.where(m_r[:, None], b_rope.to(dt), b_nope.to(dt) * tl.exp2(b_e.to(tl.float32)).to(dt)[:, None])
+    elif FP8:
         NT: tl.constexpr = W // TILE
         NOPE_TILES: tl.constexpr = DN // TILE
         o_t = c0 // TILE + tl.arange(0, NT)  # [NT] tile numbers
@@ -104,25 +117,41 @@ def _tile_slots(p_idx, o_k, i_b, n_w, end, idx_x_delta, stride_iw, stride_ix):
 
 
 @triton.jit
-def _tile_step(p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end, idx_x_delta,
-               stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W: tl.constexpr, PB_W: tl.constexpr,
-               PS_X: tl.constexpr, PB_X: tl.constexpr, DN: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
-               FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
-               BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr, RELOAD_V: tl.constexpr):
+def _tile_step(p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, p_q_tile, m_hq, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end,
+               idx_x_delta, stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W: tl.constexpr,
+               PB_W: tl.constexpr, PS_X: tl.constexpr, PB_X: tl.constexpr, DN: tl.constexpr, D: tl.constexpr,
+               D_P: tl.constexpr, FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr,
+               SCALE_BYTES: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr,
+               RELOAD_V: tl.constexpr, BD: tl.constexpr):
     """One tile of used slots k0 .. k0 + BK: gather the rows, S = q K^T, the online softmax step
-    (base 2, masked slots at -inf), acc = acc * alpha + P V. Returns (m, l, acc)."""
+    (base 2, masked slots at -inf), acc = acc * alpha + P V. Returns (m, l, acc).
+
+    BD == D_P: q is the tile `b_q` [BH, D_P] loaded once by the caller and the rows are gathered
+    whole. BD < D_P (GPUs with less shared memory a block than Hopper): S is summed over D_P / BD
+    column chunks, each chunk of q reloaded from `p_q_tile` (its [BH, BD] pointers at column 0;
+    `m_hq` [BH] the heads to read; L1 hits after the first tile) beside the rows' same columns, so no [BH, D_P] or
+    [BK, D_P] tile is ever staged in shared memory; the value columns are gathered apart."""
     o_k = k0 + tl.arange(0, BK)
     b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, end, idx_x_delta, stride_iw, stride_ix)  # [BK]
     m_row = b_idx >= 0
     tok = tl.where(m_row, b_idx, 0).to(tl.int64)  # caches can exceed 2^31 bytes
     at, at_s = _row_offsets(tok, in_x, x_delta, stride_kv, PS_W, PB_W, PS_X, PB_X, FP8, DATA_BYTES, SCALE_BYTES)
-    b_k = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, 0, D_P, DN, D, FP8, TILE)  # [BK, D_P]
-    if RELOAD_V or NV > 1:
+    if BD == D_P:
+        b_k = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, 0, D_P, DN, D, FP8, TILE)  # [BK, D_P]
+        b_s = tl.dot(b_q, tl.trans(b_k))  # [BH, BK]
+    else:
+        b_s = tl.zeros([p_q_tile.shape[0], BK], tl.float32)  # [BH, BK]
+        for c0 in range(0, D_P, BD):
+            o_c = c0 + tl.arange(0, BD)
+            b_qc = tl.load(p_q_tile + c0, mask=m_hq[:, None] & (o_c < D)[None, :], other=0.0)  # [BH, BD]
+            b_kc = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, c0, BD, DN, D, FP8, TILE)  # [BK, BD]
+            b_s = tl.dot(b_qc, tl.trans(b_kc), acc=b_s)
+    if RELOAD_V or NV > 1 or BD < D_P:
         # A second load of the same rows (L1/L2 hits): each load then feeds one MMA only.
         b_v = _load_latent_cols(p_kv, p_kv8, p_kv32, p_kv16, at, at_s, m_row, i_v * BV, BV, DN, D, FP8, TILE)  # [BK, BV]
     else:
         b_v = b_k
-    b_s = tl.dot(b_q, tl.trans(b_k)) * qk_scale_log2  # [BH, BK]
+    b_s = b_s * qk_scale_log2
     b_s = tl.where(m_row[None, :], b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))  # [BH]
     b_alpha = tl.exp2(b_m - b_m_new)  # [BH]
@@ -150,7 +179,7 @@ def _mma_sparse_decode_kernel(
     DN: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr,
     FP8: tl.constexpr, TILE: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr,
     BH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, RELOAD_V: tl.constexpr, WHILE_LOOP: tl.constexpr,
-    ONE_TILE: tl.constexpr, LSE_WITH_SINK: tl.constexpr = True,
+    ONE_TILE: tl.constexpr, LSE_WITH_SINK: tl.constexpr = True, BD: tl.constexpr = 0,
 ):
     """One program: request i_b, heads [i_h*BH, +BH), value columns [i_v*BV, +BV), split i_s of the
     request's used slots (`split_slots`: the window's then the compressed cache's, as one range).
@@ -172,14 +201,18 @@ def _mma_sparse_decode_kernel(
     i_s = tl.program_id(2)
     o_h = i_h * BH + tl.arange(0, BH)
     m_h = o_h < H
-    o_d = tl.arange(0, D_P)
-    m_d = o_d < D
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < D
     n_w, start, end = split_slots(p_len, i_b, i_s, len_x_delta, KW, KX, NSPLIT, BK)
-    p_q_tile = p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :]
     m_busy = (o_h * 0 + start) < end  # [BH] (a tensor compare: a scalar one makes an int32 mask)
-    b_q = tl.load(p_q_tile, mask=(m_h & m_busy)[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]; none if idle
+    QK_D: tl.constexpr = D_P if BD == 0 else BD  # the columns of q one product takes (BD: chunks of them)
+    o_qd = tl.arange(0, QK_D)
+    p_q_tile = p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_qd[None, :]  # [BH, QK_D]
+    m_hq = m_h & m_busy  # [BH] the heads whose q is read: none if the split is idle
+    if QK_D == D_P:
+        b_q = tl.load(p_q_tile, mask=m_hq[:, None] & (o_qd < D)[None, :], other=0.0)  # [BH, D_P]
+    else:
+        b_q = 0.0  # unused: _tile_step reloads q a column chunk at a time
 
     b_m = tl.full([BH], _NO_SCORE, tl.float32)  # [BH] running max, base 2
     b_l = tl.zeros([BH], tl.float32)  # [BH]
@@ -192,23 +225,23 @@ def _mma_sparse_decode_kernel(
     # software-pipelined for nothing: 1,380 B spilled against 212, ptxas for sm_90a, Triton 3.6).
     if ONE_TILE:
         b_m, b_l, b_acc = _tile_step(
-            p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, start, i_b, i_v, n_w, end, idx_x_delta,
-            stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN, D, D_P, FP8,
-            TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V)
+            p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, p_q_tile, m_hq, b_m, b_l, b_acc, start, i_b, i_v, n_w, end,
+            idx_x_delta, stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN, D,
+            D_P, FP8, TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V, QK_D)
     elif WHILE_LOOP:
         k0 = start
         while k0 < end:
             b_m, b_l, b_acc = _tile_step(
-                p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end, idx_x_delta,
-                stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN, D, D_P, FP8,
-                TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V)
+                p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, p_q_tile, m_hq, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end,
+                idx_x_delta, stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN,
+                D, D_P, FP8, TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V, QK_D)
             k0 += BK
     else:
         for k0 in range(start, end, BK):
             b_m, b_l, b_acc = _tile_step(
-                p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end, idx_x_delta,
-                stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN, D, D_P, FP8,
-                TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V)
+                p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, p_q_tile, m_hq, b_m, b_l, b_acc, k0, i_b, i_v, n_w, end,
+                idx_x_delta, stride_iw, stride_ix, stride_kv, x_delta, qk_scale_log2, PS_W, PB_W, PS_X, PB_X, DN,
+                D, D_P, FP8, TILE, DATA_BYTES, SCALE_BYTES, BK, BV, NV, RELOAD_V, QK_D)
 
     m_o = m_h[:, None] & m_v[None, :]
     # every value slice computes the same lse; one writes it (a tensor compare: a scalar one makes
@@ -301,11 +334,7 @@ class Tiles:
     num_stages: int
     block_v: int = 0  # value columns per program; 0 = the whole latent
     reload_v: bool = False  # load the rows again for the PV product instead of reusing them
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    block_d: int = 0  # columns of q K^T a product takes (0: the whole latent; less: summed in chunks)
 
 
 # Tile families measured best on the H200 (docs/kernels/mma_attn.md). bf16 rows: from B = 16 up
@@ -322,29 +351,41 @@ SMALL_BATCH_MAX = 4
 # in shared memory. 16-row tiles fit 193 KiB of the H200's 227 (ptxas for sm_90a, Triton 3.6,
 # both KV layouts); the bf16 family asks for 384 KiB and fails to launch.
 WIDE_DTYPE_TILES = {"block_k": 16, "num_warps": 8, "num_stages": 2, "block_v": 0, "reload_v": False, "split_factor": 1.0}
+# GPUs whose blocks get less shared memory than the families above need (sm_120, sm_89, sm_86: 99 KB
+# a block, where they ask for 104-234 KiB): no [64, 512] tile of q or of the rows is staged. q K^T
+# is summed over 64-column chunks in a run-time loop (q's chunk reloaded each time, an L1 hit; an
+# unrolled loop holds every chunk's loads at once and spills) and the value columns are split over
+# four programs. 16 KiB of shared memory, 192 registers, no spills for sm_120a (Triton 3.9,
+# tests/compile/); docs/kernels/mma_attn.md "GPUs with less shared memory".
+CHUNKED_TILES = {"block_k": 32, "num_warps": 8, "num_stages": 1, "block_v": 128, "reload_v": True, "split_factor": 1.0,
+                 "block_d": 64}
 
 
 def choose_tiles(batch: int, heads: int, topk: int, device: torch.device, dim: int = 512, fp8: bool = False,
-                 itemsize: int = 2) -> Tiles:
+                 itemsize: int = 2, chunked: bool = False) -> Tiles:
     """Tiles from B, H and K (all the slots one launch covers): 64-head tiles (Hopper's MMA wants
     64 rows), then split the slots until about `split_factor` programs per SM; at large B a single
     pass needs no partials. K only caps the splits at one tile each: rows sized to SGLang's graph
     width (K ~ 8,320) get the splits the SM count asks for, and each split's share of the used
     slots is worked out in the kernel from the lengths (`split_slots`). `itemsize`: bytes per
-    element of q (the dtype the products run in)."""
+    element of q (the dtype the products run in). `chunked`: the family for GPUs with less shared
+    memory a block (CHUNKED_TILES)."""
     small = batch <= SMALL_BATCH_MAX
     d = (FP8_SMALL_BATCH_TILES if small else FP8_TILES) if fp8 else (SMALL_BATCH_TILES if small else TILE_DEFAULTS)
     if itemsize > 2:
         d = WIDE_DTYPE_TILES
+    if chunked:
+        d = CHUNKED_TILES
     block_h = min(64, max(16, triton.next_power_of_2(heads)))
     d_p = triton.next_power_of_2(dim)
     block_v = d["block_v"] if d["block_v"] and d_p % d["block_v"] == 0 else 0
-    sms = _sm_count(device.index or 0) if device.type == "cuda" else 132
+    sms = sm_count(device) if device.type == "cuda" or compile_only() else 132
     programs = batch * triton.cdiv(heads, block_h) * (d_p // block_v if block_v else 1)
     nsplit = max(1, min(round(d["split_factor"] * sms / programs), triton.cdiv(topk, d["block_k"])))
     return Tiles(
         block_h=block_h, block_k=d["block_k"], nsplit=nsplit, num_warps=d["num_warps"],
         num_stages=d["num_stages"], block_v=block_v, reload_v=d["reload_v"],
+        block_d=d.get("block_d", 0) if d.get("block_d", 0) < d_p else 0,
     )
 
 
@@ -375,15 +416,20 @@ class Plan:
     per_cache: tuple[tuple[Tiles, int, int], ...] = ()
 
 
-def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles | None = None) -> Plan:
-    """The launch plan of one call (also what the bench reports)."""
+def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, tiles: Tiles | None = None,
+         chunked: bool = False) -> Plan:
+    """The launch plan of one call with the tiles of the device's family (`fitting_plan` checks they
+    fit its shared memory); `chunked`: the block-level kernel with CHUNKED_TILES, engine "triton-chunked"."""
     B, H, D = q.shape
     caches = [(swa, swa_indices)] + ([(extra, extra_indices)] if extra is not None else [])
     K = sum(indices.shape[1] for _, indices in caches)
     # one launch over both caches' slots: the chunks of every engine but "gluon"
-    fused = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8, itemsize=q.element_size())
+    fused = tiles or choose_tiles(B, H, K, q.device, D, fp8=swa.layout.fp8, itemsize=q.element_size(),
+                                  chunked=chunked)
     chunk, nsplit = split_chunks(K, fused.block_k, fused.nsplit)
     fused = replace(fused, nsplit=nsplit)
+    if chunked:
+        return Plan("triton-chunked", fused, chunk, nsplit)
     engine = fused_engine(q, swa, swa_indices, extra, extra_indices, fused)
     if engine:
         return Plan(engine, fused, chunk, nsplit)
@@ -397,9 +443,55 @@ def plan(q, swa: KVCache, swa_indices, extra: KVCache | None, extra_indices, til
     return Plan("triton", fused, chunk, nsplit)
 
 
+# (device, the launch's constants, dtypes) -> bytes of shared memory a block of that launch asks for
+_SHARED_BYTES: dict[tuple, int] = {}
+
+
+def fitting_plan(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices, extra_lengths,
+                 sink, scale, lse_with_sink: bool = True) -> Plan:
+    """`plan` for q's device, by the shared memory its blocks may have (read from the device:
+    tritonlib.device_limits): with Hopper's, the tile families measured there (Gluon loops where
+    they apply); with less, the chunked family (the others fit by a hair at best there, and spill:
+    tests/compile/). The block-level launch is checked against the limit before it is made: the
+    chunked family where the usual one does not fit, a one-line refusal where neither does."""
+    p = plan(q, swa, swa_indices, extra, extra_indices)
+    if p.engine != "triton" or _INTERPRETED:
+        return p  # the Gluon loops run only where the device has Hopper's shared memory (dispatch.py)
+    limit = device_limits(q.device).shared_per_block
+    chunked = plan(q, swa, swa_indices, extra, extra_indices, chunked=True)
+    needs = []
+    for candidate in ((p, chunked) if limit >= HOPPER_SHARED_PER_BLOCK else (chunked,)):
+        needs.append(_shared_bytes(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink,
+                                   scale, candidate, lse_with_sink))
+        if needs[-1] <= limit:
+            return candidate
+    raise DsvOptError(f"mma-attn cannot run on this GPU: its blocks get {limit:,} B of shared memory and the "
+                      f"kernel's smallest tiles need {min(needs):,} B at B = {q.shape[0]}; leave mma-attn off")
+
+
+def _shared_bytes(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p: Plan,
+                  lse_with_sink: bool) -> int:
+    """Shared memory a block of the block-level launch `p` asks for, from its compiled kernel (a
+    compile without a launch; the sink stands in for the fp32 outputs, of the same dtype)."""
+    launch = _fused_launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p,
+                           q, sink, sink, sink, lse_with_sink)
+    key = (q.device, q.dtype, swa.layout.fp8, tuple((k, v) for k, v in launch[1].items() if not k.startswith(("p_", "stride_"))))
+    if key not in _SHARED_BYTES:
+        _SHARED_BYTES[key] = _mma_sparse_decode_kernel.warmup(grid=launch[0], **launch[1]).metadata.shared
+    return _SHARED_BYTES[key]
+
+
 def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices, extra_lengths,
                   sink, scale, p: Plan, o, lse, o_part, lse_part, lse_with_sink: bool = True) -> None:
     """One launch over the window slots then the compressed-cache slots."""
+    grid, args = _fused_launch(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, p,
+                               o, lse, o_part, lse_part, lse_with_sink)
+    _mma_sparse_decode_kernel[grid](**args)
+
+
+def _fused_launch(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | None, extra_indices, extra_lengths,
+                  sink, scale, p: Plan, o, lse, o_part, lse_part, lse_with_sink: bool) -> tuple[tuple, dict]:
+    """The grid and arguments of the one launch over both caches' slots."""
     B, H, D = q.shape
     L, t = swa.layout, p.tiles
     d_p = triton.next_power_of_2(D)
@@ -418,7 +510,7 @@ def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     x_delta, idx_x_delta, len_x_delta, stride_ix, kx = extra_offsets(swa, swa_indices, swa_lengths, extra,
                                                                      extra_indices, extra_lengths)
     grid = (B, triton.cdiv(H, t.block_h) * (d_p // block_v), p.nsplit)
-    _mma_sparse_decode_kernel[grid](
+    return grid, dict(
         p_q=q, p_kv=kv, p_kv8=kv8, p_kv32=kv32, p_kv16=kv16, p_idx=swa_indices, p_len=swa_lengths, p_sink=sink,
         p_o=o, p_lse=lse, p_o_part=o_part, p_lse_part=lse_part,
         stride_qb=q.stride(0), stride_qh=q.stride(1), stride_kv=stride_kv, stride_iw=swa_indices.stride(0),
@@ -429,7 +521,8 @@ def _launch_fused(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         DN=L.nope, D=D, D_P=d_p, FP8=L.fp8, TILE=L.tile, DATA_BYTES=L.data_bytes, SCALE_BYTES=L.scale_bytes,
         BH=t.block_h, BK=t.block_k, BV=block_v, RELOAD_V=t.reload_v, WHILE_LOOP=_INTERPRETED,
         ONE_TILE=p.chunk <= t.block_k,  # with every slot used a split runs p.chunk slots, the most it can
-        LSE_WITH_SINK=lse_with_sink, num_warps=t.num_warps, num_stages=t.num_stages,
+        LSE_WITH_SINK=lse_with_sink, BD=t.block_d if t.block_d and t.block_d < d_p else 0,
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )
 
 
@@ -446,9 +539,11 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
     kernel_gluon.py (bf16 rows, once per cache) fp32.
     lse_with_sink=False: lse is FlashMLA's instead, the log-sum-exp of the used slots' scores alone
     and +inf where none is used (o keeps the sink), written by the same launches.
+    On a GPU whose blocks get less shared memory than Hopper's the block-level kernel runs its
+    chunked tiles (`fitting_plan`); where no tiles fit, a one-line DsvOptError before any launch.
     CUDA-graph safe: no host synchronisation; allocations have shapes fixed by the inputs'.
     """
-    if q.device.type != "cuda" and not _INTERPRETED:
+    if q.device.type != "cuda" and not _INTERPRETED and not compile_only():
         raise DsvOptError(
             "mma-attn runs on a CUDA GPU; on a CPU leave it off, or set TRITON_INTERPRET=1 (slow) to run it"
         )
@@ -457,7 +552,8 @@ def mma_attention(q, swa: KVCache, swa_indices, swa_lengths, extra: KVCache | No
         check_attention_inputs(q, indices, lengths)
         assert cache.layout.dim == D and (cache.layout.fp8 or cache.data.dtype == q.dtype), (cache.layout, q.dtype)
     assert sink.shape == (H,)
-    p = plan(q, swa, swa_indices, extra, extra_indices, tiles)
+    p = (plan(q, swa, swa_indices, extra, extra_indices, tiles) if tiles is not None else
+         fitting_plan(q, swa, swa_indices, swa_lengths, extra, extra_indices, extra_lengths, sink, scale, lse_with_sink))
     ns_total = max(p.nsplit, 2) if p.engine == "gluon" else p.nsplit  # the Gluon loop always writes partials
     o = torch.empty_like(q)
     lse = torch.empty(B, H, device=q.device, dtype=torch.float32)

@@ -36,7 +36,8 @@ from dsv4opt.workload.kernels.grouped_moe_configs import MoeConfig, choose
 from dsv4opt.workload.kernels.grouped_moe_direct import DirectTiles, direct_routed_experts, direct_supported, tickets_needed
 from dsv4opt.workload.kernels.grouped_moe_ws import ws_down, ws_down_supported, ws_gate_up, ws_runs_on, ws_supported
 from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES, PackedExperts, packed_experts
-from dsv4opt.tritonlib import dot_dtype_ok, interpreted, runs_triton, sm_count
+from dsv4opt.tritonlib import (DeviceLimits, compile_only, device_limits, dot_dtype_ok, interpreted, runs_triton,
+                               sm_count)
 from dsv4opt.workload.kernels import naive
 from dsv4opt.workload.quant import MXFP4_GROUP
 from dsv4opt.workload.weights import Mxfp4Experts
@@ -554,13 +555,13 @@ def _tickets(device: torch.device, n: int) -> torch.Tensor:
 # (kernel, device, launch constants) -> programs an SM can hold, from the first launch's registers and
 # shared memory: a persistent program that is not resident runs its items after the others finish.
 _RESIDENT: dict[tuple, int] = {}
-_SM_REGS, _SM_SHARED, _SM_THREADS = 65536, 233472, 2048
 
 
-def _resident(compiled, warps: int) -> int:
+def _resident(compiled, warps: int, sm: DeviceLimits) -> int:
+    """Programs of `compiled` one SM of `sm` holds at once: registers, shared memory and threads."""
     regs = -(-compiled.n_regs // 8) * 8 * 32 * warps  # registers go to warps in blocks of 256
     shared = compiled.metadata.shared + 1024  # the driver keeps 1 KB a block
-    return max(1, min(_SM_REGS // regs, _SM_SHARED // shared, _SM_THREADS // (32 * warps)))
+    return max(1, min(sm.regs_per_sm // regs, sm.shared_per_sm // shared, sm.threads_per_sm // (32 * warps)))
 
 
 def _persistent(kernel, device: torch.device, tiles, work_max: int, **args) -> None:
@@ -568,12 +569,12 @@ def _persistent(kernel, device: torch.device, tiles, work_max: int, **args) -> N
     than there can be work items."""
     key = (id(kernel), str(device), tiles, tuple(sorted((k, v) for k, v in args.items() if k.isupper())))
     ctas = min(tiles.ctas, _RESIDENT.get(key, tiles.ctas))
-    sms = sm_count(device) if device.type == "cuda" else 4
+    sms = sm_count(device) if device.type == "cuda" or compile_only() else 4
     progs = max(1, min(ctas * sms, work_max))
     extra = {"maxnreg": tiles.maxnreg} if tiles.maxnreg else {}
     compiled = kernel[(progs,)](num_progs=progs, num_warps=tiles.warps, num_stages=tiles.stages, **extra, **args)
-    if key not in _RESIDENT and hasattr(compiled, "n_regs"):
-        _RESIDENT[key] = _resident(compiled, tiles.warps)
+    if key not in _RESIDENT and getattr(compiled, "n_regs", None) is not None and device.type == "cuda":
+        _RESIDENT[key] = _resident(compiled, tiles.warps, device_limits(device))
 
 
 def _routing_args(ids: torch.Tensor, r: Routing | None) -> tuple[int, dict]:

@@ -33,7 +33,7 @@ import torch
 import triton
 
 from dsv4opt.sass import listing, ptxas_log, tightest_loop
-from dsv4opt.tritonlib import interpreted, sm_count
+from dsv4opt.tritonlib import HOPPER_SHARED_PER_BLOCK, device_limits, interpreted, sm_count
 
 try:
     from triton.experimental import gluon
@@ -302,8 +302,12 @@ def grid_size(max_items: int, sms: int, ctas: int) -> int:
 
 
 def ws_runs_on(t: torch.Tensor) -> bool:
-    """Whether the kernels can run on t's device: Triton 3.6's Gluon, an sm_90 GPU, not interpreted."""
-    return GLUON_API_OK and t.is_cuda and not interpreted() and torch.cuda.get_device_capability(t.device)[0] == 9
+    """Whether the kernels can run on t's device: Triton 3.6's Gluon, an sm_90 GPU with its shared
+    memory (not capped by DSV4OPT_SHARED_MEMORY_LIMIT), not interpreted."""
+    if not (GLUON_API_OK and t.is_cuda and not interpreted()):
+        return False
+    limits = device_limits(t.device)
+    return limits.capability[0] == 9 and limits.shared_per_block >= HOPPER_SHARED_PER_BLOCK
 
 
 def ws_supported(x: torch.Tensor, packed13, block_m: int, slotwise: bool = False) -> bool:
