@@ -2,7 +2,7 @@
 baseline's throughput, launches, category and part shares, and its step's bytes floor
 (dsv4opt/workload/floor.py) with the fraction of it reached; then every profile of the loop.
 
-    python scripts/path_table.py profiles/hopper-0.5.23/*.json
+    python scripts/path_table.py evidence/h200/profiles/hopper-0.5.23/*.json
 """
 
 from __future__ import annotations

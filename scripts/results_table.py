@@ -1,6 +1,6 @@
 """Markdown tables for docs/results.md, read straight from committed profiles (no figure typed by hand).
 
-    python scripts/results_table.py profiles/embedded-*.json
+    python scripts/results_table.py evidence/h200/profiles/embedded-*.json
 
 1. Every profile: throughput, shares of the categories that matter, launches per step.
 2. Each optimisation's saving on its target: the GPU time per step of the target (attention part
