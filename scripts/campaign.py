@@ -177,11 +177,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chart", type=Path, help="also draw the chart to this PNG")
     args = ap.parse_args()
-    print("\n".join(table()))
-    print()
-    print("\n".join(glue_outcomes()))
-    print()
-    print(MIXED_NOTE)
+    print("\n".join(table() + ["", MIXED_NOTE, ""] + glue_outcomes()))
     if args.chart:
         chart(args.chart)
 
