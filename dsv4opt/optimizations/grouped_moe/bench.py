@@ -26,7 +26,8 @@ from typing import Callable, Sequence
 import torch
 
 from dsv4opt.errors import DsvOptError
-from dsv4opt.optimizations.registry import CheckResult
+from dsv4opt.optimizations import timing
+from dsv4opt.optimizations.timing import BenchOptions
 from dsv4opt.workload.config import ModelConfig
 
 _CFG = ModelConfig.from_name("dsv4-flash")
@@ -96,18 +97,14 @@ class BenchRow:
 
 
 @dataclass
-class BenchResult:
-    check: CheckResult
-    device: str
-    copy_gbps: float = 0.0
+class BenchResult(timing.BenchResult):
     anchor: str = "not importable"  # what happened to the anchor
     anchor_errors: dict = field(default_factory=dict)  # "layout C" -> rel err against its float64 definition
     rows: list[BenchRow] = field(default_factory=list)
     sweep: list[dict] = field(default_factory=list)
 
     def as_json(self) -> dict:
-        check = asdict(self.check)
-        check["details"] = {"cases": check["details"].get("cases", [])}
+        check = self.check_json()
         return _finite({"bench": "grouped-moe", "device": self.device, "copy_gbps": self.copy_gbps,
                         "anchor": self.anchor, "anchor_errors": self.anchor_errors, "hidden": _CFG.hidden,
                         "topk": _CFG.experts_per_token, "layouts": {k: asdict(v) for k, v in LAYOUTS.items()},
@@ -182,10 +179,10 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float("inf") if e.nonfinite else e.rel
 
 
-def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[str], None] = lambda _msg: None,
-              batches: Sequence[int] | None = None, layouts: Sequence[str] = ("tp4", "dp-ep"),
+def run_bench(options: BenchOptions = BenchOptions(), *, layouts: Sequence[str] = ("tp4", "dp-ep"),
               baseline: bool = True) -> BenchResult:
-    """Check, then time grouped-moe, the anchor and the baseline for each layout and concurrency."""
+    """Check, then time grouped-moe, the anchor and the baseline for each layout and concurrency
+    (options.batches; `baseline=False` skips SGLang's per-slot path, slow at large C)."""
     if not torch.cuda.is_available():
         raise DsvOptError("dsv4opt bench grouped-moe needs a CUDA GPU (on a CPU only the correctness check runs, under Triton's interpreter)")
     from dsv4opt.optimizations.grouped_moe import anchor
@@ -195,7 +192,7 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
     from dsv4opt.workload.baseline import routed_experts_sm120
     from dsv4opt.workload.kernels import naive
 
-    concurrencies = tuple(batches or concurrencies)
+    concurrencies, on_step = tuple(options.batches or CONCURRENCIES), options.on_step
     on_step("correctness check")
     result = BenchResult(check=check("cuda"), device=torch.cuda.get_device_name())
     if not result.check.passed:
@@ -377,8 +374,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             rows = run_sweep(conc, layouts, on_step=console.print, match=args.match)
             payload = {"bench": "grouped-moe sweep", "device": torch.cuda.get_device_name(), "rows": rows}
         else:
-            result = run_bench(conc, on_step=lambda m: console.print(f"[dim]{m}[/dim]"), layouts=layouts,
-                               baseline=not args.no_baseline)
+            result = run_bench(BenchOptions(batches=conc, on_step=lambda m: console.print(f"[dim]{m}[/dim]")),
+                               layouts=layouts, baseline=not args.no_baseline)
             console.print(render(result))
             payload = result.as_json()
     except DsvOptError as err:
