@@ -133,7 +133,7 @@ def main() -> None:
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows = []
     for name in args.layout.split(","):
-        w13, w2 = bench._weights(bench.LAYOUTS[name], gen)
+        w13, w2 = bench.layout_weights(bench.LAYOUTS[name], gen)
         packed = packed_experts(w13)
         runs = [(GemmTiles(bn=64, bk=128, warps=4, stages=4, ctas=c), MODES) for c in map(int, args.ctas.split(","))]
         if args.variants:

@@ -46,9 +46,9 @@ def _slot_calls(layout_name: str, concurrency: int, gen: torch.Generator, weight
     """The slot on the bench's rotating input sets, each set run once (the production-layout copies and
     the compiles happen here): an endless cycle of calls."""
     lay = bench.LAYOUTS[layout_name]
-    sets = bench._input_sets(lay, concurrency, gen)
+    sets = bench.layout_input_sets(lay, concurrency, gen)
     w13, w2 = weights
-    cfg = bench._CFG
+    cfg = bench.CFG
     config = _config(lay, sets[0][0], sets[0][1].numel(), match)
     print(f"{layout_name} C = {concurrency}: {config.name}")
     run = lambda x, ids, g: grouped_routed_experts(x, ids, g, w13, w2, cfg.swiglu_limit, cfg.routed_scale,  # noqa: E731
@@ -95,14 +95,14 @@ def main() -> None:
     rows = []
     for name in a.layout.split(","):
         lay = bench.LAYOUTS[name]
-        weights = bench._weights(lay, gen)
+        weights = bench.layout_weights(lay, gen)
         for c in map(int, a.concurrency.split(",")):
             if a.drive:
                 drive(name, c, a.drive, gen, weights, a.match)
                 continue
             means = kernel_means(name, c, a.calls, gen, weights, a.match)
             ids = bench.routing(lay, c, gen)[0]
-            floor_us = bench.floor_bytes(lay, ids, bench._CFG.hidden)[0] / (copy * 1e9) * 1e6
+            floor_us = bench.floor_bytes(lay, ids, bench.CFG.hidden)[0] / (copy * 1e9) * 1e6
             rows.append(dict(layout=name, concurrency=c, floor_us=floor_us, kernels=means))
             print(f"{name} C = {c}: floor {floor_us:.1f} µs, kernels {sum(means.values()):.1f} µs a call")
             for k, us in means.items():

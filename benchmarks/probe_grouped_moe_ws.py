@@ -254,7 +254,7 @@ def run_gpu(args) -> list[dict]:
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows = []
     for name in args.layout.split(","):
-        w13, w2 = bench._weights(bench.LAYOUTS[name], gen)
+        w13, w2 = bench.layout_weights(bench.LAYOUTS[name], gen)
         packed = packed_experts(w13)
         # 2 units a K step; with a wgmma in flight the consumer takes two steps an iteration, so the steps
         # must be even there too (an odd count would wait on a barrier the producer never fills)

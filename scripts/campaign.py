@@ -25,18 +25,18 @@ from dsv4opt.decision.recommend import candidates  # noqa: E402
 MBG = "mma-attn+bf16-gemm+grouped-moe"
 # (label, profile path with {c}, what was switched on in this step)
 STEPS = [
-    ("baseline", "profiles/embedded-dsv4-flash-c{c}-ctx8192-baseline.json", None),
-    ("+ grouped-moe", "profiles/embedded-dsv4-flash-c{c}-ctx8192-grouped-moe.json", ("grouped-moe",)),
-    ("+ mma-attn + bf16-gemm", f"profiles/fuse-glue/embedded-dsv4-flash-c{{c}}-ctx8192-{MBG}.json",
+    ("baseline", "evidence/h200/profiles/embedded-dsv4-flash-c{c}-ctx8192-baseline.json", None),
+    ("+ grouped-moe", "evidence/h200/profiles/embedded-dsv4-flash-c{c}-ctx8192-grouped-moe.json", ("grouped-moe",)),
+    ("+ mma-attn + bf16-gemm", f"evidence/h200/profiles/fuse-glue/embedded-dsv4-flash-c{{c}}-ctx8192-{MBG}.json",
      ("mma-attn", "bf16-gemm")),
-    ("+ fuse-glue", f"profiles/fuse-glue/embedded-dsv4-flash-c{{c}}-ctx8192-{MBG}+fuse-glue.json", ("fuse-glue",)),
+    ("+ fuse-glue", f"evidence/h200/profiles/fuse-glue/embedded-dsv4-flash-c{{c}}-ctx8192-{MBG}+fuse-glue.json", ("fuse-glue",)),
 ]
 # Alternatives to the last step, each against the same profile before it (BEFORE_LAST).
 BEFORE_LAST = STEPS[-2][1]
 ALTERNATIVES = [
-    ("+ torch-compile (instead)", f"profiles/fuse-glue/embedded-dsv4-flash-c{{c}}-ctx8192-{MBG}+torch-compile.json",
+    ("+ torch-compile (instead)", f"evidence/h200/profiles/fuse-glue/embedded-dsv4-flash-c{{c}}-ctx8192-{MBG}+torch-compile.json",
      ("torch-compile",)),
-    ("+ fuse-glue + torch-compile", f"profiles/fuse-glue/embedded-dsv4-flash-c{{c}}-ctx8192-{MBG}+fuse-glue+torch-compile.json",
+    ("+ fuse-glue + torch-compile", f"evidence/h200/profiles/fuse-glue/embedded-dsv4-flash-c{{c}}-ctx8192-{MBG}+fuse-glue+torch-compile.json",
      ("fuse-glue", "torch-compile")),
 ]
 CHART_CATEGORIES = ("moe", "attention", "gemm", "communication", "glue")  # glue: the analysis' GLUE categories
@@ -177,11 +177,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chart", type=Path, help="also draw the chart to this PNG")
     args = ap.parse_args()
-    print("\n".join(table()))
-    print()
-    print("\n".join(glue_outcomes()))
-    print()
-    print(MIXED_NOTE)
+    print("\n".join(table() + ["", MIXED_NOTE, ""] + glue_outcomes()))
     if args.chart:
         chart(args.chart)
 

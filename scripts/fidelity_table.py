@@ -1,6 +1,6 @@
 """Launches per layer, part by part, of a committed embedded profile against the SGLang path it reproduces.
 
-    python scripts/fidelity_table.py profiles/embedded-dsv4-flash-c32-ctx8192-baseline.json
+    python scripts/fidelity_table.py evidence/h200/profiles/embedded-dsv4-flash-c32-ctx8192-baseline.json
 
 SGLang's column is counted from its source at sgl-project/sglang@37ef295c7 (docs/workload.md), for the
 profile's layout: the o_proj and MoE rows differ between tensor parallelism (tp4, tp8: all-reduces, no

@@ -2,7 +2,7 @@
 baseline's throughput, launches, category and part shares, and its step's bytes floor
 (dsv4opt/workload/floor.py) with the fraction of it reached; then every profile of the loop.
 
-    python scripts/path_table.py profiles/hopper-0.5.23/*.json
+    python scripts/path_table.py evidence/h200/profiles/hopper-0.5.23/*.json
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ def floor_ms(p: Profile) -> tuple[float, dict]:
     return f.ms(HBM_GBS), f.parts
 
 
-def main(paths: list[str]) -> None:
+def lines(paths: list[str]) -> list[str]:
+    out: list[str] = []
     profiles = sorted((Profile.load(x) for x in paths if is_profile_file(x)),
                       key=lambda p: (int(p.meta["concurrency"]), len(p.meta.get("optimizations") or [])))
-    print("| C | tokens/s | ms/step | launches/step | " + " | ".join(n for _, n in CATEGORIES) +
-          " | glue | top parts | bytes floor (ms) | of floor |")
-    print("|---:|---:|---:|---:|" + "---:|" * len(CATEGORIES) + "---:|---|---:|---:|")
+    out.append("| C | tokens/s | ms/step | launches/step | " + " | ".join(n for _, n in CATEGORIES) +
+               " | glue | top parts | bytes floor (ms) | of floor |")
+    out.append("|---:|---:|---:|---:|" + "---:|" * len(CATEGORIES) + "---:|---|---:|---:|")
     for p in profiles:
         if variant(p) != "baseline":
             continue
@@ -48,25 +49,25 @@ def main(paths: list[str]) -> None:
         total = sum(r.total_us for r in parts) or 1.0
         top = ", ".join(f"{r.part} {r.total_us / total:.0%}" for r in parts[:3])
         shares = " | ".join(f"{p.category_share(c):.1%}" for c, _ in CATEGORIES)
-        print(f"| {p.meta['concurrency']} | {p.throughput['tokens_per_s']:.1f} | {ms:.2f} | "
-              f"{p.steps['launches_per_step']:.0f} | {shares} | {p.glue_share:.1%} | {top} | {floor:.2f} | {floor / ms:.0%} |")
-    print()
-    print("| C | profile | tokens/s | x baseline | ms/step | of floor |")
-    print("|---:|---|---:|---:|---:|---:|")
+        out.append(f"| {p.meta['concurrency']} | {p.throughput['tokens_per_s']:.1f} | {ms:.2f} | "
+                   f"{p.steps['launches_per_step']:.0f} | {shares} | {p.glue_share:.1%} | {top} | {floor:.2f} | {floor / ms:.0%} |")
+    out.append("")
+    out.append("| C | profile | tokens/s | x baseline | ms/step | of floor |")
+    out.append("|---:|---|---:|---:|---:|---:|")
     base = {p.meta["concurrency"]: p for p in profiles if variant(p) == "baseline"}
     for p in profiles:
         b = base.get(p.meta["concurrency"])
         x = p.throughput["tokens_per_s"] / b.throughput["tokens_per_s"] if b else float("nan")
         ms = p.throughput["ms_per_step"]
-        print(f"| {p.meta['concurrency']} | {variant(p)} | {p.throughput['tokens_per_s']:.1f} | {x:.3f}x | {ms:.2f} | "
-              f"{floor_ms(p)[0] / ms:.0%} |")
-    print()
+        out.append(f"| {p.meta['concurrency']} | {variant(p)} | {p.throughput['tokens_per_s']:.1f} | {x:.3f}x | {ms:.2f} | "
+                   f"{floor_ms(p)[0] / ms:.0%} |")
+    out.append("")
     for p in profiles:
         if variant(p) == "baseline":
             floor, parts = floor_ms(p)
-            print(f"C = {p.meta['concurrency']}: floor {floor:.2f} ms = " +
-                  ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in parts.items()))
-    print()
+            out.append(f"- C = {p.meta['concurrency']}: floor {floor:.2f} ms = " +
+                       ", ".join(f"{k} {v / 1e6:.0f} MB" for k, v in parts.items()))
+    out.append("")
     for p in profiles:  # the block-FP8 GEMM (DeepGEMM's stand-in on the Hopper path) against its weights
         gemm = [k for k in p.kernels if k.name == "_block_fp8_matmul_kernel"]
         if variant(p) != "baseline" or not gemm:
@@ -75,8 +76,13 @@ def main(paths: list[str]) -> None:
         cfg = ModelConfig.from_name(m["config"]).with_layers(m["layers"])
         nbytes = fp8_weight_bytes(cfg, m["layout"], PATHS[m.get("sglang", "0.5.14")].fp8_wo_a)
         us = gemm[0].total_us / p.steps["count"]
-        print(f"C = {m['concurrency']}: block-FP8 GEMM {us / 1e3:.2f} ms a step ({gemm[0].share:.1%}) for "
-              f"{nbytes / 1e9:.2f} GB of FP8 weights: {nbytes / us / 1e3:.0f} GB/s, {nbytes / us / 1e3 / HBM_GBS:.0%} of HBM")
+        out.append(f"- C = {m['concurrency']}: block-FP8 GEMM {us / 1e3:.2f} ms a step ({gemm[0].share:.1%}) for "
+                   f"{nbytes / 1e9:.2f} GB of FP8 weights: {nbytes / us / 1e3:.0f} GB/s, {nbytes / us / 1e3 / HBM_GBS:.0%} of HBM")
+    return out
+
+
+def main(paths: list[str]) -> None:
+    print("\n".join(lines(paths)))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
+FIXTURE_PROFILES = DATA / "profiles"  # saved profiles to read and render (tests/data/profiles/README.md)
+EVIDENCE_PROFILES = REPO / "evidence" / "h200" / "profiles"  # the H200 profiles the docs quote
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 
 

@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO
 
 PACKAGE = REPO / "dsv4opt"
@@ -154,3 +156,38 @@ def test_the_mma_attn_modules_import_in_no_circle():
 def test_an_import_circle_is_found():
     assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+PACKAGES = sorted(p.parent for p in PACKAGE.rglob("__init__.py"))
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=[str(p.relative_to(REPO)) for p in PACKAGES])
+def test_no_package_imports_in_a_circle(package):
+    """Inside every package of dsv4opt the modules (and subpackages) import one way."""
+    circles = import_circles(module_imports(package))
+    assert circles == [], circles
+
+
+# Private names still taken from another file: mma-attn's warp-specialised loops share their consumer
+# side and the Gluon pieces through `_` names (another branch is moving them to public ones).
+PRIVATE_IMPORTS_LEFT = {
+    "dsv4opt/optimizations/mma_attn/kernel_gluon_bf16_ws.py": {"_consumer", "_fill_index_ring", "_ring_barriers", "_ws_buffers"},
+    "dsv4opt/optimizations/mma_attn/kernel_gluon_fp8_ws.py": {"_NOPE_TILES", "_ROPE", "_TILE", "_split_result",
+                                                              "_tile_products", "_tile_rows"},
+}
+
+
+def private_imports() -> dict[str, set[str]]:
+    """file -> the `_` names it imports from another module of dsv4opt."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        names = {a.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dsv4opt")
+                 for a in node.names if a.name.startswith("_") and not a.name.startswith("__")}
+        if names:
+            out[str(path.relative_to(REPO))] = names
+    return out
+
+
+def test_no_private_name_is_imported_from_another_file():
+    assert private_imports() == PRIVATE_IMPORTS_LEFT

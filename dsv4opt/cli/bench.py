@@ -1,7 +1,7 @@
 """`dsv4opt bench NAME`: an optimisation's micro-benchmark (check first, then timing)."""
 
+import difflib
 import importlib
-import inspect
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -23,12 +23,29 @@ def _batches(text: Optional[str]) -> Optional[tuple[int, ...]]:
     return values
 
 
+def bench_module(name: str) -> str:
+    """The benchmark module of optimisation `name`, found from the registry's data alone (no kernel
+    imported), or a DsvOptError that says what to run instead."""
+    from dsv4opt.optimizations.registry import OPTIMIZATIONS
+
+    benches = {n: o.bench_module for n, o in OPTIMIZATIONS.items() if o.bench_module}
+    if name in benches:
+        return benches[name]
+    known = ", ".join(benches) or "none"
+    if name in OPTIMIZATIONS:
+        raise DsvOptError(f"{name} has no bench: `dsv4opt list --check` runs its correctness gate and "
+                          f"`dsv4opt profile --with {name}` measures it in the decode step; benches: {known}")
+    close = difflib.get_close_matches(name, list(benches) + list(OPTIMIZATIONS), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise DsvOptError(f"unknown benchmark {name!r}; {hint}known: {known}")
+
+
 @app.command()
 def bench(
     name: Annotated[str, typer.Argument(help="Optimisation whose benchmark to run (one with a bench module; see `dsv4opt list`).")],
     batch: Annotated[Optional[str], typer.Option(help="Comma-separated batch sizes (default: the benchmark's).")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the results as JSON here.")] = None,
-    kv: Annotated[KvLayout, typer.Option(help="KV cache layout the benchmark reads: fp8 (SGLang's) or bf16.")] = KvLayout.fp8,
+    kv: Annotated[KvLayout, typer.Option(help="KV cache layout the benchmark reads: fp8 (SGLang's) or bf16 (mma-attn; the others read no KV cache).")] = KvLayout.fp8,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --json file.")] = False,
 ) -> None:
     """Run an optimisation's correctness check, then time it against its floor and the baseline.
@@ -38,19 +55,16 @@ def bench(
       dsv4opt bench mma-attn --batch 1,16,64 --json mma-attn-bench.json
     """
     from dsv4opt.fileio import check_new_file
-    from dsv4opt.optimizations.registry import OPTIMIZATIONS
 
-    benches = {n: o.bench_module for n, o in OPTIMIZATIONS.items() if o.bench_module}
-    if name not in benches:
-        raise DsvOptError(f"unknown benchmark {name!r}; known: {', '.join(benches) or 'none'}")
+    module_name = bench_module(name)
     check_new_file(json_out, force, "--json")
-    module = importlib.import_module(benches[name])
     batches = _batches(batch)
-    kwargs = {"batches": batches} if batches else {}
-    if "kv" in inspect.signature(module.run_bench).parameters:
-        kwargs["kv"] = kv.value
+    from dsv4opt.optimizations.timing import BenchOptions
+
+    module = importlib.import_module(module_name)
     with console.status(f"bench {name}") as status:
-        result = module.run_bench(on_step=lambda msg: status.update(f"bench {name}: {msg}"), **kwargs)
+        result = module.run_bench(BenchOptions(batches=batches, kv=kv.value,
+                                               on_step=lambda msg: status.update(f"bench {name}: {msg}")))
     console.print(module.render(result))
     if json_out is not None:
         from dsv4opt.fileio import write_json_atomic

@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from dsv4opt.errors import DsvOptError
@@ -70,12 +71,16 @@ class Optimization:
 
     @property
     def bench_module(self) -> str | None:
-        """The package's benchmark module, if it has one."""
-        name = f"{self.module}.bench"
+        """The package's benchmark module, if it has one: found as a file beside the package's, so
+        asking imports only the package's parent (for ours dsv4opt.optimizations, which is light),
+        never the package and its kernels."""
+        parent, _, leaf = self.module.rpartition(".")
         try:
-            return name if importlib.util.find_spec(name) is not None else None
+            spec = importlib.util.find_spec(parent) if parent else None
         except ModuleNotFoundError:
             return None
+        places = (spec.submodule_search_locations or []) if spec is not None else []
+        return f"{self.module}.bench" if any((Path(p) / leaf / "bench.py").is_file() for p in places) else None
 
 
 OPTIMIZATIONS: dict[str, Optimization] = {

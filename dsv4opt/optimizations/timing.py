@@ -1,12 +1,50 @@
-"""What the optimisations' benchmarks share: CUDA-graph medians, the copy-bandwidth ceiling and the
-number of rotating input sets that keeps a timed call's inputs out of L2."""
+"""What the optimisations' benchmarks share: the contract `dsv4opt bench NAME` calls them by
+(`run_bench(options: BenchOptions) -> BenchResult`, then `render(result)` and `result.as_json()`),
+CUDA-graph medians, the copy-bandwidth ceiling and the number of rotating input sets that keeps a
+timed call's inputs out of L2."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
+
+from dsv4opt.optimizations.registry import CheckResult
+
+
+def _quiet(_msg: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `dsv4opt bench NAME` hands every benchmark's `run_bench`; a benchmark reads what applies
+    to it (only mma-attn reads a KV cache) and takes its own extras as keyword arguments."""
+
+    batches: tuple[int, ...] | None = None  # batch sizes or concurrencies; None: the benchmark's own
+    kv: str = "fp8"  # the KV cache layout read: fp8 (SGLang's) or bf16
+    on_step: Callable[[str], None] = _quiet  # progress, one short line a step
+
+
+@dataclass
+class BenchResult:
+    """What every benchmark returns: its correctness check (run first: nothing is timed when it
+    fails), the device and the copy-bandwidth ceiling. Each benchmark adds its rows and its JSON."""
+
+    check: CheckResult
+    device: str
+    copy_gbps: float = 0.0
+
+    def check_json(self) -> dict:
+        """The check as JSON, its details cut to the cases."""
+        check = asdict(self.check)
+        check["details"] = {"cases": check["details"].get("cases", [])}
+        return check
+
+    def as_json(self) -> dict:
+        raise NotImplementedError
 
 # Bytes the input sets of one rotation read together, in multiples of the L2's size.
 L2_SPAN = 3

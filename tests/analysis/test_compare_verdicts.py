@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 from dsv4opt.analysis.compare import compare_profiles
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.cli import app
-from tests.helpers import REPO
+from tests.helpers import EVIDENCE_PROFILES
 
-PROFILES = REPO / "profiles"
+PROFILES = EVIDENCE_PROFILES
 C1_BASELINE = PROFILES / "embedded-dsv4-flash-c1-ctx8192-baseline.json"
 C1_ALL_THREE = PROFILES / "embedded-dsv4-flash-c1-ctx8192-mma-attn+bf16-gemm+grouped-moe.json"
 C32_BASELINE = PROFILES / "embedded-dsv4-flash-c32-ctx8192-baseline.json"

@@ -11,15 +11,15 @@ import pytest
 from dsv4opt.analysis import analyze_paths
 from dsv4opt.analysis.profile import SCHEMA, KernelRow, Profile
 from dsv4opt.analysis.sweep import SWEEP_SCHEMA, summary_rows
-from tests.helpers import REPO
+from tests.helpers import EVIDENCE_PROFILES
 
-COMMITTED = sorted((REPO / "profiles").rglob("*.json"))
+COMMITTED = sorted(EVIDENCE_PROFILES.rglob("*.json"))
 PROFILES = [p for p in COMMITTED if json.loads(p.read_text()).get("schema") == SCHEMA]
 SWEEPS = [p for p in COMMITTED if json.loads(p.read_text()).get("schema") == SWEEP_SCHEMA]
 
 
 def _id(path) -> str:
-    return str(path.relative_to(REPO / "profiles"))
+    return str(path.relative_to(EVIDENCE_PROFILES))
 
 
 def test_the_committed_files_are_all_profiles_or_sweep_summaries():

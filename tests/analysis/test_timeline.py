@@ -131,7 +131,7 @@ def test_whole_trace_busy_idle_overlap_beside_the_steps():
 def test_profiles_written_before_the_whole_trace_load_without_it():
     from dsv4opt.analysis.busy import whole_trace
     from dsv4opt.analysis.profile import Profile
-    from tests.helpers import REPO
+    from tests.helpers import FIXTURE_PROFILES
 
-    prof = Profile.load(REPO / "profiles" / "fuse-glue" / "embedded-dsv4-flash-c32-ctx8192-mma-attn+bf16-gemm+grouped-moe.json")
+    prof = Profile.load(FIXTURE_PROFILES / "fuse-glue" / "embedded-dsv4-flash-c32-ctx8192-mma-attn+bf16-gemm+grouped-moe.json")
     assert prof.timeline is not None and prof.timeline.whole == [] and whole_trace(prof.timeline) is None

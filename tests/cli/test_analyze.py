@@ -53,7 +53,7 @@ def test_analyze_real_trace_with_capture():
     assert "categories" in r.output and "glue" in r.output
 
 
-PROFILES = __import__("tests.helpers", fromlist=["REPO"]).REPO / "profiles"
+PROFILES = __import__("tests.helpers", fromlist=["FIXTURE_PROFILES"]).FIXTURE_PROFILES
 SAVED = PROFILES / "embedded-dsv4-flash-c32-ctx8192-mma-attn+bf16-gemm.json"
 
 

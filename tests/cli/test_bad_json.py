@@ -10,11 +10,11 @@ from typer.testing import CliRunner
 
 from dsv4opt.cli import app
 from dsv4opt.state import state_path
-from tests.helpers import REPO
+from tests.helpers import FIXTURE_PROFILES
 
 runner = CliRunner()
-PROFILE = REPO / "profiles" / "embedded-dsv4-flash-c32-ctx8192-baseline.json"
-SWEEP = REPO / "profiles" / "archive" / "sweep" / "sweep-20261129-211727.json"
+PROFILE = FIXTURE_PROFILES / "embedded-dsv4-flash-c32-ctx8192-baseline.json"
+SWEEP = FIXTURE_PROFILES / "sweep-20261129-211727.json"
 
 
 def _one_line_error(result, *expected: str) -> None:

@@ -1,4 +1,4 @@
-"""Every profile committed under profiles/ (top level and subfolders) works with every command that
+"""Every H200 profile committed under evidence/h200/profiles/ (top level and subfolders) works with every command that
 reads a profile: analyze (to view it), recommend, compare, report and glue. A profile written
 before the format grew loads with the new fields absent; one that keeps no glue regions (written
 before they existed, its trace not kept) gets its glue kernels and the one line that says what is
@@ -12,19 +12,14 @@ import pytest
 from typer.testing import CliRunner
 
 from dsv4opt.cli import app
-from tests.helpers import REPO
+from tests.helpers import EVIDENCE_PROFILES
 
 runner = CliRunner()
 
 
 def _committed() -> list:
-    """The profiles git tracks (a profile a developer just wrote is not one), else every one there."""
-    import subprocess
-
-    listed = subprocess.run(["git", "ls-files", "profiles"], cwd=REPO, capture_output=True, text=True)
-    paths = ([REPO / line for line in listed.stdout.split()] if listed.returncode == 0 and listed.stdout
-             else list((REPO / "profiles").rglob("*.json")))
-    return sorted(p for p in paths if p.suffix == ".json" and json.loads(p.read_text()).get("schema") == "dsv4opt.profile/1")
+    return sorted(p for p in EVIDENCE_PROFILES.rglob("*.json")
+                  if json.loads(p.read_text()).get("schema") == "dsv4opt.profile/1")
 
 
 PROFILES = _committed()
@@ -42,7 +37,7 @@ def invoke(*args):
     return r.output
 
 
-@pytest.mark.parametrize("path", PROFILES, ids=[str(p.relative_to(REPO / "profiles")) for p in PROFILES])
+@pytest.mark.parametrize("path", PROFILES, ids=[str(p.relative_to(EVIDENCE_PROFILES)) for p in PROFILES])
 def test_each_command_reads_it(path, tmp_path):
     data = json.loads(path.read_text())
     top = max(data["kernels"], key=lambda k: k["total_us"])
@@ -77,6 +72,6 @@ def test_one_report_reads_them_all(tmp_path):
 
 def test_glue_on_a_profile_with_fuse_glue_on_says_so():
     """It said "none of the profile's regions comes from the code fuse-glue replaces"."""
-    path = REPO / "profiles" / "fuse-glue" / "embedded-dsv4-flash-c32-ctx8192-mma-attn+bf16-gemm+grouped-moe+fuse-glue.json"
+    path = EVIDENCE_PROFILES / "fuse-glue" / "embedded-dsv4-flash-c32-ctx8192-mma-attn+bf16-gemm+grouped-moe+fuse-glue.json"
     text = " ".join(invoke("glue", path).split())
     assert "fuse-glue is already on in this profile" in text and "none of the profile's regions" not in text

@@ -36,9 +36,8 @@ def test_compare_bad_input(tmp_path):
 
 def test_compare_refuses_profiles_run_under_different_settings(tmp_path):
     """C = 1 baseline against C = 64 with both optimisations: tokens/s would read as 'x1.23' of nothing."""
-    from pathlib import Path
+    from tests.helpers import FIXTURE_PROFILES as root
 
-    root = Path(__file__).resolve().parents[2] / "profiles"
     a, b = root / "embedded-dsv4-flash-c1-ctx8192-baseline.json", root / "embedded-dsv4-flash-c64-ctx8192-mma-attn+bf16-gemm.json"
     r = runner.invoke(app, ["compare", str(a), str(b)], env={"COLUMNS": "200"})
     assert r.exit_code == 1 and "concurrency: 1 -> 64" in r.output and "--force" in r.output

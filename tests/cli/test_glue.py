@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from dsv4opt.analysis.profile import CategoryRow, KernelRow, Profile
 from dsv4opt.cli import app
 from dsv4opt.display import duration
-from tests.helpers import DATA, REPO
+from tests.helpers import DATA, FIXTURE_PROFILES, REPO
 
 GRAPH = DATA / "h200-dsv4flash-faithful-l4-c32-graph.trace.json.gz"
 EAGER = DATA / "h200-dsv4flash-faithful-l4-c32-eager.trace.json.gz"
@@ -59,7 +59,7 @@ def test_glue_on_a_profile_reads_the_regions_it_holds(analysed, tmp_path):
 def test_glue_on_a_profile_without_regions_says_how_to_get_them(tmp_path):
     """A profile written before regions were kept: its glue kernels, and the line that says what is
     missing and what to run (the profile again for a capture, glue on its traces for an analysis)."""
-    old = REPO / "profiles" / "embedded-dsv4-flash-c32-ctx8192-baseline.json"
+    old = FIXTURE_PROFILES / "embedded-dsv4-flash-c32-ctx8192-baseline.json"
     r = invoke("glue", old)
     assert r.exit_code == 0, r.output
     assert "no glue regions" in r.output and "`dsv4opt profile -c 32 --context 8192" in " ".join(r.output.split())

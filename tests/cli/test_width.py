@@ -4,7 +4,6 @@ figure or unit cut, the names a user types whole, shortened kernel names still d
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -13,9 +12,10 @@ from dsv4opt.analysis.profile import Profile
 from dsv4opt.cli import app
 from dsv4opt.optimizations.registry import OPTIMIZATIONS, CheckResult, Optimization
 from dsv4opt.state import State, save_state, state_path
+from tests.helpers import FIXTURE_PROFILES, REPO
 
 runner = CliRunner()
-PROFILES = Path(__file__).resolve().parents[2] / "profiles"
+PROFILES = FIXTURE_PROFILES
 BASELINE = PROFILES / "embedded-dsv4-flash-c32-ctx8192-baseline.json"
 BOTH = PROFILES / "embedded-dsv4-flash-c32-ctx8192-mma-attn+bf16-gemm.json"
 WIDTHS = [80, 120]
@@ -145,7 +145,7 @@ def test_the_width_is_read_when_printing_not_when_importing():
     import os
 
     # keep the environment's own path (on the GPU machine msgspec comes from a carried --target folder)
-    path = os.pathsep.join(filter(None, [str(PROFILES.parent), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": path}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert int(out.stdout.split()[-1]) <= 80, out.stdout

@@ -1,6 +1,6 @@
 """recommend's Amdahl bound is an upper bound on what applying the optimisation measured.
 
-Every committed pair of embedded profiles under profiles/ that differ by one optimisation: the same
+Every committed pair of embedded profiles under evidence/h200/profiles/ that differ by one optimisation: the same
 settings, device and commit (tokens/s from two commits would mix a code change into the ratio), the
 "after" profile's optimisations those of "before" plus one. The bound recommend gives that
 optimisation on "before" must reach the measured tokens/s ratio, within 2% (the run-to-run noise of
@@ -18,9 +18,9 @@ import pytest
 
 from dsv4opt.analysis.profile import Profile
 from dsv4opt.decision.recommend import candidates
-from tests.helpers import REPO
+from tests.helpers import EVIDENCE_PROFILES
 
-PROFILES = REPO / "profiles"
+PROFILES = EVIDENCE_PROFILES
 TOLERANCE = 0.02
 
 

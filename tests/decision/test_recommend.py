@@ -49,7 +49,7 @@ def test_no_applicable_optimisation_falls_back_to_a_lever():
 def test_fp8_weights_counts_only_gemms_over_16_bit_weights():
     """Block-FP8 GEMMs and cuBLAS's FP8 GEMMs already read 8-bit weights; the indexer's q x K multiplies
     the key cache, not weights: none of them is time fp8 weights could halve. Kernel names from H200
-    profiles (profiles/grouped-moe-263f33b/, tests/analysis/test_classify_h200.py)."""
+    profiles (evidence/h200/profiles/grouped-moe-263f33b/, tests/analysis/test_classify_h200.py)."""
     fp8_cublas = "nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT"
     prof = make_profile([("_block_fp8_matmul_kernel", "gemm_tc", 10, 300.0), ("_indexer_logits_kernel", "gemm_tc", 10, 200.0),
                          (fp8_cublas, "gemm_tc", 10, 100.0), ("nvjet_sm90_tst_512x32_64x3_2x1_v_bz_TNT", "gemm_tc", 10, 100.0),

@@ -1,24 +1,21 @@
-"""benchmarks/bench_flashmla_anchor.py: the ctypes side matches shim.cu's struct, and its float64
+"""The FlashMLA anchor (dsv4opt/optimizations/mma_attn/anchor.py): the ctypes side matches
+benchmarks/anchor_flashmla/shim.cu's struct; and benchmarks/bench_flashmla_anchor.py's float64
 reference agrees with the baseline's torch path (the reference the anchor's check relies on)."""
 
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from dsv4opt.optimizations.mma_attn import anchor
+from tests import benchmark_files
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("bench_flashmla_anchor", ROOT / "benchmarks/bench_flashmla_anchor.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_files.load_script("bench_flashmla_anchor")
 
 
 def _c_struct_fields(src: str, name: str) -> list[tuple[str, type]]:
@@ -37,9 +34,9 @@ def _c_struct_fields(src: str, name: str) -> list[tuple[str, type]]:
 
 def test_anchor_args_match_the_shims_struct_field_for_field():
     """A field out of order would hand FlashMLA a wrong pointer: names, order and types must agree."""
-    src = (ROOT / "benchmarks/anchor_flashmla/shim.cu").read_text()
+    src = benchmark_files.path("anchor_flashmla/shim.cu").read_text()
     want = _c_struct_fields(src, "AnchorArgs")
-    got = [(n, t) for n, t in _script().AnchorArgs._fields_]
+    got = [(n, t) for n, t in anchor.AnchorArgs._fields_]
     assert len(want) == 31 and got == want
 
 
@@ -48,7 +45,6 @@ def test_anchor_args_point_each_field_at_its_tensor():
     the compressed one as its extra cache, each pointer at its own tensor with its strides."""
     from dsv4opt.workload.kvcache import KVCache, KVLayout
 
-    mod = _script()
     B, H = 3, 64
     swa = KVCache.allocate(KVLayout(True, 448, 64, 64, 16), 2, torch.bfloat16, "cpu")
     extra = KVCache.allocate(KVLayout(True, 448, 64, 64, 8), 5, torch.bfloat16, "cpu")
@@ -57,7 +53,7 @@ def test_anchor_args_point_each_field_at_its_tensor():
     idx, lengths = torch.zeros(B, 24, dtype=torch.int32), torch.full((B,), 24, dtype=torch.int32)
     names = ("out", "lse", "lse_accum", "o_accum", "sched", "splits", "sink")
     out = {n: torch.zeros(i + 1) for i, n in enumerate(names)}  # distinct buffers
-    a = mod.anchor_args(B, 132, 0.04, swa, extra, (q, swa_idx, swa_len, idx, lengths, None), out)
+    a = anchor.anchor_args(B, 132, 0.04, swa, extra, (q, swa_idx, swa_len, idx, lengths, None), out)
     want = {
         "b": B, "h_q": H, "num_sm_parts": 132, "q": q.data_ptr(), "stride_q_b": H * 512, "stride_q_h": 512,
         "kv": swa.data.data_ptr(), "num_blocks": 2, "page_block_size": 16, "stride_kv_block": swa.layout.page_bytes,
@@ -104,3 +100,8 @@ def test_reference_agrees_with_the_baselines_torch_path(short):
     # and the check would see a sink left out of o
     o_nosink = mod.reference(q, swa, swa_idx, swa_len, extra, idx, lengths, torch.full((H,), -1e4), scale)[0]
     assert mod.rel_err(o_nosink, o_ref) > 1e-2
+
+
+def test_load_says_why_without_the_library(tmp_path):
+    lib, why = anchor.load(tmp_path / "libflashmla_anchor.so")
+    assert lib is None and why == f"{tmp_path / 'libflashmla_anchor.so'} not found (benchmarks/anchor_flashmla/build.sh builds it)"

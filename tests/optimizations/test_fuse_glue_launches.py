@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from dsv4opt.workload.config import ModelConfig
-from tests.helpers import DATA, REPO
+from tests.helpers import DATA, EVIDENCE_PROFILES
 from tests.workload.test_fidelity import expected
 
 TINY = ModelConfig.from_name("dsv4-tiny")
 EAGER_TRACE = DATA / "h200-dsv4flash-faithful-l4-c32-eager.trace.json.gz"
-PROFILE = REPO / "profiles" / "embedded-dsv4-flash-c32-ctx8192-mma-attn+bf16-gemm.json"
+PROFILE = EVIDENCE_PROFILES / "embedded-dsv4-flash-c32-ctx8192-mma-attn+bf16-gemm.json"
 TARGET = 2500
 
 # Per layer on the CPU, from the fidelity table's accounts: mhc_pre twice 7 (prenorm, pre-mix

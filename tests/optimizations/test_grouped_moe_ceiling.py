@@ -4,9 +4,6 @@ MMA mode multiplies them by its token tile. Interpreter only (fp16); the rates n
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -14,16 +11,13 @@ from dsv4opt.tritonlib import interpreted
 from dsv4opt.workload.kernels.grouped_moe_configs import GemmTiles
 from dsv4opt.workload.kernels.grouped_moe_layout import packed_experts
 from dsv4opt.workload.weights import Mxfp4Experts
+from tests.benchmark_files import load_script
 
 pytestmark = pytest.mark.skipif(not interpreted(), reason="Triton kernels on the CPU need TRITON_INTERPRET=1 at import")
 
 
 def _probe():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "probe_grouped_moe_ceiling.py"
-    spec = importlib.util.spec_from_file_location("probe_grouped_moe_ceiling", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("probe_grouped_moe_ceiling")
 
 
 def test_each_mode_reads_every_item_and_row_once():

@@ -8,10 +8,8 @@ cap a variant launches with. The kernel itself and its timing need an H200 (--ch
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import struct
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,17 +17,14 @@ import torch
 from dsv4opt.workload.kernels.grouped_moe_layout import packed_experts
 from dsv4opt.workload.quant import dequantize_mxfp4
 from dsv4opt.workload.weights import Mxfp4Experts
+from tests.benchmark_files import load_script
 
 M32 = 0xFFFFFFFF
 
 
 def _probe():
     pytest.importorskip("triton.experimental.gluon.language.nvidia.hopper")
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "probe_grouped_moe_ws.py"
-    spec = importlib.util.spec_from_file_location("probe_grouped_moe_ws", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("probe_grouped_moe_ws")
 
 
 def _f32(bits: int) -> float:

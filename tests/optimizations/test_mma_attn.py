@@ -27,6 +27,7 @@ from dsv4opt.report.decision import print_check
 from dsv4opt.workload.attention import sparse_attention_ref
 from dsv4opt.workload.attention.naive import used_slots
 from dsv4opt.workload.kvcache import KVCache
+from tests import benchmark_files
 from tests.helpers import needs_gpu
 
 # The package exports the function `check`, which hides the submodule of the same name.
@@ -707,7 +708,7 @@ def test_gluon_loops_compile_for_sm90_without_spills(tmp_path, kx):
     env["PYTHONPATH"] = str(root)
     out = tmp_path / "compile.json"
     kernels, batches = "fp8-ws,bf16-ws,bf16", "1,32,64"
-    done = subprocess.run([sys.executable, str(root / "benchmarks/compile_mma_attn_gluon_sm90.py"), "--kernel", kernels,
+    done = subprocess.run([sys.executable, str(benchmark_files.path("compile_mma_attn_gluon_sm90.py")), "--kernel", kernels,
                            "--batch", batches, "--kx", str(kx), "--json", str(out)], capture_output=True, text=True,
                           env=env, timeout=900, cwd=str(root))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -732,9 +733,8 @@ def test_the_cluster_merge_probe_compiles_for_sm90a_without_spills(tmp_path):
     least 128 registers, no stack), and the merge is a cluster one: the peer's shared memory mapped, the cluster barrier used."""
     import re
     import subprocess
-    from pathlib import Path
 
-    src = Path(__file__).resolve().parents[2] / "benchmarks/probe_cluster_merge.cu"
+    src = benchmark_files.path("probe_cluster_merge.cu")
     arch = ["-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a"]
     built = subprocess.run(["nvcc", *arch, "-Xptxas", "-v", str(src), "-o", str(tmp_path / "pcm")],
                            capture_output=True, text=True, timeout=300)

@@ -16,6 +16,7 @@ from dsv4opt.analysis.profile import Profile
 from dsv4opt.loop.report_facts import build_report
 from dsv4opt.report.page import render_html
 from tests.decision.profiles import make_profile
+from tests.helpers import EVIDENCE_PROFILES
 
 BROWSER = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 pytestmark = [
@@ -23,7 +24,7 @@ pytestmark = [
                                                "report is not checked in a browser here"),
     pytest.mark.slow,
 ]
-SWEEP = sorted((Path(__file__).resolve().parents[2] / "profiles" / "archive" / "sweep").glob("embedded-c*.json"))
+SWEEP = sorted((EVIDENCE_PROFILES / "archive" / "sweep").glob("embedded-c*.json"))
 WINDOW = (1280, 2400)
 
 # Run in the page after it loads; anything it finds becomes a console message, which fails the test.

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
 from dsv4opt.errors import DsvOptError
 from dsv4opt.optimizations.fuse_glue.cases import FLASH, GlueCase, flash_cases, make_args
-from dsv4opt.optimizations.registry import CheckResult
-from dsv4opt.optimizations.timing import copy_bandwidth_gbps, median_graph_ms, sets_needed
+from dsv4opt.optimizations import timing
+from dsv4opt.optimizations.timing import BenchOptions, copy_bandwidth_gbps, median_graph_ms, sets_needed
 
 BATCHES = (1, 32, 64)
 # Calls of each region a layer (the routed experts' GEMVs are not glue and not timed here).
@@ -44,10 +44,7 @@ class BenchRow:
 
 
 @dataclass
-class BenchResult:
-    check: CheckResult
-    device: str
-    copy_gbps: float = 0.0
+class BenchResult(timing.BenchResult):
     rows: list[BenchRow] = field(default_factory=list)
 
     def per_layer(self) -> dict[int, dict[str, float]]:
@@ -63,8 +60,7 @@ class BenchResult:
         return out
 
     def as_json(self) -> dict:
-        check = asdict(self.check)
-        check["details"] = {"cases": check["details"].get("cases", [])}
+        check = self.check_json()
         per_layer = self.per_layer()
         return {
             "bench": "fuse-glue",
@@ -107,8 +103,8 @@ def rotating(fn: Callable, sets: list[tuple]) -> Callable[[], object]:
     return lambda: fn(*next(cycle))
 
 
-def run_bench(batches: Sequence[int] = BATCHES, on_step: Callable[[str], None] = lambda _msg: None) -> BenchResult:
-    """Check, then time each glue region eager and fused at each concurrency."""
+def run_bench(options: BenchOptions = BenchOptions()) -> BenchResult:
+    """Check, then time each glue region eager and fused at each concurrency (options.batches)."""
     if not torch.cuda.is_available():
         raise DsvOptError("dsv4opt bench fuse-glue needs a CUDA GPU (on a CPU only the correctness check runs: "
                           "dsv4opt list --check)")
@@ -116,6 +112,7 @@ def run_bench(batches: Sequence[int] = BATCHES, on_step: Callable[[str], None] =
     from dsv4opt.optimizations.fuse_glue.kernel import IMPLEMENTATIONS
     from dsv4opt.optimizations.fuse_glue.naive import EAGER
 
+    batches, on_step = options.batches or BATCHES, options.on_step
     on_step("correctness check")
     result = BenchResult(check=check("cuda"), device=torch.cuda.get_device_name())
     if not result.check.passed:

@@ -26,10 +26,11 @@ from typing import Callable, Sequence
 import torch
 
 from dsv4opt.errors import DsvOptError
-from dsv4opt.optimizations.registry import CheckResult
+from dsv4opt.optimizations import timing
+from dsv4opt.optimizations.timing import BenchOptions
 from dsv4opt.workload.config import ModelConfig
 
-_CFG = ModelConfig.from_name("dsv4-flash")
+CFG = ModelConfig.from_name("dsv4-flash")
 CONCURRENCIES = (1, 16, 32, 64)
 ANCHOR_TOL = 1e-2  # relative, as the gate in bf16
 
@@ -63,8 +64,8 @@ class BenchLayout:
 
 
 LAYOUTS = {
-    "tp4": BenchLayout("tp4", _CFG.experts, _CFG.expert_width // 4, 1),
-    "dp-ep": BenchLayout("dp-ep", _CFG.experts // _CFG.expert_parallel, _CFG.expert_width, _CFG.expert_parallel),
+    "tp4": BenchLayout("tp4", CFG.experts, CFG.expert_width // 4, 1),
+    "dp-ep": BenchLayout("dp-ep", CFG.experts // CFG.expert_parallel, CFG.expert_width, CFG.expert_parallel),
 }
 
 
@@ -96,27 +97,23 @@ class BenchRow:
 
 
 @dataclass
-class BenchResult:
-    check: CheckResult
-    device: str
-    copy_gbps: float = 0.0
+class BenchResult(timing.BenchResult):
     anchor: str = "not importable"  # what happened to the anchor
     anchor_errors: dict = field(default_factory=dict)  # "layout C" -> rel err against its float64 definition
     rows: list[BenchRow] = field(default_factory=list)
     sweep: list[dict] = field(default_factory=list)
 
     def as_json(self) -> dict:
-        check = asdict(self.check)
-        check["details"] = {"cases": check["details"].get("cases", [])}
+        check = self.check_json()
         return _finite({"bench": "grouped-moe", "device": self.device, "copy_gbps": self.copy_gbps,
-                        "anchor": self.anchor, "anchor_errors": self.anchor_errors, "hidden": _CFG.hidden,
-                        "topk": _CFG.experts_per_token, "layouts": {k: asdict(v) for k, v in LAYOUTS.items()},
+                        "anchor": self.anchor, "anchor_errors": self.anchor_errors, "hidden": CFG.hidden,
+                        "topk": CFG.experts_per_token, "layouts": {k: asdict(v) for k, v in LAYOUTS.items()},
                         "check": check, "rows": [asdict(r) for r in self.rows], "sweep": self.sweep})
 
 
 def routing(layout: BenchLayout, concurrency: int, gen: torch.Generator, device="cuda") -> tuple[torch.Tensor, torch.Tensor]:
     """(local_ids, gates) of one input set."""
-    k, total = _CFG.experts_per_token, _CFG.experts
+    k, total = CFG.experts_per_token, CFG.experts
     M = layout.token_ranks * concurrency
     ids = torch.full((M, k), -1, dtype=torch.int32)
     picks = torch.stack([torch.randperm(total, generator=gen)[:k] for _ in range(concurrency)])
@@ -133,25 +130,27 @@ def floor_bytes(layout: BenchLayout, ids: torch.Tensor, hidden: int, elem: int =
     return hit * layout.expert_bytes(hidden) + (rows_read + ids.shape[0]) * hidden * elem, hit
 
 
-def _weights(layout: BenchLayout, gen: torch.Generator):
+def layout_weights(layout: BenchLayout, gen: torch.Generator):
+    """Random MXFP4 gate/up and down experts of the layout, on the GPU (the probes in benchmarks/ use them too)."""
     from dsv4opt.workload.weights import Mxfp4Experts
 
-    d, I, R = _CFG.hidden, layout.width, layout.experts
+    d, I, R = CFG.hidden, layout.width, layout.experts
     w13, w2 = Mxfp4Experts(R, 2 * I, d, gen, "cpu"), Mxfp4Experts(R, d, I, gen, "cpu")
     for w in (w13, w2):
         w.packed, w.scales = w.packed.cuda(), w.scales.cuda()
     return w13, w2
 
 
-def _input_sets(layout: BenchLayout, c: int, gen: torch.Generator) -> list[tuple]:
+def layout_input_sets(layout: BenchLayout, c: int, gen: torch.Generator) -> list[tuple]:
+    """Rotating (x, local ids, gates) sets at concurrency c, enough to read L2_SPAN L2s of experts."""
     from dsv4opt.optimizations.timing import sets_needed
 
     def one():
         ids, gates = routing(layout, c, gen)
-        return torch.randn(ids.shape[0], _CFG.hidden, generator=gen).to("cuda", torch.bfloat16), ids, gates
+        return torch.randn(ids.shape[0], CFG.hidden, generator=gen).to("cuda", torch.bfloat16), ids, gates
 
     first = one()
-    per_call = floor_bytes(layout, first[1], _CFG.hidden)[0]
+    per_call = floor_bytes(layout, first[1], CFG.hidden)[0]
     n = sets_needed(per_call, torch.cuda.get_device_properties(0).L2_cache_size)
     return [first] + [one() for _ in range(n - 1)]
 
@@ -161,7 +160,7 @@ def _rotating(fn, sets, *weights):
 
     def call():
         x, ids, gates = next(cycle)
-        return fn(x, ids, gates, *weights, _CFG.swiglu_limit, _CFG.routed_scale)
+        return fn(x, ids, gates, *weights, CFG.swiglu_limit, CFG.routed_scale)
 
     return call
 
@@ -182,10 +181,10 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float("inf") if e.nonfinite else e.rel
 
 
-def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[str], None] = lambda _msg: None,
-              batches: Sequence[int] | None = None, layouts: Sequence[str] = ("tp4", "dp-ep"),
+def run_bench(options: BenchOptions = BenchOptions(), *, layouts: Sequence[str] = ("tp4", "dp-ep"),
               baseline: bool = True) -> BenchResult:
-    """Check, then time grouped-moe, the anchor and the baseline for each layout and concurrency."""
+    """Check, then time grouped-moe, the anchor and the baseline for each layout and concurrency
+    (options.batches; `baseline=False` skips SGLang's per-slot path, slow at large C)."""
     if not torch.cuda.is_available():
         raise DsvOptError("dsv4opt bench grouped-moe needs a CUDA GPU (on a CPU only the correctness check runs, under Triton's interpreter)")
     from dsv4opt.optimizations.grouped_moe import anchor
@@ -195,7 +194,7 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
     from dsv4opt.workload.baseline import routed_experts_sm120
     from dsv4opt.workload.kernels import naive
 
-    concurrencies = tuple(batches or concurrencies)
+    concurrencies, on_step = tuple(options.batches or CONCURRENCIES), options.on_step
     on_step("correctness check")
     result = BenchResult(check=check("cuda"), device=torch.cuda.get_device_name())
     if not result.check.passed:
@@ -207,13 +206,13 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
     gen = torch.Generator(device="cpu").manual_seed(0)
     for name in layouts:
         lay = LAYOUTS[name]
-        w13, w2 = _weights(lay, gen)
-        tk = anchor.TritonKernelsMoe(w13, w2, _CFG.swiglu_limit) if use_anchor else None
+        w13, w2 = layout_weights(lay, gen)
+        tk = anchor.TritonKernelsMoe(w13, w2, CFG.swiglu_limit) if use_anchor else None
         for c in concurrencies:
             on_step(f"{name} C = {c}")
-            sets = _input_sets(lay, c, gen)
+            sets = layout_input_sets(lay, c, gen)
             torch.cuda.synchronize()
-            floors = [floor_bytes(lay, ids, _CFG.hidden) for _, ids, _ in sets]
+            floors = [floor_bytes(lay, ids, CFG.hidden) for _, ids, _ in sets]
             floor_us = sum(b for b, _ in floors) / len(floors) / (result.copy_gbps * 1e9) * 1e6
             ours = _time(_rotating(grouped_routed_experts, sets, w13, w2))
             ids_cycle = itertools.cycle([ids for _, ids, _ in sets])
@@ -221,17 +220,17 @@ def run_bench(concurrencies: Sequence[int] = CONCURRENCIES, on_step: Callable[[s
             bm = cfg.bm
             route_us = _time(lambda: route(next(ids_cycle), lay.experts, bm))
             x, ids, gates = sets[0]
-            mine = _rel(grouped_routed_experts(x, ids, gates, w13, w2, _CFG.swiglu_limit, _CFG.routed_scale),
-                        naive.routed_experts(x.double(), ids, gates.double(), w13, w2, _CFG.swiglu_limit,
-                                             _CFG.routed_scale))
+            mine = _rel(grouped_routed_experts(x, ids, gates, w13, w2, CFG.swiglu_limit, CFG.routed_scale),
+                        naive.routed_experts(x.double(), ids, gates.double(), w13, w2, CFG.swiglu_limit,
+                                             CFG.routed_scale))
             row = dict(layout=name, concurrency=c, tokens=sets[0][0].shape[0], sets=len(sets),
                        experts_hit=sum(h for _, h in floors) / len(floors), floor_us=floor_us, grouped_us=ours,
                        frac_floor=floor_us / ours,
                        route_us=route_us, rel_err=mine, config=cfg.name)
             if tk is not None:
                 x, ids, gates = sets[0]
-                ref = anchor.reference(x, ids, gates, w13, w2, _CFG.swiglu_limit, _CFG.routed_scale)
-                err = _rel(tk(x, ids, gates, w13, w2, _CFG.swiglu_limit, _CFG.routed_scale), ref)
+                ref = anchor.reference(x, ids, gates, w13, w2, CFG.swiglu_limit, CFG.routed_scale)
+                err = _rel(tk(x, ids, gates, w13, w2, CFG.swiglu_limit, CFG.routed_scale), ref)
                 result.anchor_errors[f"{name} C={c}"] = err
                 if err <= ANCHOR_TOL:
                     whole = _time(_rotating(tk, sets, w13, w2))
@@ -279,15 +278,15 @@ def run_sweep(concurrencies: Sequence[int] = CONCURRENCIES, layouts: Sequence[st
     rows = []
     for name in layouts:
         lay = LAYOUTS[name]
-        w13, w2 = _weights(lay, gen)
+        w13, w2 = layout_weights(lay, gen)
         for c in concurrencies:
-            sets = _input_sets(lay, c, gen)
-            floors = [floor_bytes(lay, ids, _CFG.hidden)[0] for _, ids, _ in sets]
+            sets = layout_input_sets(lay, c, gen)
+            floors = [floor_bytes(lay, ids, CFG.hidden)[0] for _, ids, _ in sets]
             floor_us = sum(floors) / len(floors) / (copy * 1e9) * 1e6
             x, ids, gates = sets[0]
-            ref = naive.routed_experts(x.double(), ids, gates.double(), w13, w2, _CFG.swiglu_limit, _CFG.routed_scale)
+            ref = naive.routed_experts(x.double(), ids, gates.double(), w13, w2, CFG.swiglu_limit, CFG.routed_scale)
             table = table_config(x, lay.experts, lay.width, ids.numel())
-            for cfg in swept(candidates(lay.experts, lay.width, _CFG.hidden, ids.numel()), table, match):
+            for cfg in swept(candidates(lay.experts, lay.width, CFG.hidden, ids.numel()), table, match):
                 def impl(x, ids, gates, w13, w2, limit, scale, cfg=cfg):
                     return grouped_routed_experts(x, ids, gates, w13, w2, limit, scale, config=cfg)
 
@@ -295,7 +294,7 @@ def run_sweep(concurrencies: Sequence[int] = CONCURRENCIES, layouts: Sequence[st
                     on_step(f"{name:5} C={c:<3}   {cfg.name:48} skipped: the Gluon kernels do not run here")
                     continue
                 try:
-                    err = _rel(impl(x, ids, gates, w13, w2, _CFG.swiglu_limit, _CFG.routed_scale), ref)
+                    err = _rel(impl(x, ids, gates, w13, w2, CFG.swiglu_limit, CFG.routed_scale), ref)
                     us = _time(_rotating(impl, sets, w13, w2)) if err <= ANCHOR_TOL else float("nan")
                     note = "" if err <= ANCHOR_TOL else "FAILED check"
                 except Exception as exc:  # noqa: BLE001  (a candidate that does not compile or fit is reported, not fatal)
@@ -324,7 +323,7 @@ def render(result: BenchResult):
                f"time, SGLang's per-slot path's, over ours\n"
                f"check: {result.check.summary}\nanchor: {result.anchor}") + (
         f", worst rel err {worst:.1e} against its float64 definition" if worst is not None else "")
-    table = narrow_table(f"grouped-moe on {result.device}: d {_CFG.hidden}, top-{_CFG.experts_per_token}, "
+    table = narrow_table(f"grouped-moe on {result.device}: d {CFG.hidden}, top-{CFG.experts_per_token}, "
                          f"copy {result.copy_gbps:.0f} GB/s; floor with e8m0 scales",
                          caption=caption, caption_justify="left")
     for col in ("layout", "C", "hit", "floor\nµs", "ours\nµs", "ours\n%fl", "tk\nµs", "tk\n%fl", "tk mm\n%fl", "x\ntk",
@@ -377,8 +376,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             rows = run_sweep(conc, layouts, on_step=console.print, match=args.match)
             payload = {"bench": "grouped-moe sweep", "device": torch.cuda.get_device_name(), "rows": rows}
         else:
-            result = run_bench(conc, on_step=lambda m: console.print(f"[dim]{m}[/dim]"), layouts=layouts,
-                               baseline=not args.no_baseline)
+            result = run_bench(BenchOptions(batches=conc, on_step=lambda m: console.print(f"[dim]{m}[/dim]")),
+                               layouts=layouts, baseline=not args.no_baseline)
             console.print(render(result))
             payload = result.as_json()
     except DsvOptError as err:

@@ -18,8 +18,8 @@ from typing import Callable, Sequence
 import torch
 
 from dsv4opt.errors import DsvOptError
-from dsv4opt.optimizations.registry import CheckResult
-from dsv4opt.optimizations.timing import L2_SPAN, MAX_SETS, copy_bandwidth_gbps, median_graph_ms, sets_needed  # noqa: F401
+from dsv4opt.optimizations import timing
+from dsv4opt.optimizations.timing import L2_SPAN, MAX_SETS, BenchOptions, copy_bandwidth_gbps, median_graph_ms, sets_needed  # noqa: F401
 from dsv4opt.optimizations.mma_attn.bench_inputs import (  # noqa: F401  (the benchmarks/ scripts read them here)
     DIM, EXTRA_PAGE, HEADS, POOL_GB, ROPE, TILE, TOPK, WINDOW, WINDOW_PAGE, bench_inputs, input_sets, pool_cache,
     rotating, window_cache,
@@ -72,10 +72,7 @@ class GraphWidthRow:
 
 
 @dataclass
-class BenchResult:
-    check: CheckResult
-    device: str
-    copy_gbps: float = 0.0
+class BenchResult(timing.BenchResult):
     matmul_tflops: float = 0.0
     rows: list[BenchRow] = field(default_factory=list)
     kv: str = "fp8"
@@ -83,8 +80,7 @@ class BenchResult:
     peers: object = None  # bench_peers.PeerResult: beside FlashMLA on the same inputs (FP8 cache)
 
     def as_json(self) -> dict:
-        check = asdict(self.check)
-        check["details"] = {"cases": check["details"].get("cases", [])}
+        check = self.check_json()
         return {
             "bench": "mma-attn",
             "device": self.device,
@@ -156,16 +152,12 @@ def torch_path(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale):
     return apply_sink(*merge_partials(o1, l1, o2, l2), sink)
 
 
-def run_bench(
-    batches: Sequence[int] = BATCHES,
-    pool_gb: float = POOL_GB,
-    kv: str = "fp8",
-    on_step: Callable[[str], None] = lambda _msg: None,
-    graph_batches: Sequence[int] = GRAPH_BATCHES,
-) -> BenchResult:
-    """Check, then time mma-attn, the baseline and the torch path for each batch size; then the
-    graph-width case at `graph_batches` (none: skipped); then, on the FP8 cache, mma-attn beside
-    FlashMLA on the same inputs (bench_peers.run_peers)."""
+def run_bench(options: BenchOptions = BenchOptions(), *, pool_gb: float = POOL_GB,
+              graph_batches: Sequence[int] = GRAPH_BATCHES) -> BenchResult:
+    """Check, then time mma-attn, the baseline and the torch path for each batch size
+    (options.batches, on the options.kv cache); then the graph-width case at `graph_batches` (none:
+    skipped); then, on the FP8 cache, mma-attn beside FlashMLA on the same inputs (bench_peers.run_peers)."""
+    batches, kv, on_step = options.batches or BATCHES, options.kv, options.on_step
     if not torch.cuda.is_available():
         raise DsvOptError("dsv4opt bench mma-attn needs a CUDA GPU (on a CPU only the correctness check runs, under Triton's interpreter)")
     if kv not in ("fp8", "bf16"):

@@ -13,9 +13,9 @@ same 4 GB pool:
   121-141, with the backend's arguments and the partial's use_legacy=True); its scheduler metadata is
   filled by the first call on each input set, outside the timed calls, as SGLang fills it by the first
   layer of a step and reuses it in the others. Timed when `flash_mla` imports;
-- "FlashMLA source": FlashMLA built from source behind benchmarks/anchor_flashmla (the anchor of issue 13,
-  benchmarks/bench_flashmla_anchor.py), when its library is present (DSV4OPT_FLASHMLA_ANCHOR, default
-  .anchor/libflashmla_anchor.so in the checkout).
+- "FlashMLA source": FlashMLA built from source (the anchor of issue 13, anchor.py), when its library
+  is present (DSV4OPT_FLASHMLA_ANCHOR, default .anchor/libflashmla_anchor.so in the checkout;
+  benchmarks/anchor_flashmla/build.sh builds it).
 
 Each is checked against the float64 reference on the first input set before it is timed, its outputs
 NaN-poisoned: ours through torch.empty (numerics.nan_poisoned_allocations), the anchor's buffers by
@@ -27,7 +27,6 @@ here asserts a speed.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import itertools
 import os
@@ -38,6 +37,7 @@ from typing import Callable
 import torch
 
 from dsv4opt.optimizations import timing
+from dsv4opt.optimizations.mma_attn import anchor
 from dsv4opt.optimizations.mma_attn import bench_inputs as inputs
 from dsv4opt.optimizations.mma_attn import sglang_contract as C
 
@@ -47,7 +47,6 @@ PEER_TOL = 5e-3  # o
 PEER_TOL_LSE = 1e-5
 ROOT = Path(__file__).resolve().parents[3]
 ANCHOR_LIB = Path(os.environ.get("DSV4OPT_FLASHMLA_ANCHOR", ROOT / ".anchor" / "libflashmla_anchor.so"))
-ANCHOR_SCRIPT = ROOT / "benchmarks" / "bench_flashmla_anchor.py"
 MMA, SLOT, SHIPPED, SOURCE = "mma-attn", "mma-attn slot", "FlashMLA 1.0.0", "FlashMLA source"
 # The issue's targets for the Hopper slot against the shipped FlashMLA, reported, never asserted.
 TARGETS = {64: 1.3, 32: 1.1}
@@ -134,20 +133,6 @@ def shipped_flash_mla():
     return flash_mla, "yes" if version == "1.0.0" else f"yes (version {version}, not the 1.0.0 SGLang 0.5.23 pins)"
 
 
-def _anchor():
-    """(the anchor script module and its library, "yes"), else (None, why not)."""
-    if not ANCHOR_LIB.exists():
-        return None, f"{ANCHOR_LIB} not found (benchmarks/anchor_flashmla/build.sh builds it)"
-    if not ANCHOR_SCRIPT.exists():
-        return None, f"{ANCHOR_SCRIPT} not found (run from the checkout)"
-    spec = importlib.util.spec_from_file_location("bench_flashmla_anchor", ANCHOR_SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    lib = ctypes.CDLL(str(ANCHOR_LIB))
-    lib.anchor_sched.argtypes = lib.anchor_decode.argtypes = [ctypes.POINTER(script.AnchorArgs)]
-    return (script, lib), "yes"
-
-
 def _poison_allocator(*shapes_dtypes) -> set[int]:
     """NaN-filled blocks of these sizes, freed: the caching allocator hands them to the next
     allocations of those sizes. Returns their addresses."""
@@ -177,7 +162,7 @@ def run_peers(batches, extra, gen: torch.Generator, scale: float,
     from dsv4opt.optimizations.mma_attn.kernel import mma_attention
 
     flash_mla, shipped_why = shipped_flash_mla()
-    anchor, anchor_why = _anchor()
+    anchor_lib, anchor_why = anchor.load(ANCHOR_LIB)
     result = PeerResult(available={MMA: "yes", SLOT: "yes", SHIPPED: shipped_why, SOURCE: anchor_why})
     for batch in batches:
         on_step(f"peers, B = {batch}")
@@ -212,9 +197,8 @@ def run_peers(batches, extra, gen: torch.Generator, scale: float,
             if ok:
                 us[SHIPPED] = _time_cycle(lambda kw: flash_mla.flash_mla_with_kvcache(**kw), shipped_calls)
 
-        if anchor is not None:
-            script, lib = anchor
-            fm = script.FlashMLA(lib, batch, swa, extra, sets, scale)
+        if anchor_lib is not None:
+            fm = anchor.FlashMLA(anchor_lib, batch, swa, extra, sets, scale)
             fm.out.fill_(float("nan"))
             fm.lse.fill_(float("nan"))
             ok = _check(SOURCE, lambda: fm.call(0), (o_ref, bare_ref), err, poisoned)

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from dsv4opt.tritonlib import interpreted, quantize_e4m3, runs_triton
 from dsv4opt.workload.kernels import naive
-from dsv4opt.workload.kernels.rope import _rotate, _store_latent, cache_args  # noqa: F401
+from dsv4opt.workload.kernels.rope import cache_args, rotate_pairs, store_latent  # noqa: F401
 from dsv4opt.workload.kvcache import AMAX_EPS, IndexKeyCache, KVCache, quantize_index_key
 
 AMAX_EPS_ = tl.constexpr(AMAX_EPS)
@@ -100,13 +100,13 @@ def _norm_rope_store_kernel(p_x, p_w, p_cos, p_sin, p_pos, p_loc, stride_x, eps,
         b_nope = (b_nope * b_r * tl.load(p_w + o_n, mask=o_n < DN, other=0.0)).to(DTYPE).to(tl.float32)
         b_re = (b_re * b_r * tl.load(p_w + DN + 2 * o_i)).to(DTYPE).to(tl.float32)
         b_im = (b_im * b_r * tl.load(p_w + DN + 2 * o_i + 1)).to(DTYPE).to(tl.float32)
-        b_re, b_im = _rotate(b_re, b_im, p_cos, p_sin, pos + 1 - ratio, R2, False)
-        _store_latent(b_nope, b_re, b_im, tl.load(p_loc + i_b), p_data, p_u8, p_rope16, page_size, page_bytes,
+        b_re, b_im = rotate_pairs(b_re, b_im, p_cos, p_sin, pos + 1 - ratio, R2, False)
+        store_latent(b_nope, b_re, b_im, tl.load(p_loc + i_b), p_data, p_u8, p_rope16, page_size, page_bytes,
                       stride_row, DN, TILE, TILES_P, R2, FP8, DATA_BYTES, SCALE_BYTES, EMULATE)
 
 
 @triton.jit
-def _hadamard(b_x, o_n, N: tl.constexpr):
+def hadamard_row(b_x, o_n, N: tl.constexpr):
     """b_x [N] times the Sylvester Hadamard matrix / sqrt(N): sign(i, j) = (-1)^popcount(i & j)."""
     v = o_n[:, None] & o_n[None, :]
     v = v ^ (v >> 8)
@@ -118,7 +118,7 @@ def _hadamard(b_x, o_n, N: tl.constexpr):
 
 
 @triton.jit
-def _rope_flat(b_x, b_xp, o_n, p_cos, p_sin, pos, DN: tl.constexpr, R2: tl.constexpr):
+def rope_flat(b_x, b_xp, o_n, p_cos, p_sin, pos, DN: tl.constexpr, R2: tl.constexpr):
     """Interleaved RoPE on the dims >= DN of a flat row, given each element's pair partner b_xp."""
     m_r = o_n >= DN
     i = tl.where(m_r, (o_n - DN) // 2, 0)
@@ -140,7 +140,7 @@ def _index_key_store_kernel(p_x, p_w, p_cos, p_sin, p_pos, p_loc, p_cache8, p_ca
         b_r = tl.rsqrt(tl.sum(b_x * b_x, axis=0) / N + eps)
         b_x = (b_x * b_r * tl.load(p_w + o_n)).to(DTYPE).to(tl.float32)
         b_xp = (b_xp * b_r * tl.load(p_w + (o_n ^ 1))).to(DTYPE).to(tl.float32)
-        b_y = _hadamard(_rope_flat(b_x, b_xp, o_n, p_cos, p_sin, pos + 1 - ratio, DN, (N - DN) // 2), o_n, N)
+        b_y = hadamard_row(rope_flat(b_x, b_xp, o_n, p_cos, p_sin, pos + 1 - ratio, DN, (N - DN) // 2), o_n, N)
         b_q, b_s = quantize_e4m3(b_y, AMAX_EPS_, EMULATE)
         t = tl.load(p_loc + i_b).to(tl.int64)
         page = t // page_size

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from dsv4opt.tritonlib import interpreted, quantize_e4m3, runs_triton
 from dsv4opt.workload.kernels import naive
-from dsv4opt.workload.kernels.compress import _hadamard, _rope_flat
+from dsv4opt.workload.kernels.compress import hadamard_row, rope_flat
 from dsv4opt.workload.kvcache import AMAX_EPS, FP8, IndexKeyCache, quantize_index_key
 
 AMAX_EPS_ = tl.constexpr(AMAX_EPS)
@@ -33,7 +33,7 @@ def _index_q_kernel(p_q, p_w, p_cos, p_sin, p_pos, p_q8, p_wout, stride_q, strid
     p_row = p_q + i_b * stride_q + i_h * N
     b_x = tl.load(p_row + o_n).to(tl.float32)
     b_xp = tl.load(p_row + (o_n ^ 1)).to(tl.float32)
-    b_y = _hadamard(_rope_flat(b_x, b_xp, o_n, p_cos, p_sin, tl.load(p_pos + i_b), DN, (N - DN) // 2), o_n, N)
+    b_y = hadamard_row(rope_flat(b_x, b_xp, o_n, p_cos, p_sin, tl.load(p_pos + i_b), DN, (N - DN) // 2), o_n, N)
     b_q, b_s = quantize_e4m3(b_y, AMAX_EPS_, EMULATE)
     tl.store(p_q8 + (i_b * H + i_h) * N + o_n, b_q.to(p_q8.dtype.element_ty))
     b_w = tl.load(p_w + i_b * stride_w + i_h).to(tl.float32)

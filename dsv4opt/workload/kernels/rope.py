@@ -26,7 +26,7 @@ AMAX_EPS_ = tl.constexpr(AMAX_EPS)
 
 
 @triton.jit
-def _rotate(b_re, b_im, p_cos, p_sin, pos, R2: tl.constexpr, INVERSE: tl.constexpr):
+def rotate_pairs(b_re, b_im, p_cos, p_sin, pos, R2: tl.constexpr, INVERSE: tl.constexpr):
     """Rotate pairs (re, im) [R2] by the angles of position `pos`."""
     o_i = tl.arange(0, R2)
     b_c = tl.load(p_cos + pos * R2 + o_i)
@@ -44,7 +44,7 @@ def _ceil_pow2_exponent(x):
 
 
 @triton.jit
-def _store_latent(b_nope, b_re, b_im, t, p_data, p_u8, p_rope16, page_size, page_bytes, stride_row,
+def store_latent(b_nope, b_re, b_im, t, p_data, p_u8, p_rope16, page_size, page_bytes, stride_row,
                   DN: tl.constexpr, TILE: tl.constexpr, TILES_P: tl.constexpr, R2: tl.constexpr,
                   FP8: tl.constexpr, DATA_BYTES: tl.constexpr, SCALE_BYTES: tl.constexpr, EMULATE: tl.constexpr):
     """Write one latent row (nope [TILES_P, TILE] fp32, rope pairs [R2] fp32) as token t of a cache."""
@@ -76,7 +76,7 @@ def _store_latent(b_nope, b_re, b_im, t, p_data, p_u8, p_rope16, page_size, page
 
 
 def cache_args(cache: KVCache) -> dict:
-    """Keyword arguments `_store_latent` takes for `cache` (pointers, geometry, constexprs)."""
+    """Keyword arguments `store_latent` takes for `cache` (pointers, geometry, constexprs)."""
     L = cache.layout
     if L.fp8:
         data8, u8, rope16 = cache.views()
@@ -112,8 +112,8 @@ def _kv_norm_rope_store_kernel(p_kv, p_w, p_cos, p_sin, p_pos, p_loc, stride_kv,
     w_nope, w_re, w_im = _load_row(p_w, DN, TILE, TILES_P, R2)
     b_nope = b_nope * b_r * w_nope
     pos = tl.load(p_pos + i_b)
-    b_re, b_im = _rotate(b_re * b_r * w_re, b_im * b_r * w_im, p_cos, p_sin, pos, R2, False)
-    _store_latent(b_nope, b_re, b_im, tl.load(p_loc + i_b), p_data, p_u8, p_rope16, page_size, page_bytes, stride_row,
+    b_re, b_im = rotate_pairs(b_re * b_r * w_re, b_im * b_r * w_im, p_cos, p_sin, pos, R2, False)
+    store_latent(b_nope, b_re, b_im, tl.load(p_loc + i_b), p_data, p_u8, p_rope16, page_size, page_bytes, stride_row,
                   DN, TILE, TILES_P, R2, FP8, DATA_BYTES, SCALE_BYTES, EMULATE)
 
 
@@ -143,7 +143,7 @@ def _q_norm_rope_kernel(p_q, p_out, p_cos, p_sin, p_pos, stride_qb, stride_qh, s
     dt = p_out.dtype.element_ty
     # normalised values are rounded to the model dtype before the rotation, as SGLang's kernel does
     b_nope = (b_nope * b_r).to(dt)
-    b_re, b_im = _rotate((b_re * b_r).to(dt).to(tl.float32), (b_im * b_r).to(dt).to(tl.float32),
+    b_re, b_im = rotate_pairs((b_re * b_r).to(dt).to(tl.float32), (b_im * b_r).to(dt).to(tl.float32),
                          p_cos, p_sin, tl.load(p_pos + i_b), R2, False)
     o_n = tl.arange(0, TILES_P)[:, None] * TILE + tl.arange(0, TILE)[None, :]
     p_row = p_out + i_b * stride_ob + i_h * stride_oh
@@ -183,7 +183,7 @@ def _rope_inplace_kernel(p_x, p_cos, p_sin, p_pos, stride_b, stride_h, OFFSET: t
     p_row = p_x + i_b * stride_b + i_h * stride_h + OFFSET
     b_re = tl.load(p_row + 2 * o_i).to(tl.float32)
     b_im = tl.load(p_row + 2 * o_i + 1).to(tl.float32)
-    b_re, b_im = _rotate(b_re, b_im, p_cos, p_sin, tl.load(p_pos + i_b), R2, INVERSE)
+    b_re, b_im = rotate_pairs(b_re, b_im, p_cos, p_sin, tl.load(p_pos + i_b), R2, INVERSE)
     tl.store(p_row + 2 * o_i, b_re.to(p_x.dtype.element_ty))
     tl.store(p_row + 2 * o_i + 1, b_im.to(p_x.dtype.element_ty))
 
