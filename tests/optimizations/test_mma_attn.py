@@ -1000,3 +1000,17 @@ def test_gluon_loops_are_off_where_shared_memory_is_capped(monkeypatch):
             assert dispatch.gluon_unavailable_reason() == ""
     finally:
         dispatch.gluon_unavailable_reason.cache_clear()
+
+
+@needs_gpu
+def test_full_table_on_gpu_as_a_99_kb_gpu_runs_it(monkeypatch):
+    """The chunked family on every case of the gate's table (float64 reference, NaN-poisoned), as a
+    GPU with sm_120's 101,376 B of shared memory a block runs it: the card capped to that."""
+    monkeypatch.setenv(tritonlib.SHARED_LIMIT_ENV, "101376")
+    dispatch.gluon_unavailable_reason.cache_clear()
+    try:
+        result = check_module.check("cuda")
+    finally:
+        dispatch.gluon_unavailable_reason.cache_clear()
+    assert result.passed, result.summary
+    assert {r["engine"] for r in result.details["cases"]} == {"triton-chunked"}

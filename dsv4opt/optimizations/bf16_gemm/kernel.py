@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4opt.tritonlib import compile_only
 from dsv4opt.workload.kernels.indexer_tc import index_logits_tc
 
 # Programs the pre-mix split-K aims for: about one per SM on an H200 (132 SMs).
@@ -63,7 +64,7 @@ def _premix_mm_kernel(
 
 
 def _use_triton(device: torch.device, dtype: torch.dtype) -> bool:
-    if device.type == "cuda":
+    if device.type == "cuda" or compile_only():
         return True
     # The interpreter runs fp16 dots correctly but not bf16 ones (it multiplies bit patterns).
     return _INTERPRETED and dtype != torch.bfloat16

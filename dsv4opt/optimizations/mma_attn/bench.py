@@ -117,7 +117,7 @@ def graph_width_rows(batches: Sequence[int], swa_for: Callable[[int], object], e
                      on_step: Callable[[str], None] = lambda _msg: None) -> list[GraphWidthRow]:
     """Time SGLang's baseline kernel and mma-attn at each batch size and row width, in the same run
     (CUDA-graph medians, input sets rotated as in run_bench, sized by the used slots' bytes)."""
-    from dsv4opt.optimizations.mma_attn.kernel import mma_attention, plan
+    from dsv4opt.optimizations.mma_attn.kernel import fitting_plan, mma_attention
     from dsv4opt.workload.attention import sparse_decode_sm120
 
     rows, scale = [], DIM**-0.5
@@ -131,10 +131,11 @@ def graph_width_rows(batches: Sequence[int], swa_for: Callable[[int], object], e
             torch.cuda.synchronize()  # as input_sets: the timing stream does not wait for randperm
             base_ms = _median_graph_ms(rotating(sparse_decode_sm120, swa, extra, sets, scale))
             mma_ms = _median_graph_ms(rotating(mma_attention, swa, extra, sets, scale))
-            q, swa_idx, _, idx = sets[0][:4]
+            q, swa_idx, swa_len, idx, lengths, sink = sets[0]
             slots = batch * (used + WINDOW)
+            engine = fitting_plan(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale).engine
             rows.append(GraphWidthRow(
-                batch=batch, width=width, used=used, main_loop=plan(q, swa, swa_idx, extra, idx).engine,
+                batch=batch, width=width, used=used, main_loop=engine,
                 baseline_us=base_ms * 1e3, mma_us=mma_ms * 1e3, baseline_ns_per_slot=base_ms * 1e6 / slots,
                 mma_ns_per_slot=mma_ms * 1e6 / slots, input_sets=len(sets),
             ))
@@ -163,7 +164,7 @@ def run_bench(options: BenchOptions = BenchOptions(), *, pool_gb: float = POOL_G
     if kv not in ("fp8", "bf16"):
         raise DsvOptError(f"--kv must be fp8 or bf16, not {kv!r}")
     from dsv4opt.optimizations.mma_attn.check import check
-    from dsv4opt.optimizations.mma_attn.kernel import mma_attention, plan
+    from dsv4opt.optimizations.mma_attn.kernel import fitting_plan, mma_attention
     from dsv4opt.workload.attention import sparse_decode_sm120
 
     on_step("correctness check")
@@ -183,8 +184,8 @@ def run_bench(options: BenchOptions = BenchOptions(), *, pool_gb: float = POOL_G
         mma_ms = _median_graph_ms(rotating(mma_attention, swa, extra, sets, scale))
         base_ms = _median_graph_ms(rotating(sparse_decode_sm120, swa, extra, sets, scale))
         torch_ms = _median_graph_ms(rotating(torch_path, swa, extra, sets, scale))
-        q, swa_idx, _, idx = sets[0][:4]
-        p = plan(q, swa, swa_idx, extra, idx)
+        q, swa_idx, swa_len, idx, lengths, sink = sets[0]
+        p = fitting_plan(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale)
         unique = int(torch.unique(swa_idx).numel()) + int(torch.unique(idx).numel())
         moved = unique * extra.layout.token_bytes + 2 * q.numel() * q.element_size()
         flops = 2 * 2 * batch * HEADS * (TOPK + WINDOW) * DIM

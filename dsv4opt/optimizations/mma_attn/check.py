@@ -23,11 +23,11 @@ _KERNEL_MODULES = ("dsv4opt.optimizations.mma_attn.kernel", "dsv4opt.workload.at
 
 def run_case(case: AttnCase, device: torch.device, dtype: torch.dtype, seed: int = 0) -> dict:
     """Errors of mma-attn and the baseline on one case, as plain figures."""
-    from dsv4opt.optimizations.mma_attn.kernel import mma_attention, plan
+    from dsv4opt.optimizations.mma_attn.kernel import fitting_plan, mma_attention
     from dsv4opt.workload.attention import sparse_attention_ref, sparse_decode_sm120
 
     x = make_inputs(case, device, dtype, seed)
-    engine = plan(x.q, x.swa, x.swa_indices, x.extra, x.extra_indices).engine
+    engine = fitting_plan(*x.args()).engine
     ref_o, ref_lse = sparse_attention_ref(*x.args())
     with nan_poisoned_allocations():
         o, lse = mma_attention(*x.args())
@@ -60,6 +60,7 @@ def check(device: str | None = None, cases: list[AttnCase] | None = None) -> Che
 # kernel.plan's engines in words
 ENGINE_NAMES = {
     "triton": "block-level",
+    "triton-chunked": "block-level, chunked (less shared memory than Hopper)",
     "gluon": "bf16 Gluon per cache",
     "gluon-ws": "bf16 warp-specialised",
     "gluon-fp8": "FP8 Gluon",

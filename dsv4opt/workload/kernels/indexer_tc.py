@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4opt.tritonlib import interpreted
+from dsv4opt.tritonlib import interpreted, runs_triton
 
 OPERANDS = ("fp8", "bf16")
 _FP16, _BF16, _FP8 = 0, 1, 2  # the kernel's OPERAND: what the e4m3 values are multiplied as
@@ -90,7 +90,7 @@ def index_logits_tc(q8: torch.Tensor, weights: torch.Tensor, cache, seq_lens: to
     """
     assert operands in OPERANDS, operands
     B, H, D = q8.shape
-    if not (q8.is_cuda or interpreted()):
+    if not runs_triton(q8):
         return _indexer_logits_emulated(q8, weights, cache, seq_lens, page_table, max_len)
     assert q8.stride(2) == 1
     out = torch.empty(B, max_len, device=q8.device, dtype=torch.float32)

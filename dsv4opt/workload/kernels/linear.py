@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4opt.tritonlib import interpreted, quantize_e4m3, runs_triton, sm_count
+from dsv4opt.tritonlib import interpreted, on_gpu, quantize_e4m3, runs_triton, sm_count
 from dsv4opt.workload import quant
 from dsv4opt.workload.kernels import naive
 
@@ -96,7 +96,7 @@ def block_fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_
     c = torch.empty(M, N, device=a.device, dtype=out_dtype)
     block_m = min(64, max(16, triton.next_power_of_2(M)))
     block_n = min(128, max(16, triton.next_power_of_2(N)))
-    if fill_sms and a.is_cuda:
+    if fill_sms and on_gpu(a):
         while block_n > 32 and triton.cdiv(M, block_m) * triton.cdiv(N, block_n) < sm_count(a.device):
             block_n //= 2
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
