@@ -241,6 +241,7 @@ def _sglang_jit_sources(wheel: Path, downloads: Path, log: BuildLog) -> Path:
     if (root / "include").is_dir() and (root / "csrc" / MARLIN_SOURCE).is_file():
         return root
     start = time.perf_counter()
+    downloads.mkdir(parents=True, exist_ok=True)
     tmp = downloads / f".tmp-{uuid.uuid4().hex[:8]}"
     prefix = "sglang/kernels/jit/"
     with zipfile.ZipFile(wheel) as z:
@@ -261,6 +262,7 @@ def _sglang_jit_sources(wheel: Path, downloads: Path, log: BuildLog) -> Path:
 def _sglang_file(wheel: Path, member: str, downloads: Path) -> Path:
     target = downloads / f"sglang-{SGLANG_VERSION}-{Path(member).name}"
     if not target.is_file():
+        downloads.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheel) as z:
             target.write_bytes(z.read(member))
     return target
