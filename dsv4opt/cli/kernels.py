@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsv4opt.cli import app, console
+from dsv4opt.cli import app
 
 
 @app.command("build-kernels")
@@ -31,7 +31,7 @@ def build_kernels(
     if not status:
         check_new_file(pack, force, "--pack")
         families = [f.strip() for f in only.split(",") if f.strip()] if only else None
-        build(families, wheels=wheels, tilelang_python=tilelang_python, force=force, say=console.print)
+        build(families, wheels=wheels, tilelang_python=tilelang_python, force=force, say=typer.echo)
         if pack is not None:
             typer.echo(f"wrote {write_pack(pack, force=force)}")
     typer.echo(f"kernel cache: {artefacts.cache_dir()}")
