@@ -4,6 +4,7 @@ from SGLang's kernels, not against the code under test). Nothing here downloads 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
 import zipfile
@@ -308,3 +309,30 @@ def test_align_matches_sglangs_example_and_invariants():
             slots = sorted_ids[b * block : (b + 1) * block]
             assert (flat[slots[slots < numel].long()] == blocks[b]).all()
     assert marlin.block_size_m(64, 6, 256) == 8 and marlin.block_size_m(400, 6, 256) == 16
+
+
+def test_launch_structs_have_the_drivers_layout():
+    from dsv4opt.workload.production import cubin
+
+    # cuda.h: CUlaunchAttribute {id; pad[8 - sizeof(id)]; union value (64 B)}; CUlaunchConfig: 7 uints,
+    # then hStream, attrs, numAttrs
+    assert ctypes.sizeof(cubin._LaunchAttribute) == 72 and cubin._LaunchAttribute.value.offset == 8
+    assert [getattr(cubin._LaunchConfig, f).offset for f in ("hStream", "attrs", "numAttrs")] == [32, 40, 48]
+    assert ctypes.sizeof(cubin._LaunchConfig) == 56
+
+
+def test_mhc_variants_read_from_the_manifest(cache):
+    mhc_tilelang.variants.cache_clear()
+    with pytest.raises(DsvOptError, match="no TileLang mHC cubins"):
+        mhc_tilelang.variants()
+    mhc_tilelang.variants.cache_clear()
+    entry = {"constants": {}, "cubin": "post.cubin", "entry": "mhc_post_tilelang_kernel", "dyn_smem": 28672,
+             "params": [["a", "handle"], ["x", "handle"], ["num_tokens", "int32"]], "grid": ["num_tokens", "1", "1"],
+             "block": [128, 1, 1], "pdl_sync": True}
+    fake_family(cache, MHC, files=("post.cubin", "variants.json"))
+    (cache / MHC / "variants.json").write_text(json.dumps({"variants": {"post": entry}}))
+    (post,) = mhc_tilelang.variants().values()
+    assert post.params == ["a", "x", "num_tokens"] and post.kernel.param_types == ("ptr", "ptr", "int32")
+    assert [mhc_tilelang.extent(e, {"num_tokens": 5}) for e in post.grid_expr] == [5, 1, 1]
+    assert post.kernel.pdl and post.kernel.dyn_smem == 28672
+    mhc_tilelang.variants.cache_clear()

@@ -56,6 +56,20 @@ def check(result: int, what: str) -> None:
         raise RuntimeError(f"{what} failed: {name.value.decode() if name.value else result}")
 
 
+def _primary_context_current(device: int) -> None:
+    """Make the device's primary context (torch's) current on this thread, without a sync: a first
+    load may happen while a CUDA graph is being captured."""
+    cu = driver()
+    ctx = ctypes.c_void_p()
+    check(cu.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    dev = ctypes.c_int()
+    check(cu.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+    primary = ctypes.c_void_p()
+    check(cu.cuDevicePrimaryCtxRetain(ctypes.byref(primary), dev), "cuDevicePrimaryCtxRetain")
+    if ctx.value != primary.value:
+        check(cu.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+
+
 @dataclass
 class CubinKernel:
     """One kernel of a cubin: its entry, its parameters' C types in order, its dynamic shared memory."""
@@ -76,7 +90,7 @@ class CubinKernel:
             cu = driver()
             torch.cuda.init()
             with torch.cuda.device(device):
-                torch.cuda.current_stream(device).synchronize()  # makes the primary context current here
+                _primary_context_current(device)
                 module, fn = ctypes.c_void_p(), ctypes.c_void_p()
                 check(cu.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(self.image)), "cuModuleLoadData")
                 check(cu.cuModuleGetFunction(ctypes.byref(fn), module, self.entry.encode()), "cuModuleGetFunction")
