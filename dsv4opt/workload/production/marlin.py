@@ -199,8 +199,11 @@ def marlin_gemm(module, a: torch.Tensor, c: torch.Tensor, experts: MarlinExperts
     none_i32 = torch.empty(0, dtype=torch.int32, device=dev)
     none_a = torch.empty(0, dtype=a.dtype, device=dev)
     groups = experts.scales.shape[1]
+    # the scales' bytes as uint8: the kernel reads them by its scalar type and checks no dtype, and
+    # torch 2.11's DLPack export may not know float8_e8m0fnu
+    scales = experts.scales.view(torch.uint8)
     module.moe_wna16_marlin_gemm(
-        a, c, experts.weight, none_a, experts.scales, none_a, none_a, none_i32, none_i32, workspace, sorted_ids,
+        a, c, experts.weight, none_a, scales, none_a, none_a, none_i32, none_i32, workspace, sorted_ids,
         expert_ids, post, topk_weights, none_a, c_tmp, block, top_k, mul_topk_weights, False, FE2M1F_ID, size_m,
         size_n, size_k, False, False, True, False, groups, size_k // groups, False, True, False)
     return c
