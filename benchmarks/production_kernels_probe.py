@@ -441,9 +441,7 @@ def main() -> None:
 
     from dsv4opt.workload.production import artefacts
 
-    result = {"status": artefacts.status_lines(), "env": {k: os.environ.get(k) for k in (
-        "DSV4OPT_KERNEL_CACHE", "DG_JIT_USE_NVRTC", "DG_JIT_CACHE_DIR", "CUDA_HOME")},
-        "torch": torch.__version__, "nvcc": subprocess.run(["nvcc", "--version"], capture_output=True,
+    result = {"status": artefacts.status_lines(), "torch": torch.__version__, "nvcc": subprocess.run(["nvcc", "--version"], capture_output=True,
                                                            text=True).stdout.strip().splitlines()[-1:],
         "families": {}, "smoke": args.smoke}
     for line in result["status"]:
@@ -464,6 +462,8 @@ def main() -> None:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     result["rows"] = probe.rows
+    result["env"] = {k: os.environ.get(k) for k in ("DSV4OPT_KERNEL_CACHE", "DG_JIT_USE_NVRTC", "DG_JIT_CACHE_DIR",
+                                                    "CUDA_HOME")}
     result["seconds"] = round(time.perf_counter() - probe.start, 1)
     (args.out / "production_kernels.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     jit = Path(os.environ["DG_JIT_CACHE_DIR"])

@@ -336,3 +336,21 @@ def test_mhc_variants_read_from_the_manifest(cache):
     assert [mhc_tilelang.extent(e, {"num_tokens": 5}) for e in post.grid_expr] == [5, 1, 1]
     assert post.kernel.pdl and post.kernel.dyn_smem == 28672
     mhc_tilelang.variants.cache_clear()
+
+
+def test_cuda_home_through_a_wrapper_script(tmp_path, monkeypatch):
+    toolkit = tmp_path / "cuda-13.0"
+    (toolkit / "include").mkdir(parents=True)
+    (toolkit / "bin").mkdir()
+    (toolkit / "include" / "cuda.h").write_text("")
+    (toolkit / "bin" / "nvcc").write_text("")
+    wrapper = tmp_path / "bin" / "nvcc"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {toolkit}/bin/nvcc "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(wrapper.parent))
+    assert artefacts.find_cuda_home(usual=()) == str(toolkit)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert artefacts.find_cuda_home(usual=()) is None

@@ -121,6 +121,28 @@ def find_nvcc() -> str | None:
     return shutil.which("nvcc")
 
 
+def find_cuda_home(usual: tuple[str, ...] = ("/usr/local/cuda",)) -> str | None:
+    """The CUDA toolkit's folder (include/cuda.h inside): $CUDA_HOME, /usr/local/cuda, else the nvcc
+    on PATH followed through symlinks and a wrapper script's `exec /path/bin/nvcc`. DeepGEMM's own
+    guess, dirname(dirname(which nvcc)), is wrong for such a wrapper."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = [Path(home)] if home else []
+    candidates += [Path(u) for u in usual]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        real = Path(nvcc).resolve()
+        candidates.append(real.parent.parent)
+        try:
+            text = real.read_text(errors="ignore")[:4096] if real.stat().st_size < 4096 else ""
+        except OSError:
+            text = ""
+        candidates += [Path(w).parent.parent for w in text.split() if w.startswith("/") and w.endswith("/nvcc")]
+    for root in candidates:
+        if (root / "include" / "cuda.h").is_file() and (root / "bin" / "nvcc").is_file():
+            return str(root)
+    return None
+
+
 def availability(cache: Path | None = None, machine: Machine | None = None) -> list[Availability]:
     """For each family: does SGLang's kernel run here, or why does the stand-in (one line each)."""
     cache = cache or cache_dir()

@@ -33,7 +33,7 @@ import torch
 
 from dsv4opt.errors import DsvOptError
 from dsv4opt.workload.production.act_quant import group_quant_fp8_ue8m0
-from dsv4opt.workload.production.artefacts import DEEPGEMM, cache_dir, present
+from dsv4opt.workload.production.artefacts import DEEPGEMM, cache_dir, find_cuda_home, present
 
 GROUP = 128  # DeepGEMM's sm_90 activation and weight scale granularity
 INDEX_PAGE = 64  # entries per index-K page: DeepGEMM's block_kv on sm_90 (32 or 64)
@@ -50,6 +50,9 @@ def load() -> ModuleType:
     if not present(DEEPGEMM, cache):
         raise DsvOptError(f"no DeepGEMM in {folder}; run `dsv4opt build-kernels`")
     os.environ.setdefault(JIT_CACHE_ENV, str(cache / "deep_gemm_jit"))
+    home = find_cuda_home()
+    if home and not os.environ.get("CUDA_HOME"):
+        os.environ["CUDA_HOME"] = home  # DeepGEMM's _C.init would guess dirname(dirname(which nvcc))
     spec = importlib.util.spec_from_file_location("deep_gemm", folder / "__init__.py",
                                                   submodule_search_locations=[str(folder)])
     module = importlib.util.module_from_spec(spec)
