@@ -24,9 +24,11 @@ deep_gemm_jit/.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -53,6 +55,7 @@ def load() -> ModuleType:
     home = find_cuda_home()
     if home and not os.environ.get("CUDA_HOME"):
         os.environ["CUDA_HOME"] = home  # DeepGEMM's _C.init would guess dirname(dirname(which nvcc))
+    _preload("libnvrtc.so.13", home)
     spec = importlib.util.spec_from_file_location("deep_gemm", folder / "__init__.py",
                                                   submodule_search_locations=[str(folder)])
     module = importlib.util.module_from_spec(spec)
@@ -64,6 +67,24 @@ def load() -> ModuleType:
         raise
     module.set_pdl(True)
     return module
+
+
+def _preload(soname: str, cuda_home: str | None) -> None:
+    """Load `soname` globally if the loader would not find it: DeepGEMM's `_C` needs libnvrtc.so.13,
+    which torch's wheel does not always load and which may sit outside the loader's paths (the
+    toolkit's lib64, or the nvidia-cuda-nvrtc wheel's nvidia/cu13/lib)."""
+    try:
+        ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)
+        return
+    except OSError:
+        pass
+    places = [Path(cuda_home) / sub for sub in ("lib64", "lib", "targets/x86_64-linux/lib")] if cuda_home else []
+    for site in map(Path, sys.path):
+        places += [site / "nvidia" / "cu13" / "lib", site / "nvidia" / "cuda_nvrtc" / "lib"]
+    for place in places:
+        if (place / soname).exists():
+            ctypes.CDLL(str(place / soname), mode=ctypes.RTLD_GLOBAL)
+            return
 
 
 def fp8_gemm(q: torch.Tensor, q_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
