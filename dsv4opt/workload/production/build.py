@@ -304,7 +304,7 @@ def _marlin(out: Path, jit: Path, tvm: Path, nvcc: str, log: BuildLog) -> dict:
         cmd = [nvcc, *MARLIN_NVCC_FLAGS, *[f"-I{p}" for p in includes], "-c", str(unit), "-o", str(work / f"{name}.o")]
         procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     say_flags = " ".join(MARLIN_NVCC_FLAGS)
-    log.say(f"marlin: nvcc {say_flags} on {len(procs)} specialisations, side by side (about 7 minutes on 2 cores)")
+    log.say(f"marlin: nvcc {say_flags} on {len(procs)} specialisations, side by side (6 to 16 minutes on 2 cores)")
     for name, proc in procs.items():
         output = proc.communicate()[0]
         if proc.returncode != 0:
