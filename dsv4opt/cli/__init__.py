@@ -109,6 +109,7 @@ from dsv4opt.cli import bench as _bench  # noqa: E402,F401
 from dsv4opt.cli import glue as _glue  # noqa: E402,F401
 from dsv4opt.cli import loop as _loop  # noqa: E402,F401
 from dsv4opt.cli import sglang as _sglang  # noqa: E402,F401
+from dsv4opt.cli import kernels as _kernels  # noqa: E402,F401
 
 
 # True once main() runs: this process is one command and ends with it.
