@@ -271,6 +271,37 @@ def _dominant_part(kernels: pd.DataFrame, part: np.ndarray, names: list[str]) ->
     return dict(zip(g["name"], g["part"]))
 
 
+@dataclass
+class SavedProfiles:
+    """A folder's saved profiles, each loaded or with why it could not be."""
+
+    folder: Path
+    profiles: list[tuple[Path, Profile]]
+    unreadable: list[tuple[Path, str]]
+
+
+def saved_profiles_in(folder: str | Path) -> SavedProfiles | None:
+    """The saved profiles of a folder that holds profiles and no trace, in name order; None when it
+    holds no profile (a folder of per-rank traces). A folder of both is refused in one line."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    files = sorted(q for q in folder.iterdir() if q.is_file() and (q.name.endswith(".json") or q.name.endswith(".json.gz")))
+    saved = [q for q in files if is_profile_file(q)]
+    if not saved:
+        return None
+    if len(saved) < len(files):
+        raise ProfileError(f"{folder} holds both saved profiles ({len(saved)}) and traces ({len(files) - len(saved)}): "
+                           "name the trace files to analyse them, or one profile to view it")
+    out = SavedProfiles(folder, [], [])
+    for q in saved:
+        try:
+            out.profiles.append((q, load_profile_or_trace(q)))
+        except ProfileError as exc:
+            out.unreadable.append((q, str(exc).removeprefix(f"{q}: ")))
+    return out
+
+
 def load_profile_or_trace(path: str | Path) -> Profile:
     """A saved profile (schema dsv4opt.profile/1) as is; anything else is analysed as a trace/folder.
     A JSON file naming another dsv4opt schema is refused in one line (a sweep summary: with its

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from dsv4opt.cli import KvLayout, app, console
-from dsv4opt.errors import DsvOptError
+from dsv4opt.errors import DsvOptError, unknown_name
 
 
 def _batches(text: Optional[str]) -> Optional[tuple[int, ...]]:
@@ -41,8 +41,11 @@ def bench(
     from dsv4opt.optimizations.registry import OPTIMIZATIONS
 
     benches = {n: o.bench_module for n, o in OPTIMIZATIONS.items() if o.bench_module}
+    if name in OPTIMIZATIONS and name not in benches:
+        raise DsvOptError(f"{name} has no benchmark (benchmarks: {', '.join(benches) or 'none'}); its correctness gate "
+                          f"runs with `dsv4opt list --check`, its effect on a step with `dsv4opt apply {name}`")
     if name not in benches:
-        raise DsvOptError(f"unknown benchmark {name!r}; known: {', '.join(benches) or 'none'}")
+        raise unknown_name("benchmark", name, benches)
     check_new_file(json_out, force, "--json")
     module = importlib.import_module(benches[name])
     batches = _batches(batch)

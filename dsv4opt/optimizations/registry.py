@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from dsv4opt.errors import DsvOptError
+from dsv4opt.errors import DsvOptError, unknown_name
 
 
 @dataclass(frozen=True)
@@ -70,12 +70,15 @@ class Optimization:
 
     @property
     def bench_module(self) -> str | None:
-        """The package's benchmark module, if it has one."""
-        name = f"{self.module}.bench"
+        """The package's benchmark module, if it has one: looked for beside the package's files, without
+        importing the package (which loads torch), so a name is checked in a light import."""
         try:
-            return name if importlib.util.find_spec(name) is not None else None
+            spec = importlib.util.find_spec(self.module)
         except ModuleNotFoundError:
             return None
+        folders = (spec.submodule_search_locations or []) if spec else []
+        found = any(os.path.isfile(os.path.join(folder, "bench.py")) for folder in folders)
+        return f"{self.module}.bench" if found else None
 
 
 OPTIMIZATIONS: dict[str, Optimization] = {
@@ -169,9 +172,7 @@ def get(name: str) -> Optimization:
     try:
         return OPTIMIZATIONS[name]
     except KeyError:
-        raise DsvOptError(
-            f"unknown optimisation {name!r}; known: {', '.join(OPTIMIZATIONS)}"
-        ) from None
+        raise unknown_name("optimisation", name, OPTIMIZATIONS) from None
 
 
 def implementations(names: Iterable[str]) -> dict[str, Callable]:

@@ -13,7 +13,7 @@ from dsv4opt.analysis.categories import GLUE, category_label
 from dsv4opt.analysis.names import long_name
 from dsv4opt.display import MISSING, duration, pct, value
 from dsv4opt.report.fit import distinct_labels
-from dsv4opt.report.layout import Column, print_table
+from dsv4opt.report.layout import Column, natural_width, print_table
 
 
 def headline(profile) -> str | None:
@@ -316,3 +316,32 @@ def throughput_lines(comparison) -> list[str]:
         basis = "CPU self time" if comparison.time_basis == "cpu_self" else "GPU kernel time"
         lines.append(f"{basis} per profiled step: {duration(per_step['a'])} -> {duration(per_step['b'])}")
     return lines
+
+
+def print_saved_profiles(saved, console: Console) -> None:
+    """A folder's saved profiles, one row each (`analyze DIR` of profiles), and what to run next."""
+    from dsv4opt.analysis.compare import sglang_path, setting
+
+    columns = [Column("profile"), Column("C", right=True), Column("tokens/s", right=True), Column("SGLang path"),
+               Column("layout"), Column("#1 category")]
+    rows = []
+    for path, prof in saved.profiles:
+        top = prof.top_category
+        rows.append([path.name, value(prof.meta.get("concurrency")), value((prof.throughput or {}).get("tokens_per_s"), ".2f"),
+                     sglang_path(prof) or MISSING, value(setting(prof, "layout")),
+                     f"{top.label} {pct(top.share)}" if top else MISSING])
+    n = len(saved.profiles)
+    title = f"{saved.folder}: {n} saved profile{'' if n == 1 else 's'}"
+    if natural_width(columns, rows) <= console.width:
+        print_table(console, columns, rows, title=title)
+    else:  # file names are typed, never cut: each on its own line, its figures under it
+        console.print(title, highlight=False, soft_wrap=True)
+        for r in rows:
+            console.print(f"  {escape(r[0])}", highlight=False, soft_wrap=True)
+            console.print(f"    C={r[1]}, {r[2]} tokens/s, SGLang {escape(r[3])}, {escape(r[4])}, #1 category {escape(r[5])}",
+                          highlight=False, soft_wrap=True)
+    for path, why in saved.unreadable:
+        console.print(f"  {escape(path.name)}: not listed, {escape(why)}", highlight=False, soft_wrap=True)
+    folder = str(saved.folder).rstrip("/")
+    console.print(f"`dsv4opt analyze {escape(folder)}/FILE` shows one; `dsv4opt report {escape(folder)}/*.json` puts "
+                  "them side by side", highlight=False, soft_wrap=True)
