@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
 
 from dsv4opt.analysis.categories import CATEGORIES, GLUE, category_label
@@ -132,9 +133,9 @@ def _throughput_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 def _meta_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    header = ["profile", "basis"] + list(META_KEYS) + ["total time"]
-    rows = [[name, p.time_label] + [value(p.meta.get(key)) for key in META_KEYS] + [duration(p.total_us)]
-            for name, p in zip(report.names, report.profiles)]
+    header = ["profile", "basis", "SGLang path", "layout"] + list(META_KEYS) + ["total time"]
+    rows = [[name, p.time_label, value(f.sglang_path), value(f.layout)] + [value(p.meta.get(key)) for key in META_KEYS]
+            + [duration(p.total_us)] for name, p, f in zip(report.names, report.profiles, report.facts)]
     return header, rows
 
 
@@ -147,18 +148,19 @@ def _sweep_table(report: Report) -> tuple[list[str], list[list[str]]]:
     header = ["C", "profile", "tokens/s", "ms/step", "attention", "#1 category", "speed-up", "over"]
     rows = [[str(r.concurrency), name, value(r.tokens_per_s, ".2f"), value(r.ms_per_step, ".2f"),
              pct(r.attention_share), category_label(r.top_category), value(r.speedup, ".2f", "x"),
-             report.sweep_reference.get(r.concurrency, "")]
-            for r, name in zip(report.sweep_rows, report.sweep_names)]
+             over]
+            for r, name, over in zip(report.sweep_rows, report.sweep_names, report.sweep_over)]
     return header, rows
 
 
-SWEEP_INTRO = ("speed-up: tokens/s over the first profile given at the same C (named under \"over\"), as the "
-               "verdict takes the last profile over the first.")
+SWEEP_INTRO = ("speed-up: tokens/s over the first profile given at the same C, SGLang path and layout (named under "
+               "\"over\"), as the verdict takes the last profile over the first.")
 
 
 def _profile_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    """Which file each name on the page stands for."""
-    return ["profile", "file"], [[name, path] for name, path in zip(report.names, report.paths)]
+    """Which file each name on the page stands for, and the SGLang path and layout it ran."""
+    return ["profile", "SGLang path", "layout", "file"], [
+        [name, value(f.sglang_path), value(f.layout), path] for name, f, path in zip(report.names, report.facts, report.paths)]
 
 
 GLUE_HEADER = ["#", "part", "where", "launches/step now → fused", "GPU µs/step", "share", "median µs",
@@ -212,8 +214,9 @@ def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "
     if not report.profiles:
         return "\n".join(out + ["No profiles given.", ""]), files
     out += ["## Profiles", ""] + _md_table(*_profile_rows(report)) + [""]
-    if report.verdict:
-        out += ["## Verdict", "", f"**{report.verdict}**", ""]
+    if report.verdict or report.mixed_paths:
+        out += ["## Verdict", ""] + [part for line in (report.mixed_paths, report.verdict) if line
+                                     for part in (f"**{line}**", "")]
         if report.throughput_verdict:
             out += [f"**{report.throughput_verdict}**", ""]
     out += ["## Time per step by category", "", _time_intro(report), ""] + chart("time", "time per step by category")
@@ -254,8 +257,11 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _figure_cell(text: str) -> bool:
-    """A cell that is a figure: digits first (after a sign), or the missing-value dash."""
+    """A cell that is a figure: digits first (after a sign), or the missing-value dash; a version
+    ("0.5.14 sm_120") is text."""
     t = str(text).strip()
+    if re.match(r"\d+\.\d+\.\d+", t):
+        return False
     return t == "-" or (t[:1].isdigit() or (t[:1] in "+-<" and t[1:2].isdigit()))
 
 
@@ -279,8 +285,9 @@ def render_html(report: Report) -> str:
     parts.append("<h2>Profiles</h2>")
     parts.append(_html_table(*_profile_rows(report)))
     pngs = charts(report)
-    if report.verdict:
-        parts.append(f"<h2>Verdict</h2><p class='verdict'>{e(report.verdict)}</p>")
+    if report.verdict or report.mixed_paths:
+        parts.append("<h2>Verdict</h2>" + "".join(f"<p class='verdict'>{e(line)}</p>"
+                                                  for line in (report.mixed_paths, report.verdict) if line))
         if report.throughput_verdict:
             parts.append(f"<p class='verdict'>{e(report.throughput_verdict)}</p>")
     parts.append(f"<h2>Time per step by category</h2><p>{e(_time_intro(report))}</p>")
