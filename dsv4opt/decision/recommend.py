@@ -416,6 +416,11 @@ def sglang_version_notes(profile: Profile, cands: list[Candidate]) -> list[str]:
 
 
 def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendation:
+    from dsv4opt.decision.phase import not_decode
+
+    phase = not_decode(profile)
+    if phase is not None:  # decode levers would be advice for another workload
+        return Recommendation(candidates=[], chosen=None, explanation=[phase.line()])
     cands = candidates(profile, enabled)
     version_lines = sglang_version_notes(profile, cands)
     open_ = [c for c in cands if not c.enabled and c.share >= MIN_SHARE]
