@@ -101,7 +101,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
 
     if kernels.empty:
         if not cpu_tables:
-            raise TraceError(f"{files[0]}: holds no GPU kernels and no CPU operators; nothing to analyse")
+            raise TraceError(f"{files[0]}: holds no GPU kernels and no CPU operators; nothing to analyze")
         merged = pd.concat(cpu_tables, ignore_index=True)
         g = (merged.groupby("name", sort=False)
              .agg(count=("count", "sum"), total_us=("total_us", "sum"), category=("category", "first"))
@@ -226,6 +226,7 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
                               launches["launch_tid"].to_numpy(), trace.annotations)
     if captured is not None and reference.kernel_parts is not None:
         part = parts.with_replayed_parts(part, via, captured["cap_kernel"].to_numpy(), reference.kernel_parts)
+    part = parts.with_compiled_glue(part, k["name"])
     out["parts"] = parts.part_table_of(part, k["dur_us"].to_numpy(), total)
     sites = launch_sites.launch_sites(trace, launches, attributor)
     if via.any():
@@ -292,7 +293,7 @@ def saved_profiles_in(folder: str | Path) -> SavedProfiles | None:
         return None
     if len(saved) < len(files):
         raise ProfileError(f"{folder} holds both saved profiles ({len(saved)}) and traces ({len(files) - len(saved)}): "
-                           "name the trace files to analyse them, or one profile to view it")
+                           "name the trace files to analyze them, or one profile to view it")
     out = SavedProfiles(folder, [], [])
     for q in saved:
         try:

@@ -19,7 +19,7 @@ from importlib import resources
 import msgspec
 
 from dsv4opt.analysis.categories import GEMM_TC, GLUE_TARGET, category_label, members
-from dsv4opt.analysis.parts import NO_PART, UNMATCHED_REPLAY
+from dsv4opt.analysis.parts import COMPILED_GLUE, NO_PART, UNMATCHED_REPLAY
 from dsv4opt.analysis.profile import GlueRegionRow, KernelRow, Profile
 from dsv4opt.decision.fragmentation import Fragmentation, fragmentation
 from dsv4opt.decision.glue_plan import GluePlan, glue_of, glue_plan
@@ -218,7 +218,7 @@ def replaced_share(profile: Profile, opt: Optimization) -> float | None:
     MAX_OUTSIDE or more of the time outside any (a compiled step: torch.compile's graphs hide them)."""
     if not opt.parts or not profile.parts or profile.meta.get("target") != "embedded" or profile.time_basis != "gpu":
         return None
-    outside = sum(p.share for p in profile.parts if p.part in (NO_PART, UNMATCHED_REPLAY))
+    outside = sum(p.share for p in profile.parts if p.part in (NO_PART, UNMATCHED_REPLAY, COMPILED_GLUE))
     if outside >= MAX_OUTSIDE:
         return None
     return sum(p.share for p in profile.parts if p.part in opt.parts)
