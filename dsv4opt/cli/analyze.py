@@ -49,7 +49,7 @@ def analyze(
             raise DsvOptError(f"{saved[0]} is a saved profile: analyze shows one profile at a time, or reads trace "
                               "files; `dsv4opt report` puts several profiles side by side")
         if capture is not None:
-            raise DsvOptError("--capture goes with trace files; a profile was analysed with its capture already")
+            raise DsvOptError("--capture goes with trace files; a profile was analyzed with its capture already")
         profile = load_profile_or_trace(saved[0])
     else:
         profile = analyze_paths(traces, capture=capture)

@@ -198,7 +198,7 @@ def recommend(
         profile = Path(state.last_profile)
     prof = load_profile_or_trace(profile)
     rec = rank(prof, state.enabled)
-    console.print(f"profile: {profile}")
+    console.print(f"profile: {profile}", soft_wrap=True, highlight=False)
     print_recommendation(rec, console)
     if json_out:
         write_json_atomic(json_out, rec.to_dict(), make_dirs=False)

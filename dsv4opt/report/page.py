@@ -22,6 +22,7 @@ from dsv4opt.report.plots import category_bars_png, category_time_png, step_time
 
 META_KEYS = ("target", "device", "config", "concurrency", "context", "layers", "optimizations",
              "torch", "triton", "date", "commit")
+META_HEADERS = {"optimizations": "optimisations"}  # the meta key's spelling, the page's word
 PERFETTO = ("Open a trace in Perfetto (ui.perfetto.dev, \"Open trace file\") or chrome://tracing; "
             "the files stay on this machine.")
 
@@ -133,15 +134,19 @@ def _throughput_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 def _meta_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    header = ["profile", "basis", "SGLang path", "layout"] + list(META_KEYS) + ["total time"]
+    header = ["profile", "basis", "SGLang path", "layout"] + [META_HEADERS.get(k, k) for k in META_KEYS] + ["total time"]
     rows = [[name, p.time_label, value(f.sglang_path), value(f.layout)] + [value(p.meta.get(key)) for key in META_KEYS]
             + [duration(p.total_us)] for name, p, f in zip(report.names, report.profiles, report.facts)]
     return header, rows
 
 
-def _trace_rows(report: Report) -> list[list[str]]:
-    return [[name, t.role, t.path, "" if t.exists else "not on this machine"]
+def _trace_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The raw traces; the note column only when some trace is not on this machine."""
+    rows = [[name, t.role, t.path, "" if t.exists else "not on this machine"]
             for name, f in zip(report.names, report.facts) for t in f.traces]
+    if any(r[3] for r in rows):
+        return TRACE_HEADER, rows
+    return TRACE_HEADER[:3], [r[:3] for r in rows]
 
 
 def _sweep_table(report: Report) -> tuple[list[str], list[list[str]]]:
@@ -237,9 +242,9 @@ def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "
         out += ["## Glue regions of the last profile", ""] + [f"- {line}" for line in _glue_lines(report)] + [""]
         out += _md_table(GLUE_HEADER, _glue_rows(report)) + [""]
     out += ["## Evidence", ""] + _md_table(*_meta_rows(report)) + [""]
-    traces = _trace_rows(report)
+    header, traces = _trace_rows(report)
     out += ["## Raw traces", ""]
-    out += ([PERFETTO, ""] + _md_table(TRACE_HEADER, traces) if traces else
+    out += ([PERFETTO, ""] + _md_table(header, traces) if traces else
             ["The profiles name no raw trace (captured without --trace-dir)."]) + [""]
     return "\n".join(out), files
 
@@ -297,7 +302,7 @@ def render_html(report: Report) -> str:
     parts.append(_img(pngs, "categories", "category shares"))
     parts.append(_html_table(*_category_rows(report)))
     if report.comparison is not None and report.comparison.moved:
-        parts.append(f"<h2>What moved most: {e(report.names[0])} → {e(report.names[-1])}</h2>")
+        parts.append(f"<h2>What moved most: {e(report.names[0])} -> {e(report.names[-1])}</h2>")
         parts.append(_html_table(*_moved_rows(report)))
     parts.append("<h2>Throughput and its spread</h2>")
     parts.append(_html_table(*_throughput_rows(report)))
@@ -327,10 +332,10 @@ def render_html(report: Report) -> str:
     parts.append("<h2>Evidence</h2>")
     parts.append(_html_table(*_meta_rows(report)))
     parts.append("<h2>Raw traces</h2>")
-    traces = _trace_rows(report)
+    header, traces = _trace_rows(report)
     if traces:
         parts.append(f"<p>{e(PERFETTO)}</p>")
-        parts.append(_html_table(TRACE_HEADER, traces, link_column=2))
+        parts.append(_html_table(header, traces, link_column=2))
     else:
         parts.append("<p>The profiles name no raw trace (captured without --trace-dir).</p>")
     parts.append("</body></html>")
