@@ -7,9 +7,14 @@ from typing import Any
 MISSING = "-"
 
 
+def _unsigned_zero(text: str) -> str:
+    """"-0.00 µs" -> "0.00 µs": a figure that rounds to zero has no sign."""
+    return text[1:] if text.startswith("-") and not any(c in "123456789" for c in text) else text
+
+
 def pct(share: float | None) -> str:
     """0.123 -> "12.3%"."""
-    return MISSING if share is None else f"{100 * share:.1f}%"
+    return MISSING if share is None else _unsigned_zero(f"{100 * share:.1f}%")
 
 
 def duration(us: float | None) -> str:
@@ -17,8 +22,19 @@ def duration(us: float | None) -> str:
     if us is None:
         return MISSING
     if abs(us) >= 1000:
-        return f"{us / 1000:.2f} ms"
-    return f"{us:.1f} µs" if abs(us) >= 1 or us == 0 else f"{us:.2f} µs"
+        return _unsigned_zero(f"{us / 1000:.2f} ms")
+    return _unsigned_zero(f"{us:.1f} µs" if abs(us) >= 1 or us == 0 else f"{us:.2f} µs")
+
+
+def change(us: float | None) -> str:
+    """A difference of durations with its sign: "+4.13 ms", "-624.79 ms", "0.0 µs"."""
+    text = duration(us)
+    return text if text == MISSING or text.startswith("-") or not any(c in "123456789" for c in text) else "+" + text
+
+
+def count(n: int, what: str) -> str:
+    """3, "step" -> "3 steps"; 1 -> "1 step"."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def value(x: Any, spec: str = "", suffix: str = "") -> str:

@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
 # ... and define the model's kernels now, under that setting: a module first imported inside a test
 # that switches the interpreter off (the `torch_path` fixture) would otherwise keep compiled kernels
 # for the rest of the session, whatever order the tests run in.
+import dsv4opt.workload.baseline  # noqa: E402,F401  (the paths' slot implementations, loaded lazily)
 import dsv4opt.workload.model  # noqa: E402,F401
 
 # Under pytest-xdist (the README's test command runs `-n auto`), each worker takes its share of the

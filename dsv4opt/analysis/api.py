@@ -101,7 +101,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
 
     if kernels.empty:
         if not cpu_tables:
-            raise TraceError(f"{files[0]}: holds no GPU kernels and no CPU operators; nothing to analyse")
+            raise TraceError(f"{files[0]}: holds no GPU kernels and no CPU operators; nothing to analyze")
         merged = pd.concat(cpu_tables, ignore_index=True)
         g = (merged.groupby("name", sort=False)
              .agg(count=("count", "sum"), total_us=("total_us", "sum"), category=("category", "first"))
@@ -226,6 +226,7 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
                               launches["launch_tid"].to_numpy(), trace.annotations)
     if captured is not None and reference.kernel_parts is not None:
         part = parts.with_replayed_parts(part, via, captured["cap_kernel"].to_numpy(), reference.kernel_parts)
+    part = parts.with_compiled_glue(part, k["name"])
     out["parts"] = parts.part_table_of(part, k["dur_us"].to_numpy(), total)
     sites = launch_sites.launch_sites(trace, launches, attributor)
     if via.any():
@@ -269,6 +270,37 @@ def _dominant_part(kernels: pd.DataFrame, part: np.ndarray, names: list[str]) ->
     g = frame.groupby(["name", "part"], sort=False)["dur"].sum().reset_index()
     g = g.sort_values("dur", ascending=False, kind="mergesort").drop_duplicates("name")
     return dict(zip(g["name"], g["part"]))
+
+
+@dataclass
+class SavedProfiles:
+    """A folder's saved profiles, each loaded or with why it could not be."""
+
+    folder: Path
+    profiles: list[tuple[Path, Profile]]
+    unreadable: list[tuple[Path, str]]
+
+
+def saved_profiles_in(folder: str | Path) -> SavedProfiles | None:
+    """The saved profiles of a folder that holds profiles and no trace, in name order; None when it
+    holds no profile (a folder of per-rank traces). A folder of both is refused in one line."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    files = sorted(q for q in folder.iterdir() if q.is_file() and (q.name.endswith(".json") or q.name.endswith(".json.gz")))
+    saved = [q for q in files if is_profile_file(q)]
+    if not saved:
+        return None
+    if len(saved) < len(files):
+        raise ProfileError(f"{folder} holds both saved profiles ({len(saved)}) and traces ({len(files) - len(saved)}): "
+                           "name the trace files to analyze them, or one profile to view it")
+    out = SavedProfiles(folder, [], [])
+    for q in saved:
+        try:
+            out.profiles.append((q, load_profile_or_trace(q)))
+        except ProfileError as exc:
+            out.unreadable.append((q, str(exc).removeprefix(f"{q}: ")))
+    return out
 
 
 def load_profile_or_trace(path: str | Path) -> Profile:

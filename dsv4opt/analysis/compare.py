@@ -54,29 +54,72 @@ class Comparison:
         return head + self.change.line()
 
 
-# Settings two profiles must share to be compared: what was run, where, at what load. Optimisations
-# may differ (that is the point); a key either profile lacks is not checked.
-SETTINGS_KEYS = ("target", "device", "config", "layers", "kv", "concurrency", "context", "steps", "experts_resident",
-                 "ranks", "layout", "graph_context")
-# What embedded profiles from before a setting existed ran with (one dp-ep rank, index rows sized to
-# the contexts), so they are told apart from the profiles that record it.
-EMBEDDED_LEGACY = {"layout": "dp-ep", "graph_context": 0}
+# Settings two profiles must share to be compared: what was run, where, at what load, on which
+# SGLang path and with which kernel in each part. Optimisations may differ (that is the point). Each
+# entry is the setting's key in the profile's meta (or meta["settings"]) and what an embedded
+# profile from before the setting existed ran with (None: a profile that lacks it is not checked on
+# it). A dict-valued setting (which kernel ran each part) is compared part by part. A new setting is
+# one entry here.
+SETTINGS: dict[str, Any] = {
+    "target": None, "device": None, "config": None, "layers": None, "kv": None, "concurrency": None,
+    "context": None, "steps": None, "experts_resident": None, "ranks": None,
+    "layout": "dp-ep",  # one dp-ep rank: the project's first premise
+    "graph_context": 0,  # index rows sized to the contexts
+    "sglang": "0.5.14",  # the SGLang decode path the embedded workload reproduces: sm_120's came first
+    "sglang_version": None,  # the version of a profiled SGLang server
+    "kernels": None,  # part -> which kernel ran it ("real SGLang kernel", "stand-in", ...)
+}
+SETTINGS_KEYS = tuple(SETTINGS)
 
 
-def _setting(p: Profile, key: str):
+def setting(p: Profile, key: str):
+    """One run setting of a profile: its meta's, else its recorded settings', else what an embedded
+    profile from before the setting existed ran with; None when unknown."""
     value = p.meta.get(key)
+    recorded = p.meta.get("settings")
+    if value is None and isinstance(recorded, dict):
+        value = recorded.get(key)
     if value is None and p.meta.get("target") == "embedded":
-        return EMBEDDED_LEGACY.get(key)
+        return SETTINGS.get(key)
     return value
 
 
+# The GPU family of the first SGLang path, for profiles from before it was recorded.
+LEGACY_FAMILY = "sm_120"
+
+
+def sglang_path(p: Profile) -> str | None:
+    """The SGLang path a profile ran, for a label: "0.5.14 sm_120", "0.5.23 Hopper (sm_90)" (the embedded
+    workload's), "0.5.23 server" (a profiled server), None for a trace that does not say."""
+    if p.meta.get("target") == "sglang":
+        version = p.meta.get("sglang_version")
+        return f"{version} server" if version else None
+    version = setting(p, "sglang")
+    if version is None:
+        return None
+    family = p.meta.get("sglang_family") or (LEGACY_FAMILY if version == SETTINGS["sglang"] else None)
+    return f"{version} {family}" if family else str(version)
+
+
+def _differences(key: str, va, vb) -> list[str]:
+    if isinstance(va, dict) and isinstance(vb, dict):
+        return [f"{key}.{part}: {va.get(part, '-')} -> {vb.get(part, '-')}"
+                for part in dict.fromkeys([*va, *vb]) if va.get(part) != vb.get(part)]
+    return [f"{key}: {_shown(va)} -> {_shown(vb)}"] if va != vb else []
+
+
+def _shown(value) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+
+
 def setting_differences(a: Profile, b: Profile) -> list[str]:
-    """'key: a -> b' for each run setting the two profiles both record and differ in."""
+    """'key: a -> b' for each run setting the two profiles both record and differ in ('key.part: a
+    -> b' for each part of a per-part setting)."""
     out = []
-    for key in SETTINGS_KEYS:
-        va, vb = _setting(a, key), _setting(b, key)
-        if va is not None and vb is not None and va != vb:
-            out.append(f"{key}: {va} -> {vb}")
+    for key in SETTINGS:
+        va, vb = setting(a, key), setting(b, key)
+        if va is not None and vb is not None:
+            out += _differences(key, va, vb)
     return out
 
 
@@ -390,7 +433,7 @@ def throughput_change(before: Profile, after: Profile) -> ThroughputChange | Non
     if not tb.get("ms_per_step") or not ta.get("ms_per_step"):
         return None
     tokens = None
-    if any(_setting(before, k) is not None and _setting(after, k) is not None and _setting(before, k) != _setting(after, k)
+    if any(setting(before, k) is not None and setting(after, k) is not None and setting(before, k) != setting(after, k)
            for k in WORK_KEYS):
         tokens = (_tokens_per_step(tb), _tokens_per_step(ta))
         if None not in tokens and math.isclose(*tokens, rel_tol=1e-6):

@@ -80,10 +80,11 @@ def cpu_steps(cpu_ops: pd.DataFrame, self_us: np.ndarray, annotations: pd.DataFr
 
 def cpu_parts(cpu_ops: pd.DataFrame, self_us: np.ndarray, annotations: pd.DataFrame, total_us: float) -> pd.DataFrame:
     """[parts] part, count, total_us, share: each operator's self time in the innermost non-step
-    record_function range around its start on its own thread."""
+    record_function range around its middle on its own thread (an operator that opens a part's range
+    around its own work, as a compiled block's opaque ops do, belongs to that part)."""
     if cpu_ops.empty:
         return parts.part_table_of(None, self_us, total_us)
-    ts = cpu_ops["ts_us"].to_numpy().astype(np.float64)
+    ts = cpu_ops["ts_us"].to_numpy().astype(np.float64) + cpu_ops["dur_us"].to_numpy().astype(np.float64) / 2
     # kernel_parts places a kernel by its launch (time, thread) within CPU-side ranges: an
     # operator is its own launch.
     part = parts.kernel_parts(ts, ts, cpu_ops["tid"].to_numpy(), annotations)

@@ -183,7 +183,7 @@ def glue_summary(seq: pd.DataFrame, total_us: float, steps: int, copy_gbps: floa
     notes = []
     if not has_site and has_op:
         notes.append("the trace has no Python stacks: regions are keyed by their operator chains; a trace "
-                     "recorded with with_stack=True (the embedded capture's eager reference step is) keys them by source line")
+                     "recorded with Python stacks (torch.profiler's with_stack=True; the embedded capture's eager reference step is) keys them by source line")
     elif not has_site:
         notes.append("the glue kernels carry no operator (CUDA-graph replays without a reference): regions are keyed by "
                      "kernel names; pass the eager or capture trace with --capture for operators, parts and source lines")

@@ -22,7 +22,7 @@ from dsv4opt.trace.files import SGLANG_TRACE_NAME
 
 # Ranks of one run profile the same steps; clocks of different hosts may disagree by this much.
 CLOCK_SLACK_S = 60.0
-APART = "analyse them one at a time, or `dsv4opt compare` two of them"
+APART = "`dsv4opt analyze` them one at a time, or `dsv4opt compare` two of them"
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def check_names(files: list[Path]) -> None:
                              f"({first['profile_id']} and {m['profile_id']}): not ranks of one run; {APART}")
         if m["stage"] != first["stage"]:
             stages = " and ".join(s or "no stage" for s in (first["stage"], m["stage"]))
-            raise TraceError(f"{first_name} and {name} hold different stages ({stages}): analyse one stage at a "
+            raise TraceError(f"{first_name} and {name} hold different stages ({stages}): analyze one stage at a "
                              "time (the -DECODE files for decode)")
     seen: dict[tuple, str] = {}
     for name, m in named:
@@ -136,7 +136,7 @@ def _check_pair(a: Origin, b: Origin) -> None:
     if a.pid is not None and a.pid == b.pid and a.host == b.host:
         where = f" on {a.host}" if a.host else ""
         raise TraceError(f"{both} come from one process (pid {a.pid}{where}): one rank profiled twice, not two "
-                         "ranks (an eager step and its graph replay: analyse the replay with the eager trace as "
+                         "ranks (an eager step and its graph replay: `dsv4opt analyze` the replay with the eager trace as "
                          "--capture)")
     if None not in (a.start_s, a.end_s, b.start_s, b.end_s):
         gap = max(a.start_s, b.start_s) - min(a.end_s, b.end_s)

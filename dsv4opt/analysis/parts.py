@@ -12,6 +12,10 @@ from dsv4opt.analysis.steps import STEP_LIKE, STEP_NAME
 
 NO_PART = "(outside any annotation)"
 UNMATCHED_REPLAY = "(graph replay, unmatched)"
+# Inductor's generated kernels outside any part: glue torch.compile fused, often across two parts,
+# so no one part is theirs (triton_poi_/red_/per_/tem_/spl_ in Inductor's naming).
+COMPILED_GLUE = "(fused by torch.compile)"
+INDUCTOR_KERNEL = re.compile(r"^triton_(poi|red|per|tem|spl|for)_")
 PART_COLUMNS = ["part", "count", "total_us", "share"]
 
 
@@ -64,6 +68,14 @@ def with_replayed_parts(own: np.ndarray | None, replayed: np.ndarray, reference_
     matched = replayed & (reference_index >= 0)
     out[matched] = reference_parts[reference_index[matched]]
     return out
+
+
+def with_compiled_glue(part: np.ndarray | None, names: pd.Series) -> np.ndarray | None:
+    """[kernels] `part`, with Inductor's kernels that no part holds named COMPILED_GLUE."""
+    if part is None:
+        return None
+    fused = names.astype(object).str.match(INDUCTOR_KERNEL.pattern).fillna(False).to_numpy(bool)
+    return np.where(fused & (part == NO_PART), COMPILED_GLUE, part)
 
 
 def part_table_of(part: np.ndarray | None, dur_us: np.ndarray, total_us: float) -> pd.DataFrame:

@@ -25,7 +25,7 @@ import torch
 from dsv4opt.capture.kineto_markers import quiet_profiler
 from dsv4opt.capture.naming import profile_path
 from dsv4opt.capture.result import Progress, no_progress
-from dsv4opt.capture.settings import EmbeddedSettings
+from dsv4opt.capture.settings import EmbeddedSettings, check_device
 from dsv4opt.compilestats import CompileCounters
 from dsv4opt.errors import CaptureError
 from dsv4opt.fileio import check_new_file
@@ -172,8 +172,7 @@ def _kv(settings: EmbeddedSettings) -> str:
 def _pick_device(name: str | None) -> torch.device:
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name not in ("cuda", "cpu") and not name.startswith("cuda:"):
-        raise CaptureError(f"unknown device {name!r}; use cuda or cpu")
+    check_device(name)
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise CaptureError("--device cuda asked for, but this torch sees no CUDA GPU; use --device cpu")
     return torch.device(name)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dsv4opt.errors import unknown_name
 
 # Settings a profile does not carry back: where files went, and what was switched on (kept apart).
 _NOT_RECORDED = ("out", "force", "trace_dir", "optimizations", "rendezvous_timeout_s")
@@ -13,6 +16,14 @@ _NOT_RECORDED = ("out", "force", "trace_dir", "optimizations", "rendezvous_timeo
 _META_ALIASES = {"device_kind": "device"}
 # What profiles from before a setting existed ran with: one dp-ep rank, index rows sized to the contexts.
 _LEGACY = {"layout": "dp-ep", "graph_context": 0}
+
+
+def check_device(name: str | None) -> None:
+    """Refuse a device the embedded workload cannot be asked for: cuda, cpu or cuda:N (None: the default)."""
+    if name is None or name in ("cuda", "cpu") or re.fullmatch(r"cuda:\d+", name):
+        return
+    raise unknown_name("device", name, ("cuda", "cpu", "cuda:N"), lead="use",
+                       aliases={"gpu": "cuda", "cuda0": "cuda:0", "cuda1": "cuda:1"})
 
 
 @dataclass
@@ -40,6 +51,22 @@ class EmbeddedSettings:
     graph_context: int | None = None
     ranks: int = 1  # processes of the deployment on this host (1: one rank alone, no communication)
     rendezvous_timeout_s: float = 120.0  # how long ranks may take to meet before the run is given up
+
+    def check_names(self) -> None:
+        """Refuse a mistyped SGLang path, layout, config, device or optimisation now, in a light import,
+        before a command loads torch (2-3 s) to run anything."""
+        from dsv4opt.optimizations.registry import get
+        from dsv4opt.workload.config import ModelConfig
+        from dsv4opt.workload.layout import Layout
+        from dsv4opt.workload.paths import SGLangPath
+
+        SGLangPath.from_name(self.sglang)
+        Layout.from_name(self.layout)
+        if self.config is not None:
+            ModelConfig.from_name(self.config)
+        check_device(self.device)
+        for name in self.optimizations:
+            get(name)
 
     def to_meta(self, device: str, config: str) -> dict[str, Any]:
         """What was asked, with device and config as resolved, for a profile's meta["settings"]."""

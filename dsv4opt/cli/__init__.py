@@ -9,6 +9,7 @@ and would evaluate their annotations from strings, twice each (10 ms of every co
 
 import gc
 import os
+import re
 import sys
 from contextlib import contextmanager
 from enum import Enum
@@ -22,11 +23,21 @@ from dsv4opt.errors import DsvOptError
 
 
 
+# Spaces at a line's end (before any closing style codes): rich pads table cells and wrapped prose to
+# their width, which a copied or diffed output carries as trailing spaces.
+_TRAILING = re.compile(r"[ ]+((?:\x1b\[[0-9;]*m)*)$", re.MULTILINE)
+
+
+class _Console(Console):
+    def _render_buffer(self, buffer) -> str:  # rich's one place where segments become text
+        return _TRAILING.sub(r"\1", super()._render_buffer(buffer))
+
+
 def _console(**options) -> Console:
     """A console that reads its width (the terminal's, or COLUMNS) each time it prints: rich fixes
     COLUMNS at construction, i.e. when this module is imported, so a test runner's or a resized
-    terminal's width would be ignored."""
-    out = Console(**options)
+    terminal's width would be ignored. Its lines end without trailing spaces."""
+    out = _Console(**options)
     out.width = None  # type: ignore[assignment]  # rich's own "not fixed": measured on each print
     return out
 

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsv4opt.cli import app, console
+from dsv4opt.cli import app, console, err_console
 from dsv4opt.errors import DsvOptError
 
 
@@ -31,17 +31,25 @@ def analyze(
 
     with heavy_imports(uses_blas=False):
         from dsv4opt.analysis import analyze_paths, load_profile_or_trace
+        from dsv4opt.analysis.api import saved_profiles_in
         from dsv4opt.analysis.profile import is_profile_file
         from dsv4opt.fileio import check_new_file
-        from dsv4opt.report.tables import print_profile
+        from dsv4opt.report.tables import print_profile, print_saved_profiles
     check_new_file(json_out, force, "--json")
+    folders = [(p, found) for p in traces if (found := saved_profiles_in(p)) is not None]
+    if folders:
+        if len(traces) > 1 or json_out is not None or capture is not None:
+            raise DsvOptError(f"{folders[0][0]} holds saved profiles: `dsv4opt analyze {folders[0][0]}` alone lists "
+                              "them; --json and --capture go with trace files")
+        print_saved_profiles(folders[0][1], console)
+        return
     saved = [p for p in traces if is_profile_file(p)]
     if saved:
         if len(traces) > 1:
             raise DsvOptError(f"{saved[0]} is a saved profile: analyze shows one profile at a time, or reads trace "
                               "files; `dsv4opt report` puts several profiles side by side")
         if capture is not None:
-            raise DsvOptError("--capture goes with trace files; a profile was analysed with its capture already")
+            raise DsvOptError("--capture goes with trace files; a profile was analyzed with its capture already")
         profile = load_profile_or_trace(saved[0])
     else:
         profile = analyze_paths(traces, capture=capture)
@@ -74,7 +82,10 @@ def compare(
     check_new_file(json_out, force, "--json")
     a, b = load_profile_or_trace(before), load_profile_or_trace(after)
     for diff in require_comparable(a, b, force):
-        console.print(f"[bold red]WARNING: settings differ, {diff}: this comparison mixes runs[/]", highlight=False)
+        from rich.markup import escape
+
+        err_console.print(f"[yellow]warning:[/] settings differ, {escape(diff)}: this comparison mixes runs",
+                          highlight=False, soft_wrap=True)
     comparison = compare_profiles(a, b)
     comparison.notes.extend(f"settings differ: {d}" for d in setting_differences(a, b))
     print_comparison(comparison, console=console)

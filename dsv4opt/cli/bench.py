@@ -1,6 +1,5 @@
 """`dsv4opt bench NAME`: an optimisation's micro-benchmark (check first, then timing)."""
 
-import difflib
 import importlib
 from pathlib import Path
 from typing import Annotated, Optional
@@ -8,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from dsv4opt.cli import KvLayout, app, console
-from dsv4opt.errors import DsvOptError
+from dsv4opt.errors import DsvOptError, unknown_name
 
 
 def _batches(text: Optional[str]) -> Optional[tuple[int, ...]]:
@@ -31,13 +30,10 @@ def bench_module(name: str) -> str:
     benches = {n: o.bench_module for n, o in OPTIMIZATIONS.items() if o.bench_module}
     if name in benches:
         return benches[name]
-    known = ", ".join(benches) or "none"
     if name in OPTIMIZATIONS:
-        raise DsvOptError(f"{name} has no bench: `dsv4opt list --check` runs its correctness gate and "
-                          f"`dsv4opt profile --with {name}` measures it in the decode step; benches: {known}")
-    close = difflib.get_close_matches(name, list(benches) + list(OPTIMIZATIONS), n=1)
-    hint = f"did you mean {close[0]}? " if close else ""
-    raise DsvOptError(f"unknown benchmark {name!r}; {hint}known: {known}")
+        raise DsvOptError(f"{name} has no benchmark (benchmarks: {', '.join(benches) or 'none'}); its correctness gate "
+                          f"runs with `dsv4opt list --check`, its effect on a step with `dsv4opt apply {name}`")
+    raise unknown_name("benchmark", name, benches)
 
 
 @app.command()

@@ -33,7 +33,7 @@ def glue(
     check_new_file(json_out, force, "--json")
     if is_profile_file(source):
         if capture is not None:
-            raise DsvOptError("--capture goes with trace files; a profile was analysed with its capture already")
+            raise DsvOptError("--capture goes with trace files; a profile was analyzed with its capture already")
         profile = Profile.load(source)
     else:
         profile = analyze_paths([source], capture=capture)

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from dsv4opt.cli import DEVICE_METAVAR, ReportFormat, Target, app, console
+from dsv4opt.cli import DEVICE_METAVAR, KvLayout, ReportFormat, Target, app, console
 from dsv4opt.errors import DsvOptError
 
 
@@ -64,6 +64,9 @@ def apply(
       dsv4opt apply mma-attn --concurrency 64
       dsv4opt apply mma-attn --target sglang --out deploy/
     """
+    from dsv4opt.optimizations.registry import get
+
+    get(name)  # a typo is refused here, before anything loads torch
     from dsv4opt.report.decision import print_check
 
     if target is Target.sglang:
@@ -195,7 +198,7 @@ def recommend(
         profile = Path(state.last_profile)
     prof = load_profile_or_trace(profile)
     rec = rank(prof, state.enabled)
-    console.print(f"profile: {profile}")
+    console.print(f"profile: {profile}", soft_wrap=True, highlight=False)
     print_recommendation(rec, console)
     if json_out:
         write_json_atomic(json_out, rec.to_dict(), make_dirs=False)
@@ -213,29 +216,39 @@ def sweep(
     layers: Annotated[Optional[int], typer.Option(min=1, help="Run only the first L layers.")] = None,
     device: Annotated[Optional[str], typer.Option(metavar=DEVICE_METAVAR, help="cuda, cpu or one GPU (cuda:1); default cuda when present.")] = None,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph", help="Replay the decode step as a CUDA graph.")] = True,
-    layout: Annotated[str, typer.Option(help="tp4 (SGLang's sm_120 recipe), tp8 or dp-ep; as for profile.")] = "tp4",
+    kv: Annotated[KvLayout, typer.Option(help="KV cache layout: fp8 (SGLang's) or bf16; as for profile.")] = KvLayout.fp8,
+    sglang: Annotated[str, typer.Option("--sglang", help="The SGLang decode path reproduced: 0.5.14 (sm_120, default) or 0.5.23 (Hopper); as for profile.")] = "0.5.14",
+    layout: Annotated[Optional[str], typer.Option(help="tp4, tp8 or dp-ep; default the recipe of the --sglang path, as for profile.")] = None,
+    ranks: Annotated[int, typer.Option(min=1, help="The layout's ranks as processes on this host; as for profile.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed for weights and contexts.")] = 0,
     graph_context: Annotated[Optional[int], typer.Option(min=0, help="Tokens the decode metadata is sized to; default the model's context length; 0: as the contexts need.")] = None,
-    out_dir: Annotated[Optional[Path], typer.Option(help="An existing folder for the profiles, the summary and the chart (default: profiles/, made if missing).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option(help="Where the profiles, the summary and the chart go: a folder that exists (the default, profiles/, is made if missing).")] = None,
 ) -> None:
     """Profile each concurrency, baseline and with --with, and tabulate tokens/s and shares.
 
     \b
-    Example:
+    Examples:
       dsv4opt sweep -c 1,16,32,64 --with mma-attn --with mma-attn,bf16-gemm
+      dsv4opt sweep -c 1,32 --sglang 0.5.23 --with mma-attn
     """
     from dsv4opt.capture.settings import EmbeddedSettings
     from dsv4opt.fileio import make_output_folder, unique_path, write_bytes_atomic
-    from dsv4opt.loop.sweep import sweep as run_sweep
     from dsv4opt.optimizations.registry import get
+    from dsv4opt.workload.paths import SGLangPath
+
+    # names first, in light imports: a typo is refused before torch loads
+    concurrencies = _split_ints(concurrency)
+    variants = [[get(n.strip()).name for n in v.split(",") if n.strip()] for v in with_ or []]
+    base = EmbeddedSettings(context=context, steps=steps, warmup=warmup, repeat=repeat, config=config, layers=layers,
+                            device=device, cuda_graph=cuda_graph, kv=kv.value, seed=seed, ranks=ranks, sglang=sglang,
+                            layout=layout or SGLangPath.from_name(sglang).layout, graph_context=graph_context)
+    base.check_names()
+    make_output_folder(out_dir, "--out-dir")
+    from dsv4opt.loop.sweep import sweep as run_sweep
     from dsv4opt.report.decision import print_sweep
     from dsv4opt.report.plots import throughput_chart_png
     from dsv4opt.report.progress import rich_progress
 
-    concurrencies = _split_ints(concurrency)
-    variants = [[get(n.strip()).name for n in v.split(",") if n.strip()] for v in with_ or []]
-    base = EmbeddedSettings(context=context, steps=steps, warmup=warmup, repeat=repeat, config=config, layers=layers,
-                            device=device, cuda_graph=cuda_graph, layout=layout, graph_context=graph_context)
-    make_output_folder(out_dir, "--out-dir")
     out_dir = out_dir or Path("profiles")
     with rich_progress() as progress:
         result = run_sweep(concurrencies, variants, base, out_dir=out_dir, progress=progress,

@@ -58,42 +58,47 @@ def profile(
       dsv4opt profile --device cpu --config dsv4-tiny -c 4 --steps 3
       dsv4opt profile --target sglang --url http://127.0.0.1:30000 -c 32
     """
-    from dsv4opt.decision.diagnose import diagnose
     from dsv4opt.fileio import check_new_file, make_output_folder
-    from dsv4opt.loop.apply import record_profile
     from dsv4opt.loop.enabled import enabled_optimizations
-    from dsv4opt.report.decision import print_diagnosis
-    from dsv4opt.report.tables import print_profile
+    from dsv4opt.optimizations.registry import get as get_optimization
 
     if ranks != 1 and target is not Target.embedded:
         raise DsvOptError("--ranks is for the embedded target; an SGLang server's ranks are its own")
-    check_new_file(out, force, "--out")
+    # names first, in light imports: a typo is refused before torch loads (2-3 s)
+    asked = [get_optimization(n).name for n in _split(with_)]
     if target is Target.embedded:
-        from dsv4opt.loop.profiles import profile_embedded
-        from dsv4opt.report.progress import rich_progress
         from dsv4opt.workload.paths import SGLangPath
 
-        make_output_folder(trace_dir, "--trace-dir")
         settings = EmbeddedSettings(
             concurrency=concurrency, context=context, steps=steps, warmup=warmup, repeat=repeat, config=config,
             layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv.value,
-            optimizations=enabled_optimizations(_split(with_)), out=out, force=force, trace_dir=trace_dir, seed=seed,
+            optimizations=enabled_optimizations(asked), out=out, force=force, trace_dir=trace_dir, seed=seed,
             ranks=ranks, rendezvous_timeout_s=rendezvous_timeout, layout=layout or SGLangPath.from_name(sglang).layout,
             graph_context=graph_context, sglang=sglang,
         )
+        settings.check_names()
+    check_new_file(out, force, "--out")
+    from dsv4opt.decision.diagnose import diagnose
+    from dsv4opt.loop.apply import record_profile
+    from dsv4opt.report.decision import print_diagnosis
+    from dsv4opt.report.tables import print_profile
+
+    if target is Target.embedded:
+        from dsv4opt.loop.profiles import profile_embedded
+        from dsv4opt.report.progress import rich_progress
+
+        make_output_folder(trace_dir, "--trace-dir")
         with rich_progress() as progress:
             prof, path = profile_embedded(settings, progress)
     else:
         from dsv4opt.loop.profiles import profile_sglang
-
-        from dsv4opt.optimizations.registry import get as get_optimization
 
         settings = SGLangSettings(
             url=url, concurrency=concurrency, prompt_len=prompt_len, max_new_tokens=max_new_tokens,
             profile_steps=steps, trace_dir=trace_dir, ready_timeout_s=timeout, trace_timeout_s=timeout,
             stall_timeout_s=stall_timeout, window_s=window, profile_by_stage=profile_by_stage, out=out, force=force,
             # the server's switches are invisible from here: --with declares what it was launched with
-            optimizations=[get_optimization(n).name for n in _split(with_)], seed=seed,
+            optimizations=asked, seed=seed,
         )
         prof, path = profile_sglang(settings)
         for warning in prof.meta.get("warnings", []):

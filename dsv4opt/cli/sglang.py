@@ -21,6 +21,9 @@ def sglang_switches(
     Example:
       dsv4opt sglang-switches mma-attn --out deploy/ --sglang-version 0.5.23
     """
+    from dsv4opt.optimizations.registry import get
+
+    get(name)  # a typo is refused here, before the SGLang tables load torch
     from dsv4opt.capture.sglang import apply_to_sglang, sglang_summary
 
     paths = apply_to_sglang(name, out, force=force, sglang_version=sglang_version)

@@ -31,7 +31,7 @@ def require_glue(profile: Profile, source: str) -> GlueRegions:
     """The glue regions, or a one-line error that says how to get them."""
     if profile.time_basis != "gpu":
         raise DsvOptError(f"{source}: ranks CPU operators (no GPU kernels in its trace); glue regions are runs of "
-                          "GPU launches: profile on a GPU, or analyse a GPU trace")
+                          "GPU launches: profile on a GPU, or `dsv4opt analyze` a GPU trace")
     summary = glue_of(profile)
     if summary is None:
         raise DsvOptError(f"{source}: holds no glue regions (saved by an earlier dsv4opt); run `dsv4opt glue` on its "

@@ -19,7 +19,7 @@ from importlib import resources
 import msgspec
 
 from dsv4opt.analysis.categories import GEMM_TC, GLUE_TARGET, category_label, members
-from dsv4opt.analysis.parts import NO_PART, UNMATCHED_REPLAY
+from dsv4opt.analysis.parts import COMPILED_GLUE, NO_PART, UNMATCHED_REPLAY
 from dsv4opt.analysis.profile import GlueRegionRow, KernelRow, Profile
 from dsv4opt.decision.fragmentation import Fragmentation, fragmentation
 from dsv4opt.decision.glue_plan import GluePlan, glue_of, glue_plan
@@ -28,6 +28,9 @@ from dsv4opt.optimizations.registry import OPTIMIZATIONS, Optimization
 GLUE_SECTION = 5  # regions the recommendation shows
 
 MIN_SHARE = 0.02  # below this a target is noise, not a bottleneck
+# Below this, what an optimisation replaces is not in the profile: the parts its slots run in hold
+# other kernels, so the parts' share would bound something it does not do.
+MIN_TARGET = 0.002
 MIN_GAIN = 1.05  # an applicable optimisation must promise at least this to beat a lever
 MAX_OUTSIDE = 0.02  # above this share of GPU time outside any part, the parts cannot bound a slot
 
@@ -49,6 +52,8 @@ class Candidate:
     enabled: bool = False
     notes: list[str] = field(default_factory=list)
     fits: bool | None = True  # applies to this profile (None: cannot be told: which model, or which glue it fuses)
+    why_not: str | None = None  # when it does not fit: why, in a phrase ("already upstream in SGLang 0.5.23 (...)")
+    measured_on: str | None = None  # the SGLang path its kernel_speedup was timed on ("0.5.14 sm_120")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,10 +67,21 @@ class Recommendation:
     glue_regions: list[GlueRegionRow] = field(default_factory=list)  # the profile's top regions by saving
     glue_plans: list[GluePlan] = field(default_factory=list)  # what each optimisation of glue fuses of them
 
+    @property
+    def ranked(self) -> list[Candidate]:
+        """The candidates a table ranks: those that apply here (and those already on)."""
+        return [c for c in self.candidates if c.fits is True or c.enabled]
+
+    @property
+    def not_applicable(self) -> list[Candidate]:
+        """Candidates that cannot apply here, each with why_not: listed after the table, never ranked."""
+        return [c for c in self.candidates if c.fits is False and not c.enabled]
+
     def to_dict(self) -> dict:
         return {
             "chosen": self.chosen.name if self.chosen else None,
             "explanation": self.explanation,
+            "not_applicable": [{"name": c.name, "because": c.why_not} for c in self.not_applicable],
             "candidates": [c.to_dict() for c in self.candidates],
             "glue_regions": msgspec.to_builtins(self.glue_regions),
             "glue_plans": [p.to_dict() for p in self.glue_plans],
@@ -80,19 +96,49 @@ def amdahl(share: float, kernel_speedup: float | None) -> float:
     return 1.0 / (rest + share / kernel_speedup)
 
 
-def measured_kernel_speedup(opt: Optimization, concurrency: int | None) -> tuple[float | None, str]:
-    """The optimisation's kernel speed-up from its committed benchmark record, nearest concurrency."""
-    package = opt.module
+# The SGLang path measured.json's top-level figures were timed against (version, GPU family); other
+# paths' figures sit under its "on_paths", keyed the same way.
+RECORDED_ON = "0.5.14 sm_120"
+
+
+def measured_kernel_speedup(opt: Optimization, concurrency: int | None,
+                            on: str | None = None) -> tuple[float | None, str]:
+    """The optimisation's kernel speed-up from its committed benchmark record, nearest concurrency,
+    against the kernel it replaces on SGLang path `on` ("0.5.23 sm_90"; None: the record's own path).
+    A path with no figure of its own gets none: another path's figure is timed against another kernel."""
     try:
-        text = resources.files(package).joinpath("measured.json").read_text(encoding="utf-8")
+        text = resources.files(opt.module).joinpath("measured.json").read_text(encoding="utf-8")
     except (FileNotFoundError, ModuleNotFoundError, OSError):
         return None, "no measurement on record: bound assumes the target takes no time"
     record = json.loads(text)
+    if on is not None and on != RECORDED_ON:
+        record = (record.get("on_paths") or {}).get(on)
+        if record is None:
+            return None, f"not measured on this path (SGLang {on}): bound assumes the target takes no time"
     table = {int(c): float(v) for c, v in record.get("kernel_speedup", {}).items()}
     if not table:
         return None, "no measurement on record: bound assumes the target takes no time"
     c = min(table, key=lambda x: abs(x - concurrency)) if concurrency else max(table)
-    return table[c], f"measured {table[c]:.1f}x at B={c} on {record.get('device', '?')} ({record.get('source', '')})"
+    against = f" against {record['against']}" if record.get("against") else ""
+    return table[c], (f"measured {table[c]:.{1 if table[c] >= 10 else 2}f}x{against} (B={c}, "
+                      f"{record.get('device', '?')}; {record.get('source', '')})")
+
+
+def path_key(profile: Profile) -> str | None:
+    """"0.5.23 sm_90": the SGLang version and GPU family a profile ran, as measured.json keys its
+    figures; None where the profile does not say (a third-party trace)."""
+    meta = profile.meta
+    if meta.get("target") == "embedded":
+        from dsv4opt.workload.paths import DEFAULT_PATH, PATHS
+
+        path = PATHS.get(str(meta.get("sglang", DEFAULT_PATH)))
+        return f"{path.name} {path.family_code}" if path else None
+    if meta.get("target") == "sglang" and meta.get("sglang_version"):
+        from dsv4opt.optimizations import sglang_versions as V
+
+        family = V.family_of_device(meta.get("device")) or V.family_of_kernels(k.name for k in profile.kernels)
+        return f"{meta['sglang_version']} {family}" if family else None
+    return None
 
 
 def profile_model(profile: Profile) -> str | None:
@@ -112,6 +158,7 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
     concurrency = profile.meta.get("concurrency")
     out: list[Candidate] = []
     model = profile_model(profile)
+    on = path_key(profile)
     for opt in OPTIMIZATIONS.values():
         frag = fragmentation(profile, members(opt.target_category))
         if frag.share <= 0 and opt.name not in enabled:
@@ -119,9 +166,11 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
         if _does_not_fit(profile, opt, model, enabled):
             continue
         notes = [] if model else [f"it is written for {opt.model} and this profile does not say which model it is"]
-        speedup, source = measured_kernel_speedup(opt, concurrency) if profile.time_basis == "gpu" else (
+        speedup, source = measured_kernel_speedup(opt, concurrency, on) if profile.time_basis == "gpu" else (
             None, "no CPU measurement on record: bound assumes the target takes no time")
+        measured_on = (on or RECORDED_ON) if speedup is not None else None
         share, fits, share_of = frag.share, True if model else None, category_label(opt.target_category)
+        why_not = None
         in_parts = replaced_share(profile, opt)
         if opt.target_category == GLUE_TARGET:
             share, note, known = _glue_share(profile, opt, frag)
@@ -131,23 +180,32 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
                 share_of = "glue it fuses" if known else "all glue"
             if known:
                 notes.append(note)
-            else:  # what it fuses cannot be told: listed, never chosen
+            else:  # what it fuses cannot be told (None), or none of the regions is its code (False): never chosen
                 notes.insert(0, note)
-                fits = None
+                fits = False if known is False else None
+                why_not = note if known is False else None
             if speedup is None:
                 source = "no measurement on record: bound assumes the regions it fuses take no time"
         elif in_parts is not None:
             share, share_of = in_parts, "parts " + ", ".join(opt.parts)
-            source = (f"bound assumes the parts it replaces take no time"
-                      + (f"; its kernels' {speedup:.1f}x on record leaves out the glue it removes with them"
-                         if speedup is not None else ""))
-            speedup = None
+            if on in (None, RECORDED_ON):
+                # the figure on record times the kernels alone; the slot removes its part's glue with them
+                source = (f"bound assumes the parts it replaces take no time"
+                          + (f"; its kernels' {speedup:.1f}x on record leaves out the glue it removes with them"
+                             if speedup is not None else ""))
+                speedup = measured_on = None
+            elif speedup is None:
+                source = f"not measured on this path (SGLang {on}): bound assumes the parts it replaces take no time"
+            if frag.share < MIN_TARGET and opt.name not in enabled:
+                fits, why_not = False, (f"what it replaces, {category_label(opt.target_category)}, is {frag.share:.1%} of "
+                                        f"{profile.time_label} here (its parts hold other kernels)")
         out.append(
             Candidate(
                 name=opt.name, kind="optimisation", target=opt.target_category, share=share, share_of=share_of,
                 amdahl_bound=amdahl(share, speedup), kernel_speedup=speedup, speedup_source=source,
                 fragmentation=frag, risk=opt.risk, changes_selection=opt.changes_selection,
-                needs_graph=opt.needs_graph, enabled=opt.name in enabled, notes=notes, fits=fits,
+                needs_graph=opt.needs_graph, enabled=opt.name in enabled, notes=notes, fits=fits, why_not=why_not,
+                measured_on=measured_on,
             )
         )
     out += _levers(profile)
@@ -160,15 +218,16 @@ def replaced_share(profile: Profile, opt: Optimization) -> float | None:
     MAX_OUTSIDE or more of the time outside any (a compiled step: torch.compile's graphs hide them)."""
     if not opt.parts or not profile.parts or profile.meta.get("target") != "embedded" or profile.time_basis != "gpu":
         return None
-    outside = sum(p.share for p in profile.parts if p.part in (NO_PART, UNMATCHED_REPLAY))
+    outside = sum(p.share for p in profile.parts if p.part in (NO_PART, UNMATCHED_REPLAY, COMPILED_GLUE))
     if outside >= MAX_OUTSIDE:
         return None
     return sum(p.share for p in profile.parts if p.part in opt.parts)
 
 
-def _glue_share(profile: Profile, opt: Optimization, frag: Fragmentation) -> tuple[float, str, bool]:
+def _glue_share(profile: Profile, opt: Optimization, frag: Fragmentation) -> tuple[float, str, bool | None]:
     """The share an optimisation of glue slots targets: the regions it fuses, when the profile's
-    regions say which (known); else all of the glue, an upper limit nobody can vouch for."""
+    regions say which (known: True); else all of the glue, an upper limit nobody can vouch for (None:
+    what it fuses cannot be told; False: the regions say none is its code)."""
     if opt.fuses_all_glue:
         if profile.meta.get("target") == "embedded":
             eager = eager_glue_share(profile)
@@ -176,10 +235,14 @@ def _glue_share(profile: Profile, opt: Optimization, frag: Fragmentation) -> tup
                            f"Triton glue kernels ({frag.share - eager:.1%}) stay opaque under it"), True
         return frag.share, "works on every glue region: bound by all of the glue", True
     if glue_of(profile) is None:
-        return frag.share, "the profile holds no glue regions, so what it fuses cannot be told", False
+        return frag.share, ("the profile holds no glue regions, so what it fuses cannot be told (`dsv4opt glue` on "
+                            "the profile says how to record them)"), None
     plan = glue_plan(profile, opt.name)
     if not plan.regions:
-        return frag.share, plan.notes[0] if plan.notes else "no region of the profile is one it fuses", False
+        why = plan.notes[0] if plan.notes else "no region of the profile is one it fuses"
+        # regions keyed by source sites that name none of its code: it has nothing to fuse here
+        none_of_its_code = glue_of(profile).keyed_by == "source sites" and not plan.already_on
+        return frag.share, why, False if none_of_its_code else None
     return plan.share, (f"fuses {len(plan.regions)} glue regions, {plan.share:.2%} of GPU time: "
                         f"{plan.launches_saved_per_step:.0f} launches/step fewer, predicted to save "
                         f"{plan.saving_us_per_step:.1f} µs/step"), True
@@ -341,9 +404,10 @@ def sglang_version_notes(profile: Profile, cands: list[Candidate]) -> list[str]:
         if all(p.upstream for p in parts.values()):
             said = "; ".join(f"{V.FAMILIES[f]}: {p.upstream}" for f, p in parts.items())
             c.fits = False
-            c.notes.insert(0, f"already upstream in SGLang {entry.version} ({said})")
-            lines.append(f"{c.name}: already upstream in SGLang {entry.version} ({said}): not recommended")
-        elif c.kernel_speedup is not None and not any(p.record_applies for p in parts.values()):
+            c.why_not = f"already upstream in SGLang {entry.version} ({said})"
+            c.notes.insert(0, c.why_not)
+        elif (c.kernel_speedup is not None and c.measured_on == RECORDED_ON
+              and not any(p.record_applies for p in parts.values())):
             runs = "; ".join(f"{V.FAMILIES[f]}: {p.sglang_runs}" for f, p in parts.items())
             c.kernel_speedup, c.amdahl_bound = None, amdahl(c.share, None)
             c.speedup_source = (f"the speed-up on record was timed against a kernel SGLang {entry.version} does not run "
@@ -352,11 +416,17 @@ def sglang_version_notes(profile: Profile, cands: list[Candidate]) -> list[str]:
 
 
 def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendation:
+    from dsv4opt.decision.phase import not_decode
+
+    phase = not_decode(profile)
+    if phase is not None:  # decode levers would be advice for another workload
+        return Recommendation(candidates=[], chosen=None, explanation=[phase.line()])
     cands = candidates(profile, enabled)
     version_lines = sglang_version_notes(profile, cands)
     open_ = [c for c in cands if not c.enabled and c.share >= MIN_SHARE]
     applicable = [c for c in open_ if c.kind == "optimisation" and c.fits]
-    unsure = [c for c in open_ if c.kind == "optimisation" and c.fits is None]
+    # not ranked, whatever their share: each gets its line saying why
+    unsure = [c for c in cands if not c.enabled and c.share > 0 and c.kind == "optimisation" and c.fits is None]
     levers = [c for c in open_ if c.kind == "lever"]
     firm = [c for c in applicable if not speculative(c)]
     best_opt = max(firm, key=lambda c: c.amdahl_bound, default=None)
@@ -385,8 +455,10 @@ def recommend(profile: Profile, enabled: list[str] | None = None) -> Recommendat
             lines.append(f"{_higher_but_unmeasured(best_lever)}, and dsv4opt has no gated switch for it.")
     elif best_lever is not None:
         chosen = best_lever
+        best = f" (the best, {best_opt.name}, bounds {best_opt.amdahl_bound:.2f}x: {best_opt.speedup_source})" \
+            if best_opt is not None else ""
         lines.append(
-            f"no applicable optimisation promises {MIN_GAIN:.2f}x or more; the largest target with a lever is "
+            f"no applicable optimisation promises {MIN_GAIN:.2f}x or more{best}; the largest target with a lever is "
             f"{_share_text(chosen)} at {chosen.share:.1%} (bound {chosen.amdahl_bound:.2f}x): {chosen.name} "
             f"(advice: dsv4opt has no switch for it, `apply` cannot apply it). Risk: {chosen.risk}."
         )

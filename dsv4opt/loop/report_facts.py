@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dsv4opt.analysis.categories import CATEGORIES
-from dsv4opt.analysis.compare import Comparison, compare_profiles, setting_differences
+from dsv4opt.analysis.compare import Comparison, compare_profiles, setting, setting_differences, sglang_path
 from dsv4opt.analysis.profile import GlueRegions, Profile
 from dsv4opt.analysis.sweep import SweepRow, row_for, variant_name
 from dsv4opt.decision.glue_plan import GluePlan, glue_of
@@ -47,6 +47,8 @@ class ProfileFacts:
     step_ms: list[float]  # kernel time of each profiled step, in order (empty: steps not recorded)
     step_span_ms: list[float]  # wall span of each step, where the trace has it
     traces: list[TraceFile]
+    sglang_path: str | None = None  # "0.5.14 sm_120": the SGLang path it ran (None: a trace that does not say)
+    layout: str | None = None
 
 
 @dataclass
@@ -66,7 +68,8 @@ class Report:
     time_label: str = "GPU time"
     paths: list[str] = field(default_factory=list)  # the input file of each profile, as given
     sweep_names: list[str] = field(default_factory=list)  # the profile of each sweep row, by its name
-    sweep_reference: dict[int, str] = field(default_factory=dict)  # concurrency -> name of the speed-up's reference
+    sweep_over: list[str] = field(default_factory=list)  # the name of each sweep row's speed-up reference
+    mixed_paths: str | None = None  # the profiles ran different SGLang paths: said with the verdict
 
 
 def label(profile: Profile, path: str) -> str:
@@ -76,10 +79,20 @@ def label(profile: Profile, path: str) -> str:
     return Path(path).name
 
 
+def _run_of(profile: Profile) -> str:
+    """"SGLang 0.5.14 sm_120, tp4": the path and layout a profile ran, what tells two baselines apart."""
+    return ", ".join(x for x in (f"SGLang {sglang_path(profile)}" if sglang_path(profile) else None,
+                                 setting(profile, "layout")) if x) or "-"
+
+
 def distinct_names(profiles: list[Profile], paths: list[str]) -> list[str]:
-    """Each profile's label ("C=4 baseline"); where two are alike, with the file name, then the path
-    as given where the file names are alike too, then the place on the command line (one file twice)."""
+    """Each profile's label ("C=4 baseline"), with the SGLang path and layout it ran when the profiles
+    differ in them; where two are alike, with the file name, then the path as given where the file
+    names are alike too, then the place on the command line (one file twice)."""
     base = [label(p, n) for p, n in zip(profiles, paths)]
+    runs = [_run_of(p) for p in profiles]
+    if len(set(runs)) > 1:
+        base = [f"{b}, {r}" for b, r in zip(base, runs)]
     names = list(base)
     for more in (lambda i: Path(paths[i]).name, lambda i: paths[i], lambda i: f"#{i + 1}"):
         alike = {n for n in names if names.count(n) > 1}
@@ -103,6 +116,7 @@ def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4op
             throughput = comparison.throughput_line()
     rec = recommend(profiles[-1]) if profiles else None
     rows, row_names, references = _sweep_rows(paths, profiles, names)
+    facts = [profile_facts(p) for p in profiles]
     return Report(
         title=title,
         generated=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -112,15 +126,30 @@ def build_report(paths: list[str], profiles: list[Profile], title: str = "dsv4op
         recommendation=rec.explanation if rec else [],
         sweep_rows=rows,
         sweep_names=row_names,
-        sweep_reference=references,
+        sweep_over=references,
+        mixed_paths=mixed_paths(profiles, names),
         paths=list(paths),
         glue=glue_of(profiles[-1]) if profiles else None,
         glue_plans=rec.glue_plans if rec else [],
-        facts=[profile_facts(p) for p in profiles],
+        facts=facts,
         throughput_verdict=throughput,
         comparison=comparison,
         time_label=profiles[-1].time_label if profiles else "GPU time",
     )
+
+
+def mixed_paths(profiles: list[Profile], names: list[str]) -> str | None:
+    """A sentence when the profiles side by side ran different SGLang paths, naming which ran which;
+    None when they ran one (or do not say)."""
+    by_path: dict[str, list[str]] = {}
+    for p, name in zip(profiles, names):
+        by_path.setdefault(sglang_path(p) or "not recorded", []).append(name)
+    if len(by_path) < 2:
+        return None
+    said = "; ".join(f"SGLang {path}: {len(group)} profile{'' if len(group) == 1 else 's'}"
+                     for path, group in by_path.items())
+    return (f"these profiles ran different SGLang paths ({said}): their kernels differ by path, so shares and "
+            "tokens/s compare within one path only, and each speed-up below is over a profile of its own path")
 
 
 def profile_facts(profile: Profile) -> ProfileFacts:
@@ -141,6 +170,8 @@ def profile_facts(profile: Profile) -> ProfileFacts:
         step_ms=[float(s.get("gpu_us") or 0.0) / 1000.0 for s in recorded],
         step_span_ms=[float(s["span_us"]) / 1000.0 for s in recorded if s.get("span_us") is not None],
         traces=_traces(profile),
+        sglang_path=sglang_path(profile),
+        layout=setting(profile, "layout"),
     )
 
 
@@ -163,15 +194,27 @@ def _traces(profile: Profile) -> list[TraceFile]:
 
 
 def _sweep_rows(paths: list[str], profiles: list[Profile],
-                names: list[str]) -> tuple[list[SweepRow], list[str], dict[int, str]]:
-    """Rows by (concurrency, variant) when the profiles carry both, and the reference of each
-    concurrency's speed-up: the first profile given at it, as the verdict takes the last over the
-    first (so the last row at the first's C says what the verdict says)."""
+                names: list[str]) -> tuple[list[SweepRow], list[str], list[str]]:
+    """Rows by (concurrency, variant) when the profiles carry both, and the reference of each row's
+    speed-up: the first profile given at its concurrency on its SGLang path and layout, as the verdict
+    takes the last over the first (so the last row at the first's C says what the verdict says); a
+    profile of another path is never the reference. Where the profiles ran several paths, each row's
+    variant names its path, so the chart draws one line a path."""
     keyed = [(p, path, name) for p, path, name in zip(profiles, paths, names)
              if p.meta.get("concurrency") is not None and p.throughput]
-    first: dict[int, tuple[Profile, str]] = {}
+    several = len({_run_of(p) for p, _, _ in keyed}) > 1
+
+    def key(p: Profile) -> tuple[int, str]:
+        return int(p.meta["concurrency"]), _run_of(p)
+
+    first: dict[tuple[int, str], tuple[Profile, str]] = {}
     for p, _, name in keyed:
-        first.setdefault(int(p.meta["concurrency"]), (p, name))
-    rows = sorted(((row_for(p, Path(path), first[int(p.meta["concurrency"])][0]), name) for p, path, name in keyed),
-                  key=lambda rn: (rn[0].variant != "baseline", rn[0].variant, rn[0].concurrency))
-    return [r for r, _ in rows], [n for _, n in rows], {c: name for c, (_, name) in first.items()}
+        first.setdefault(key(p), (p, name))
+    rows = []
+    for p, path, name in keyed:
+        row = row_for(p, Path(path), first[key(p)][0])
+        if several:
+            row.variant = f"{row.variant} ({_run_of(p)})"
+        rows.append((row, name, first[key(p)][1]))
+    rows.sort(key=lambda r: (not r[0].variant.startswith("baseline"), r[0].variant, r[0].concurrency))
+    return [r for r, _, _ in rows], [n for _, n, _ in rows], [over for _, _, over in rows]

@@ -66,4 +66,4 @@ def _profile_file(base: EmbeddedSettings, concurrency: int, optimizations: list[
     from dsv4opt.capture.rank_run import default_config
 
     config = base.config or default_config(base.device)
-    return profile_path("embedded", config, concurrency, optimizations, out_dir)
+    return profile_path("embedded", config, concurrency, optimizations, out_dir, ranks=base.ranks)

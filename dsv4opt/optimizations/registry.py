@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from dsv4opt.errors import DsvOptError
+from dsv4opt.errors import DsvOptError, unknown_name
 
 
 @dataclass(frozen=True)
@@ -174,9 +174,7 @@ def get(name: str) -> Optimization:
     try:
         return OPTIMIZATIONS[name]
     except KeyError:
-        raise DsvOptError(
-            f"unknown optimisation {name!r}; known: {', '.join(OPTIMIZATIONS)}"
-        ) from None
+        raise unknown_name("optimisation", name, OPTIMIZATIONS) from None
 
 
 def implementations(names: Iterable[str]) -> dict[str, Callable]:

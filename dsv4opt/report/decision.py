@@ -10,7 +10,7 @@ from dsv4opt.decision.diagnose import Diagnosis
 from dsv4opt.decision.recommend import Recommendation
 from dsv4opt.display import duration, pct, value
 from dsv4opt.optimizations.registry import CheckResult, Optimization
-from dsv4opt.report.layout import Column, print_prose, print_table
+from dsv4opt.report.layout import Column, print_notes, print_prose, print_table
 
 
 def print_check(result: CheckResult, console: Console) -> None:
@@ -52,10 +52,14 @@ def print_recommendation(rec: Recommendation, console: Console) -> None:
                  category_label(c.target), pct(c.share), c.share_of,
                  "∞" if c.amdahl_bound == float("inf") else f"{c.amdahl_bound:.2f}x",
                  f"{c.fragmentation.launches_per_step:.0f}", duration(c.fragmentation.median_kernel_us), c.risk]
-                for c in rec.candidates if c.kind == kind]
+                for c in rec.ranked if c.kind == kind]
         if rows:
             print_table(console, columns, rows, title=title)
-    console.print("  * = the recommendation; Amdahl bound = the most the whole step can speed up", highlight=False)
+    if rec.ranked:
+        console.print("  * = the recommendation; Amdahl bound = the most the whole step can speed up", highlight=False)
+    if rec.not_applicable:
+        console.print("Not applicable here, because:", highlight=False)
+        print_notes(console, [(c.name, c.why_not or "") for c in rec.not_applicable])
     for line in rec.explanation:
         print_prose(console, line)
     if rec.glue_regions:

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from dsv4opt.analysis.profile import GlueRegionRow, GlueRegions
 from dsv4opt.decision.glue_plan import GlueKernels, GlueOutcome, GluePlan
-from dsv4opt.display import duration
+from dsv4opt.display import count, duration
 
 
 def share_text(x: float | None) -> str:
@@ -71,7 +71,7 @@ def header_lines(summary: GlueRegions) -> list[str]:
     saved = s.saving_us_per_step / s.step_us if s.step_us > 0 else 0.0
     lines = [
         f"glue: {s.glue_launches_per_step:.0f} launches/step, {duration(s.glue_us_per_step)}/step = "
-        f"{share_text(s.glue_share)} of GPU time, over {s.steps} step(s); regions keyed by {s.keyed_by}",
+        f"{share_text(s.glue_share)} of GPU time, over {count(s.steps, 'step')}; regions keyed by {s.keyed_by}",
         f"fusing every region would save at most {duration(s.saving_us_per_step)}/step ({share_text(saved)} of the step's "
         f"GPU time): the step gains at most {s.step_gain_bound:.4f}x, whatever the launches saved",
         f"launch floor {duration(s.launch_floor_us)} ({s.floor_from})"
@@ -103,7 +103,7 @@ def print_glue_kernels(glue: GlueKernels, console: Console, top: int = 15) -> No
     """A profile without regions: its glue kernels by time per step (numbers first, names below),
     then the one line that says what is missing and how to get it."""
     console.print(f"glue: {glue.launches_per_step:.0f} launches/step, {duration(glue.gpu_us_per_step)}/step = "
-                  f"{share_text(glue.share)} of GPU time, over {glue.steps} step(s); no regions, only the kernel table",
+                  f"{share_text(glue.share)} of GPU time, over {count(glue.steps, 'step')}; no regions, only the kernel table",
                   highlight=False)
     shown = glue.kernels[:top]
     if shown:

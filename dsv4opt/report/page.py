@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from pathlib import Path
 
 from dsv4opt.analysis.categories import CATEGORIES, GLUE, category_label
@@ -21,6 +22,7 @@ from dsv4opt.report.plots import category_bars_png, category_time_png, step_time
 
 META_KEYS = ("target", "device", "config", "concurrency", "context", "layers", "optimizations",
              "torch", "triton", "date", "commit")
+META_HEADERS = {"optimizations": "optimisations"}  # the meta key's spelling, the page's word
 PERFETTO = ("Open a trace in Perfetto (ui.perfetto.dev, \"Open trace file\") or chrome://tracing; "
             "the files stay on this machine.")
 
@@ -132,33 +134,38 @@ def _throughput_rows(report: Report) -> tuple[list[str], list[list[str]]]:
 
 
 def _meta_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    header = ["profile", "basis"] + list(META_KEYS) + ["total time"]
-    rows = [[name, p.time_label] + [value(p.meta.get(key)) for key in META_KEYS] + [duration(p.total_us)]
-            for name, p in zip(report.names, report.profiles)]
+    header = ["profile", "basis", "SGLang path", "layout"] + [META_HEADERS.get(k, k) for k in META_KEYS] + ["total time"]
+    rows = [[name, p.time_label, value(f.sglang_path), value(f.layout)] + [value(p.meta.get(key)) for key in META_KEYS]
+            + [duration(p.total_us)] for name, p, f in zip(report.names, report.profiles, report.facts)]
     return header, rows
 
 
-def _trace_rows(report: Report) -> list[list[str]]:
-    return [[name, t.role, t.path, "" if t.exists else "not on this machine"]
+def _trace_rows(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The raw traces; the note column only when some trace is not on this machine."""
+    rows = [[name, t.role, t.path, "" if t.exists else "not on this machine"]
             for name, f in zip(report.names, report.facts) for t in f.traces]
+    if any(r[3] for r in rows):
+        return TRACE_HEADER, rows
+    return TRACE_HEADER[:3], [r[:3] for r in rows]
 
 
 def _sweep_table(report: Report) -> tuple[list[str], list[list[str]]]:
     header = ["C", "profile", "tokens/s", "ms/step", "attention", "#1 category", "speed-up", "over"]
     rows = [[str(r.concurrency), name, value(r.tokens_per_s, ".2f"), value(r.ms_per_step, ".2f"),
              pct(r.attention_share), category_label(r.top_category), value(r.speedup, ".2f", "x"),
-             report.sweep_reference.get(r.concurrency, "")]
-            for r, name in zip(report.sweep_rows, report.sweep_names)]
+             over]
+            for r, name, over in zip(report.sweep_rows, report.sweep_names, report.sweep_over)]
     return header, rows
 
 
-SWEEP_INTRO = ("speed-up: tokens/s over the first profile given at the same C (named under \"over\"), as the "
-               "verdict takes the last profile over the first.")
+SWEEP_INTRO = ("speed-up: tokens/s over the first profile given at the same C, SGLang path and layout (named under "
+               "\"over\"), as the verdict takes the last profile over the first.")
 
 
 def _profile_rows(report: Report) -> tuple[list[str], list[list[str]]]:
-    """Which file each name on the page stands for."""
-    return ["profile", "file"], [[name, path] for name, path in zip(report.names, report.paths)]
+    """Which file each name on the page stands for, and the SGLang path and layout it ran."""
+    return ["profile", "SGLang path", "layout", "file"], [
+        [name, value(f.sglang_path), value(f.layout), path] for name, f, path in zip(report.names, report.facts, report.paths)]
 
 
 GLUE_HEADER = ["#", "part", "where", "launches/step now → fused", "GPU µs/step", "share", "median µs",
@@ -212,8 +219,9 @@ def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "
     if not report.profiles:
         return "\n".join(out + ["No profiles given.", ""]), files
     out += ["## Profiles", ""] + _md_table(*_profile_rows(report)) + [""]
-    if report.verdict:
-        out += ["## Verdict", "", f"**{report.verdict}**", ""]
+    if report.verdict or report.mixed_paths:
+        out += ["## Verdict", ""] + [part for line in (report.mixed_paths, report.verdict) if line
+                                     for part in (f"**{line}**", "")]
         if report.throughput_verdict:
             out += [f"**{report.throughput_verdict}**", ""]
     out += ["## Time per step by category", "", _time_intro(report), ""] + chart("time", "time per step by category")
@@ -234,9 +242,9 @@ def render_markdown(report: Report, chart_dir: Path | None = None, stem: str = "
         out += ["## Glue regions of the last profile", ""] + [f"- {line}" for line in _glue_lines(report)] + [""]
         out += _md_table(GLUE_HEADER, _glue_rows(report)) + [""]
     out += ["## Evidence", ""] + _md_table(*_meta_rows(report)) + [""]
-    traces = _trace_rows(report)
+    header, traces = _trace_rows(report)
     out += ["## Raw traces", ""]
-    out += ([PERFETTO, ""] + _md_table(TRACE_HEADER, traces) if traces else
+    out += ([PERFETTO, ""] + _md_table(header, traces) if traces else
             ["The profiles name no raw trace (captured without --trace-dir)."]) + [""]
     return "\n".join(out), files
 
@@ -254,8 +262,11 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _figure_cell(text: str) -> bool:
-    """A cell that is a figure: digits first (after a sign), or the missing-value dash."""
+    """A cell that is a figure: digits first (after a sign), or the missing-value dash; a version
+    ("0.5.14 sm_120") is text."""
     t = str(text).strip()
+    if re.match(r"\d+\.\d+\.\d+", t):
+        return False
     return t == "-" or (t[:1].isdigit() or (t[:1] in "+-<" and t[1:2].isdigit()))
 
 
@@ -279,8 +290,9 @@ def render_html(report: Report) -> str:
     parts.append("<h2>Profiles</h2>")
     parts.append(_html_table(*_profile_rows(report)))
     pngs = charts(report)
-    if report.verdict:
-        parts.append(f"<h2>Verdict</h2><p class='verdict'>{e(report.verdict)}</p>")
+    if report.verdict or report.mixed_paths:
+        parts.append("<h2>Verdict</h2>" + "".join(f"<p class='verdict'>{e(line)}</p>"
+                                                  for line in (report.mixed_paths, report.verdict) if line))
         if report.throughput_verdict:
             parts.append(f"<p class='verdict'>{e(report.throughput_verdict)}</p>")
     parts.append(f"<h2>Time per step by category</h2><p>{e(_time_intro(report))}</p>")
@@ -290,7 +302,7 @@ def render_html(report: Report) -> str:
     parts.append(_img(pngs, "categories", "category shares"))
     parts.append(_html_table(*_category_rows(report)))
     if report.comparison is not None and report.comparison.moved:
-        parts.append(f"<h2>What moved most: {e(report.names[0])} → {e(report.names[-1])}</h2>")
+        parts.append(f"<h2>What moved most: {e(report.names[0])} -> {e(report.names[-1])}</h2>")
         parts.append(_html_table(*_moved_rows(report)))
     parts.append("<h2>Throughput and its spread</h2>")
     parts.append(_html_table(*_throughput_rows(report)))
@@ -320,10 +332,10 @@ def render_html(report: Report) -> str:
     parts.append("<h2>Evidence</h2>")
     parts.append(_html_table(*_meta_rows(report)))
     parts.append("<h2>Raw traces</h2>")
-    traces = _trace_rows(report)
+    header, traces = _trace_rows(report)
     if traces:
         parts.append(f"<p>{e(PERFETTO)}</p>")
-        parts.append(_html_table(TRACE_HEADER, traces, link_column=2))
+        parts.append(_html_table(header, traces, link_column=2))
     else:
         parts.append("<p>The profiles name no raw trace (captured without --trace-dir).</p>")
     parts.append("</body></html>")

@@ -11,9 +11,9 @@ from rich.table import Table
 from dsv4opt.analysis.busy import timeline_summary, whole_trace
 from dsv4opt.analysis.categories import GLUE, category_label
 from dsv4opt.analysis.names import long_name
-from dsv4opt.display import MISSING, duration, pct, value
+from dsv4opt.display import MISSING, change, count, duration, pct, value
 from dsv4opt.report.fit import distinct_labels
-from dsv4opt.report.layout import Column, print_table
+from dsv4opt.report.layout import Column, natural_width, print_table
 
 
 def headline(profile) -> str | None:
@@ -21,7 +21,8 @@ def headline(profile) -> str | None:
     top_c, top_k = profile.top_category, profile.top_kernel
     if top_c is None or top_k is None:
         return None
-    return f"#1 category {top_c.label} {pct(top_c.share)}; #1 kernel {top_k.display_name} {pct(top_k.share)}"
+    what = "CPU operator" if profile.time_basis == "cpu_self" else "kernel"  # a CPU profile ranks operators
+    return f"#1 category {top_c.label} {pct(top_c.share)}; #1 {what} {top_k.display_name} {pct(top_k.share)}"
 
 
 # Separators a rich table with box.SIMPLE_HEAD and pad_edge=False adds around n columns: a space
@@ -100,7 +101,7 @@ def print_profile(profile, top: int = 15, console: Console | None = None, wide: 
         return
     shown = profile.kernels[:top]
     # the totals cover every profiled step: say how many
-    span = f"totals over {profile.step_count} profiled steps" if profile.step_count else "totals over the whole trace"
+    span = f"totals over {count(profile.step_count, 'profiled step')}" if profile.step_count else "totals over the whole trace"
     spread = width >= 120 and not cpu and any(k.p90_us is not None for k in shown)
     headers = ["#", "share", "total", "calls" if cpu else "launches", "mean"] + (["p90", "max"] if spread else []) + ["category", "name"]
     rows = [[str(i), pct(k.share), duration(k.total_us), str(k.count), duration(k.mean_us)]
@@ -202,7 +203,7 @@ def _print_timeline(profile, width: int, console: Console) -> None:
     if tl is None:
         return
     per = "per step" if profile.steps else "whole trace"
-    d = _table(f"GPU busy time, {per} (mean of {tl.steps}; busy = union of kernel intervals)")
+    d = _table(f"GPU busy time, {per} (mean of {count(tl.steps, 'step')}; busy = union of kernel intervals)")
     rows = [[m.label, duration(m.kernel_us), duration(m.span_us), duration(m.busy_us), duration(m.idle_us),
              pct(m.idle_us / m.span_us) if m.span_us else MISSING, duration(m.overlap_us)] for m in tl.devices]
     rows += [["  " + m.label, duration(m.kernel_us), "", duration(m.busy_us), duration(m.idle_us), "", ""] for m in tl.streams]
@@ -280,8 +281,11 @@ def print_comparison(comparison, console: Console | None = None) -> None:
         scale_a, scale_b = (steps_a, steps_b) if per_step else (1, 1)
         what = "CPU operators" if comparison.time_basis == "cpu_self" else "kernels"
         span = (f"{basis} per step" if per_step else f"{basis}, whole profile (the trace marks no steps)")
-        rows = [[r["short_name"], category_label(r["category"]), duration(r["total_us_a"] / scale_a),
-                 duration(r["total_us_b"] / scale_b), duration(r["total_us_b"] / scale_b - r["total_us_a"] / scale_a)]
+        # a kernel one side does not run shows "-" there, not 0.0 µs
+        rows = [[r["short_name"], category_label(r["category"]),
+                 duration(r["total_us_a"] / scale_a) if r["total_us_a"] else MISSING,
+                 duration(r["total_us_b"] / scale_b) if r["total_us_b"] else MISSING,
+                 change(r["total_us_b"] / scale_b - r["total_us_a"] / scale_a)]
                 for r in comparison.moved]
         print_table(console, [Column(what[:-1], shrink=True), Column("category"), Column("before", right=True),
                               Column("after", right=True), Column("change", right=True)], rows,
@@ -294,13 +298,13 @@ def print_comparison(comparison, console: Console | None = None) -> None:
                           f"#1 category {category_label(cat['category'])} {pct(cat['share'])}", highlight=False)
     tl = comparison.timeline
     if tl:
-        rows = [[label, duration(tl[key]["a"]), duration(tl[key]["b"]), duration(tl[key]["delta"])]
+        rows = [[label, duration(tl[key]["a"]), duration(tl[key]["b"]), change(tl[key]["delta"])]
                 for key, label in (("kernel_us", "kernel sum"), ("span_us", "span"), ("busy_us", "busy"),
                                    ("idle_us", "idle"), ("overlap_us", "stream overlap"))]
         rows += [[f"{category_label(c['category'])} exposed", duration(c["exposed_us_a"]), duration(c["exposed_us_b"]),
-                  duration(c["exposed_us_b"] - c["exposed_us_a"])] for c in tl["categories"] if c["overlapped_us_a"] or c["overlapped_us_b"]]
+                  change(c["exposed_us_b"] - c["exposed_us_a"])] for c in tl["categories"] if c["overlapped_us_a"] or c["overlapped_us_b"]]
         print_table(console, [Column(""), Column("before", right=True), Column("after", right=True), Column("change", right=True)],
-                    rows, title=f"GPU time per step (mean of {tl['steps']['a']} -> {tl['steps']['b']}; busy = union of kernel intervals)")
+                    rows, title=f"GPU time per step (mean of {tl['steps']['a']} -> {count(tl['steps']['b'], 'step')}; busy = union of kernel intervals)")
     for line in throughput_lines(comparison):
         console.print(line, highlight=False)
     console.print(f"[bold]{escape(comparison.verdict)}[/]", highlight=False)
@@ -316,3 +320,32 @@ def throughput_lines(comparison) -> list[str]:
         basis = "CPU self time" if comparison.time_basis == "cpu_self" else "GPU kernel time"
         lines.append(f"{basis} per profiled step: {duration(per_step['a'])} -> {duration(per_step['b'])}")
     return lines
+
+
+def print_saved_profiles(saved, console: Console) -> None:
+    """A folder's saved profiles, one row each (`analyze DIR` of profiles), and what to run next."""
+    from dsv4opt.analysis.compare import sglang_path, setting
+
+    columns = [Column("profile"), Column("C", right=True), Column("tokens/s", right=True), Column("SGLang path"),
+               Column("layout"), Column("#1 category")]
+    rows = []
+    for path, prof in saved.profiles:
+        top = prof.top_category
+        rows.append([path.name, value(prof.meta.get("concurrency")), value((prof.throughput or {}).get("tokens_per_s"), ".2f"),
+                     sglang_path(prof) or MISSING, value(setting(prof, "layout")),
+                     f"{top.label} {pct(top.share)}" if top else MISSING])
+    n = len(saved.profiles)
+    title = f"{saved.folder}: {n} saved profile{'' if n == 1 else 's'}"
+    if natural_width(columns, rows) <= console.width:
+        print_table(console, columns, rows, title=title)
+    else:  # file names are typed, never cut: each on its own line, its figures under it
+        console.print(title, highlight=False, soft_wrap=True)
+        for r in rows:
+            console.print(f"  {escape(r[0])}", highlight=False, soft_wrap=True)
+            console.print(f"    C={r[1]}, {r[2]} tokens/s, SGLang {escape(r[3])}, {escape(r[4])}, #1 category {escape(r[5])}",
+                          highlight=False, soft_wrap=True)
+    for path, why in saved.unreadable:
+        console.print(f"  {escape(path.name)}: not listed, {escape(why)}", highlight=False, soft_wrap=True)
+    folder = str(saved.folder).rstrip("/")
+    console.print(f"`dsv4opt analyze {escape(folder)}/FILE` shows one; `dsv4opt report {escape(folder)}/*.json` puts "
+                  "them side by side", highlight=False, soft_wrap=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from dsv4opt.errors import DsvOptError
+from dsv4opt.errors import DsvOptError, unknown_name
 
 WINDOW, CSA, HCA = "window", "csa", "hca"
 
@@ -54,7 +54,7 @@ class ModelConfig:
         try:
             return CONFIGS[name]
         except KeyError:
-            raise DsvOptError(f"unknown model config {name!r}; known: {', '.join(CONFIGS)}") from None
+            raise unknown_name("model config", name, CONFIGS) from None
 
     def with_layers(self, layers: int | None) -> "ModelConfig":
         """The first `layers` layers only (None: all)."""

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4opt.errors import DsvOptError
+from dsv4opt.errors import DsvOptError, unknown_name
 from dsv4opt.workload.config import ModelConfig
-from dsv4opt.workload.quant import MXFP4_GROUP
 
 TP, DP_EP = "tp", "dp-ep"
 
@@ -41,7 +40,7 @@ class Layout:
         try:
             return LAYOUTS[name]
         except KeyError:
-            raise DsvOptError(f"unknown layout {name!r}; use {', '.join(LAYOUTS)}") from None
+            raise unknown_name("layout", name, LAYOUTS, lead="use") from None
 
     def deploy(self, cfg: ModelConfig, ranks: int | None = None) -> "Deployment":
         """What one rank of this layout holds for `cfg`; `ranks` overrides dp-ep's rank count
@@ -91,6 +90,8 @@ class Deployment:
 
 def _split_problems(cfg: ModelConfig, kind: str, n: int) -> list[str]:
     """Why `cfg` cannot be split `n` ways as `kind` (empty: it can)."""
+    from dsv4opt.workload.quant import MXFP4_GROUP  # here: quant loads torch, naming a layout must not
+
     out = []
     shared = cfg.expert_width * cfg.shared_experts
     if shared % (n * cfg.fp8_block):

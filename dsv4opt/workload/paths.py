@@ -26,8 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from dsv4opt.errors import DsvOptError
-from dsv4opt.workload.baseline import IMPLEMENTATIONS, hopper_0523
+from dsv4opt.errors import DsvOptError, unknown_name
 
 
 @dataclass(frozen=True)
@@ -48,15 +47,23 @@ class SGLangPath:
     fp8_gemm_fills_sms: bool  # the block-FP8 GEMM's tiles fill the SMs (DeepGEMM's stand-in)
 
     def implementations(self) -> dict[str, Callable]:
-        """The baseline's slot implementations on this path."""
+        """The baseline's slot implementations on this path (imported here: the baseline loads torch,
+        which naming a path, as every command's option check does, must not)."""
+        from dsv4opt.workload.baseline import IMPLEMENTATIONS, hopper_0523
+
         return dict(IMPLEMENTATIONS) if self.name == SM120_0514 else hopper_0523()
+
+    @property
+    def label(self) -> str:
+        """"0.5.14 (sm_120)", "0.5.23 (Hopper, sm_90)": the version and the GPU family, for tables."""
+        return f"{self.name} ({self.family})"
 
     @classmethod
     def from_name(cls, name: str) -> "SGLangPath":
         try:
             return PATHS[name]
         except KeyError:
-            raise DsvOptError(f"unknown SGLang path {name!r}; use {', '.join(PATHS)}") from None
+            raise unknown_name("SGLang path", name, PATHS, lead="use") from None
 
 
 SM120_0514, HOPPER_0523 = "0.5.14", "0.5.23"

@@ -21,8 +21,10 @@ def _profile(windows: list[float]):
     ([10.0, 10.4, 10.2], [9.0, 9.1, 9.2], "faster"),  # every window after below every window before
     ([10.0, 10.4, 10.2], [10.5, 10.6, 10.7], "slower"),
     ([10.0], [9.9], "not called"),  # timed once: spread unknown, 1% is not called
+    ([10.0], [10.4], "not called"),  # a small slow-down timed once: apply must not switch back on it
     ([10.0], [8.0], "faster"),  # beyond 5% with the spread unknown
-], ids=["overlap", "faster", "slower", "once-small", "once-large"])
+    ([10.0], [11.0], "slower"),
+], ids=["overlap", "faster", "slower", "once-small", "once-small-slower", "once-large", "once-large-slower"])
 def test_verdict_against_the_spread(before, after, verdict):
     change = compare_profiles(_profile(before), _profile(after)).change
     assert change.verdict == verdict

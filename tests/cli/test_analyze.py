@@ -95,3 +95,35 @@ def test_wide_shows_every_name_whole_at_80_columns():
         if k["name"] != k["short_name"]:
             assert f"  #{i} {k['name']}\n" in r.output
     assert "--wide` shows" not in r.output
+
+
+def test_analyze_a_folder_of_saved_profiles_lists_them(tmp_path):
+    """`analyze profiles/hopper-0.5.23/` once said "…c1-baseline….json: has no traceEvents"."""
+    import shutil
+    from pathlib import Path
+
+    hopper = Path(__file__).resolve().parents[2] / "evidence" / "h200" / "profiles" / "hopper-0.5.23"
+    files = sorted(hopper.glob("*.json"))
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    for f in files[:3]:
+        shutil.copy(f, folder / f.name)
+    for width in ("200", "80"):
+        r = runner.invoke(app, ["analyze", str(folder)], env={"COLUMNS": width})
+        assert r.exit_code == 0, r.output
+        assert f"{folder}: 3 saved profiles" in r.output and "has no traceEvents" not in r.output
+        for f in files[:3]:
+            data = json.loads(f.read_text())
+            assert f.name in r.output  # whole, at either width
+            assert f"{data['throughput']['tokens_per_s']:.2f}" in r.output
+        assert r.output.count("0.5.23 Hopper (sm_90)") == 3
+        assert r.output.rstrip().splitlines()[-1] == (f"`dsv4opt analyze {folder}/FILE` shows one; "
+                                                      f"`dsv4opt report {folder}/*.json` puts them side by side")
+    trace = folder / "rank0.json"
+    trace.write_text(json.dumps({"traceEvents": [KERNEL]}))
+    r = runner.invoke(app, ["analyze", str(folder)])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert f"{folder} holds both saved profiles (3) and traces (1)" in r.output
+    trace.unlink()
+    r = runner.invoke(app, ["analyze", str(folder), "--json", str(tmp_path / "p.json")])
+    assert r.exit_code == 1 and "--json and --capture go with trace files" in r.output

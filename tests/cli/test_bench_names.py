@@ -18,8 +18,8 @@ runner = CliRunner()
 @pytest.mark.parametrize("name, expected", [
     ("mma-atn", "unknown benchmark 'mma-atn'; did you mean mma-attn? known: mma-attn, fuse-glue, grouped-moe"),
     ("nothing-like-it", "unknown benchmark 'nothing-like-it'; known: mma-attn, fuse-glue, grouped-moe"),
-    ("bf16-gemm", "bf16-gemm has no bench: `dsv4opt list --check` runs its correctness gate and "
-                  "`dsv4opt profile --with bf16-gemm` measures it in the decode step"),
+    ("bf16-gemm", "bf16-gemm has no benchmark (benchmarks: mma-attn, fuse-glue, grouped-moe); its correctness "
+                  "gate runs with `dsv4opt list --check`, its effect on a step with `dsv4opt apply bf16-gemm`"),
 ])
 def test_a_name_without_a_bench_is_refused_in_one_line(name, expected):
     result = runner.invoke(app, ["bench", name], env={"COLUMNS": "400"})

@@ -42,7 +42,37 @@ def test_compare_refuses_profiles_run_under_different_settings(tmp_path):
     r = runner.invoke(app, ["compare", str(a), str(b)], env={"COLUMNS": "200"})
     assert r.exit_code == 1 and "concurrency: 1 -> 64" in r.output and "--force" in r.output
     r = runner.invoke(app, ["compare", str(a), str(b), "--force"], env={"COLUMNS": "200"})
-    assert r.exit_code == 0 and "WARNING: settings differ, concurrency: 1 -> 64" in r.output
+    assert r.exit_code == 0 and "warning: settings differ, concurrency: 1 -> 64" in r.output
     same = root / "embedded-dsv4-flash-c1-ctx8192-mma-attn+bf16-gemm.json"
     r = runner.invoke(app, ["compare", str(a), str(same)], env={"COLUMNS": "200"})
-    assert r.exit_code == 0 and "WARNING" not in r.output
+    assert r.exit_code == 0 and "warning" not in r.output.lower()
+
+
+CAMPAIGN_C32 = "layouts/campaign/embedded-dsv4-flash-c32-baseline-20261204-112517.json"  # SGLang 0.5.14, sm_120
+HOPPER_C32 = "hopper-0.5.23/embedded-dsv4-flash-c32-baseline-20261204-033223.json"  # SGLang 0.5.23, Hopper
+
+
+def test_compare_refuses_two_sglang_paths(tmp_path):
+    """The sm_120 baseline against the Hopper one once read "45.97x, faster": two baselines, not a change."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "evidence" / "h200" / "profiles"
+    a, b = root / CAMPAIGN_C32, root / HOPPER_C32
+    assert (json.loads(a.read_text())["meta"]["sglang"], json.loads(b.read_text())["meta"]["sglang"]) == ("0.5.14", "0.5.23")
+    r = runner.invoke(app, ["compare", str(a), str(b)], env={"COLUMNS": "200"})
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "sglang: 0.5.14 -> 0.5.23" in r.output and "--force" in r.output and "faster" not in r.output
+    r = runner.invoke(app, ["compare", str(a), str(b), "--force"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "warning: settings differ, sglang: 0.5.14 -> 0.5.23: this comparison mixes runs" in r.output
+
+
+def test_a_profile_from_before_the_sglang_setting_ran_the_sm120_path(tmp_path):
+    """Campaign profiles of 3 December record no SGLang path: they ran 0.5.14's, the only one then."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "evidence" / "h200" / "profiles"
+    old = root / "layouts/campaign/embedded-dsv4-flash-c1-baseline-20261203-091834.json"
+    assert "sglang" not in json.loads(old.read_text())["meta"]
+    hopper = root / "hopper-0.5.23/embedded-dsv4-flash-c1-baseline-20261204-033701.json"
+    r = runner.invoke(app, ["compare", str(old), str(hopper)], env={"COLUMNS": "200"})
+    assert r.exit_code == 1 and "sglang: 0.5.14 -> 0.5.23" in r.output

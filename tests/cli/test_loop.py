@@ -166,6 +166,28 @@ def test_sweep_rejects_bad_concurrency_list():
     assert r.exit_code == 1 and "whole numbers" in r.output
 
 
+def test_sweep_passes_the_path_kv_ranks_and_seed_and_its_layout_follows_the_path(tmp_path, monkeypatch):
+    """sweep once had no --sglang (nor --kv, --ranks, --seed) and its --layout default was tp4 whatever
+    the path; it now takes profile's options, and its layout default is the path's recipe, as profile's."""
+    import dsv4opt.loop.sweep as loop_sweep
+
+    seen = []
+
+    def fake(concurrencies, variants, base, **kwargs):
+        seen.append(base)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(loop_sweep, "sweep", fake)
+    monkeypatch.chdir(tmp_path)
+    Path("sw").mkdir()
+    r = invoke("sweep", "-c", "1", "--sglang", "0.5.23", "--kv", "bf16", "--ranks", "4", "--seed", "7", "--out-dir", "sw")
+    assert r.exit_code == 0, r.output
+    base = seen[-1]
+    assert (base.sglang, base.kv, base.ranks, base.seed, base.layout) == ("0.5.23", "bf16", 4, 7, "tp4")
+    r = invoke("sweep", "-c", "1", "--layout", "dp-ep", "--out-dir", "sw")
+    assert r.exit_code == 0 and (seen[-1].sglang, seen[-1].layout) == ("0.5.14", "dp-ep")
+
+
 @pytest.mark.slow
 def test_sweep_tiny_on_cpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

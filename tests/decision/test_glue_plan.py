@@ -70,9 +70,8 @@ def test_recommend_bounds_fuse_glue_by_the_share_of_the_regions_it_fuses():
 
 @pytest.mark.parametrize("regions,keyed_by,why", [
     (None, "source sites", "holds no glue regions"),
-    ([OTHER], "source sites", "none of the profile's regions"),
     ([msgspec.structs.replace(MOE_ACT, where="aten::mul · aten::sum")], "operators", "keyed by operators"),
-], ids=["no-regions", "none-of-its-code", "no-stacks"])
+], ids=["no-regions", "no-stacks"])
 def test_recommend_lists_but_never_chooses_fuse_glue_when_it_cannot_tell_what_it_fuses(regions, keyed_by, why):
     prof = make_profile([("nvjet_sm90_tst", "gemm_tc", 10, 300.0), ("elementwise_kernel", "elementwise", 10, 700.0)],
                         meta={"model": "deepseek-ai/DeepSeek-V4-Flash"})
@@ -82,6 +81,21 @@ def test_recommend_lists_but_never_chooses_fuse_glue_when_it_cannot_tell_what_it
     fuse = {c.name: c for c in rec.candidates}["fuse-glue"]
     assert fuse.fits is None and fuse.share == pytest.approx(0.7) and rec.chosen is not fuse
     assert any(line.startswith("fuse-glue would target 70.0%") and why in line for line in rec.explanation)
+    assert fuse not in rec.ranked and fuse not in rec.not_applicable
+
+
+def test_fuse_glue_with_none_of_its_code_among_the_regions_is_not_applicable():
+    """On the 0.5.23 path fuse-glue once led the table at 1.23x, then the prose rejected it: its code
+    is not on that path. It now goes to the list of what does not apply, with why, and is not ranked."""
+    prof = make_profile([("nvjet_sm90_tst", "gemm_tc", 10, 300.0), ("elementwise_kernel", "elementwise", 10, 700.0)],
+                        meta={"model": "deepseek-ai/DeepSeek-V4-Flash"})
+    prof.glue = summary([OTHER], 70.0)
+    rec = recommend(prof)
+    fuse = {c.name: c for c in rec.candidates}["fuse-glue"]
+    assert fuse.fits is False and fuse in rec.not_applicable and fuse not in rec.ranked and rec.chosen is not fuse
+    assert fuse.why_not.startswith("none of the profile's regions comes from the code fuse-glue replaces (")
+    assert not any("fuse-glue would target" in line for line in rec.explanation)
+    assert {"name": "fuse-glue", "because": fuse.why_not} in rec.to_dict()["not_applicable"]
 
 
 def test_outcome_measures_the_glue_removed_against_the_prediction():

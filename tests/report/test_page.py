@@ -87,7 +87,7 @@ def test_the_speedup_column_says_what_the_verdict_says():
     speedups = {name: row.speedup for row, name in zip(rep.sweep_rows, rep.sweep_names)}
     a, b = rep.names
     assert speedups[a] == 1.0 and round(speedups[b], 2) == 1.28
-    assert rep.sweep_reference == {4: a}
+    assert rep.sweep_over == [a, a]
     text, _ = render_markdown(rep)
     assert f"| 4 | {b} | 4000.00 | 1.00 | 100.0% | attention | 1.28x | {a} |" in text
 
@@ -96,7 +96,7 @@ def test_two_runs_of_the_same_settings_get_names_that_differ_and_the_page_names_
     rep = _two_runs()
     assert rep.names == ["C=4 baseline (a.json)", "C=4 baseline (b.json)"]
     text, _ = render_markdown(rep)
-    assert "| C=4 baseline (a.json) | runs/a.json |" in text and "| C=4 baseline (b.json) | runs/b.json |" in text
+    assert "| C=4 baseline (a.json) | - | - | runs/a.json |" in text and "| C=4 baseline (b.json) | - | - | runs/b.json |" in text
     assert "What moved most: C=4 baseline (a.json) -> C=4 baseline (b.json)" in text
     same = build_report(["p.json", "p.json"], [story_after_attention(), story_after_attention()])
     assert len(set(same.names)) == 2
@@ -134,3 +134,41 @@ def test_a_29x_change_keeps_its_values_on_the_bars_and_the_axes_start_at_0():
     assert ax.get_ylim()[0] == 0  # 6.8 -> 8.2 tokens/s is not a cliff
     fig.canvas.draw()
     assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1  # beside the data, not over it
+
+
+def test_a_report_of_two_sglang_paths_says_so_and_labels_each_profile():
+    """`report` of the sm_120 and the Hopper C = 32 profiles once labelled both "C=32 baseline (file)" and
+    took the Hopper baseline's speed-up over the sm_120 one."""
+    from pathlib import Path
+
+    from dsv4opt.analysis.profile import Profile
+
+    root = Path(__file__).resolve().parents[2] / "evidence" / "h200" / "profiles"
+    paths = [root / "layouts/campaign/embedded-dsv4-flash-c32-baseline-20261204-112517.json",
+             root / "layouts/campaign/embedded-dsv4-flash-c32-mma-attn-20261204-112721.json",
+             root / "hopper-0.5.23/embedded-dsv4-flash-c32-baseline-20261204-033223.json"]
+    profiles = [Profile.load(p) for p in paths]
+    rep = build_report([str(p) for p in paths], profiles)
+    assert rep.names == ["C=32 baseline, SGLang 0.5.14 sm_120, tp4", "C=32 mma-attn, SGLang 0.5.14 sm_120, tp4",
+                         "C=32 baseline, SGLang 0.5.23 Hopper (sm_90), tp4"]
+    assert rep.mixed_paths.startswith("these profiles ran different SGLang paths (SGLang 0.5.14 sm_120: 2 profiles; "
+                                      "SGLang 0.5.23 Hopper (sm_90): 1 profile)")
+    assert rep.verdict == "first and last profile not compared: run under different settings (sglang: 0.5.14 -> 0.5.23)"
+    # each speed-up is over the first profile of its own path at its C
+    tps = [p.throughput["tokens_per_s"] for p in profiles]
+    by_name = {n: (r.speedup, over) for r, n, over in zip(rep.sweep_rows, rep.sweep_names, rep.sweep_over)}
+    assert by_name[rep.names[2]] == (1.0, rep.names[2])
+    assert by_name[rep.names[1]][1] == rep.names[0] and abs(by_name[rep.names[1]][0] - tps[1] / tps[0]) < 1e-9
+    text, _ = render_markdown(rep)
+    assert "| profile | SGLang path | layout | file |\n|---|---|---|---|" in text
+    assert f"| {rep.names[2]} | 0.5.23 Hopper (sm_90) | tp4 | {paths[2]} |" in text
+    assert f"**{rep.mixed_paths}**" in text
+    evidence = text.split("## Evidence")[1]
+    assert "| profile | basis | SGLang path | layout |" in evidence and "| GPU time | 0.5.14 sm_120 | tp4 |" in evidence
+    page = render_html(rep)
+    assert "<th>SGLang path</th>" in page and "these profiles ran different SGLang paths" in page
+
+
+def test_one_path_is_not_said():
+    rep = _two_runs()
+    assert rep.mixed_paths is None

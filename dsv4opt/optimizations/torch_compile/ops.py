@@ -15,11 +15,13 @@ slot's contract (`dsv4opt/workload/slots.py`): one op per slot, the implementati
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from dsv4opt.tritonlib import runs_triton
 from dsv4opt.workload import baseline
@@ -65,57 +67,96 @@ def _acc(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
+# ---- which model part each call runs in ---------------------------------------------------------
+# Dynamo drops the model's record_function ranges and Inductor fuses across them, so a compiled
+# block's kernels would all land outside any part. Every op below takes a keyword `part`, which
+# regions.py fills in from the call's place in model.py when the block compiles; the op then runs
+# inside a range of that name, as its kernels did in eager, and their launches keep the part.
+
+def _parted(fn: Callable) -> Callable:
+    """fn with a trailing keyword `part: str = ""`: run inside record_function(part) when given."""
+    sig = inspect.signature(fn)
+    extra = inspect.Parameter("part", inspect.Parameter.KEYWORD_ONLY, default="", annotation=str)
+
+    @functools.wraps(fn)
+    def run(*args, part: str = "", **kwargs):
+        if not part:
+            return fn(*args, **kwargs)
+        with record_function(part):
+            return fn(*args, **kwargs)
+
+    run.__signature__ = sig.replace(parameters=[*sig.parameters.values(), extra])
+    return run
+
+
+def _fake(op) -> Callable:
+    """Register a fake that ignores `part` (what the op computes does not depend on it)."""
+    def register(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def fake(*args, part: str = "", **kwargs):
+            return fn(*args, **kwargs)
+
+        op.register_fake(fake)
+        return fn
+    return register
+
+
 # ---- the workload's kernels --------------------------------------------------------------------
 
 @torch.library.custom_op(f"{LIB}::rms_norm", mutates_args=())
+@_parted
 def rms_norm_op(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
     return _own(rms_norm(x, weight, eps), inputs=(x, weight))[0]
 
 
-@rms_norm_op.register_fake
+@_fake(rms_norm_op)
 def _(x, weight, eps):
     return x.new_empty(x.shape)
 
 
 @torch.library.custom_op(f"{LIB}::hc_prenorm", mutates_args=())
+@_parted
 def hc_prenorm_op(h: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return _own(*hc_prenorm(h, eps), inputs=(h,))
 
 
-@hc_prenorm_op.register_fake
+@_fake(hc_prenorm_op)
 def _(h, eps):
     T = h.shape[0]
     return h.new_empty(T, h[0].numel(), dtype=_acc(h)), h.new_empty(T, dtype=_acc(h))
 
 
 @torch.library.custom_op(f"{LIB}::hc_split_sinkhorn", mutates_args=())
+@_parted
 def hc_split_sinkhorn_op(mix: Tensor, scale: Tensor, base: Tensor, hc: int, iters: int,
                          eps: float) -> tuple[Tensor, Tensor, Tensor]:
     return _own(*hc_split_sinkhorn(mix, scale, base, hc, iters, eps), inputs=(mix, scale, base))
 
 
-@hc_split_sinkhorn_op.register_fake
+@_fake(hc_split_sinkhorn_op)
 def _(mix, scale, base, hc, iters, eps):
     T, dt = mix.shape[0], _acc(mix)
     return mix.new_empty(T, hc, dtype=dt), mix.new_empty(T, hc, dtype=dt), mix.new_empty(T, hc, hc, dtype=dt)
 
 
 @torch.library.custom_op(f"{LIB}::hc_post", mutates_args=())
+@_parted
 def hc_post_op(y: Tensor, residual: Tensor, post: Tensor, comb: Tensor) -> Tensor:
     return _own(hc_post(y, residual, post, comb), inputs=(y, residual, post, comb))[0]
 
 
-@hc_post_op.register_fake
+@_fake(hc_post_op)
 def _(y, residual, post, comb):
     return residual.new_empty(residual.shape)
 
 
 @torch.library.custom_op(f"{LIB}::hc_pre_gemm", mutates_args=())
+@_parted
 def hc_pre_gemm_op(h: Tensor, fn: Tensor, splits: Optional[int]) -> tuple[Tensor, Tensor]:
     return _own(*hc_pre_gemm(h, fn, splits), inputs=(h, fn))
 
 
-@hc_pre_gemm_op.register_fake
+@_fake(hc_pre_gemm_op)
 def _(h, fn, splits):
     T, (N, K) = h.shape[0], fn.shape
     S = gemm_splits(T, K, splits)[0] if runs_triton(h) else 1  # the plain-torch path returns one split
@@ -123,13 +164,14 @@ def _(h, fn, splits):
 
 
 @torch.library.custom_op(f"{LIB}::hc_pre_big_fuse", mutates_args=())
+@_parted
 def hc_pre_big_fuse_op(mix: Tensor, sq: Tensor, h: Tensor, scale: Tensor, base: Tensor, norm_weight: Tensor, hc: int,
                        iters: int, hc_eps: float, norm_eps: float, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     out = hc_pre_big_fuse(mix, sq, h, scale, base, norm_weight, hc, iters, hc_eps, norm_eps, dtype)
     return _own(*out, inputs=(mix, sq, h, scale, base, norm_weight))
 
 
-@hc_pre_big_fuse_op.register_fake
+@_fake(hc_pre_big_fuse_op)
 def _(mix, sq, h, scale, base, norm_weight, hc, iters, hc_eps, norm_eps, dtype):
     T, d = h.shape[0], h.shape[2]
     dt = _acc(mix)
@@ -137,94 +179,103 @@ def _(mix, sq, h, scale, base, norm_weight, hc, iters, hc_eps, norm_eps, dtype):
 
 
 @torch.library.custom_op(f"{LIB}::group_quant_fp8", mutates_args=())
+@_parted
 def group_quant_fp8_op(x: Tensor, group: int) -> tuple[Tensor, Tensor]:
     return _own(*group_quant_fp8(x, group), inputs=(x,))
 
 
-@group_quant_fp8_op.register_fake
+@_fake(group_quant_fp8_op)
 def _(x, group):
     M, K = x.shape
     return x.new_empty(M, K, dtype=FP8), x.new_empty(M, K // group, dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{LIB}::block_fp8_matmul", mutates_args=())
+@_parted
 def block_fp8_matmul_op(a: Tensor, a_scale: Tensor, w: Tensor, w_scale: Tensor, block: int,
                         out_dtype: torch.dtype, fill_sms: bool) -> Tensor:
     out = block_fp8_matmul(a, a_scale, w, w_scale, block, out_dtype, fill_sms)
     return _own(out, inputs=(a, a_scale, w, w_scale))[0]
 
 
-@block_fp8_matmul_op.register_fake
+@_fake(block_fp8_matmul_op)
 def _(a, a_scale, w, w_scale, block, out_dtype, fill_sms):
     return a.new_empty(a.shape[0], w.shape[0], dtype=out_dtype)
 
 
 @torch.library.custom_op(f"{LIB}::mm_out_fp32", mutates_args=())
+@_parted
 def mm_out_fp32_op(x: Tensor, w: Tensor) -> Tensor:
     return _own(mm_out_fp32(x, w), inputs=(x, w))[0]
 
 
-@mm_out_fp32_op.register_fake
+@_fake(mm_out_fp32_op)
 def _(x, w):
     dt = torch.float64 if torch.float64 in (x.dtype, w.dtype) else torch.float32
     return x.new_empty(x.shape[0], w.shape[0], dtype=dt)
 
 
 @torch.library.custom_op(f"{LIB}::q_norm_rope", mutates_args=())
+@_parted
 def q_norm_rope_op(q: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor, rope: int, tile: int) -> Tensor:
     return _own(q_norm_rope(q, eps, cos, sin, pos, rope, tile), inputs=(q,))[0]
 
 
-@q_norm_rope_op.register_fake
+@_fake(q_norm_rope_op)
 def _(q, eps, cos, sin, pos, rope, tile):
     return q.new_empty(q.shape)
 
 
 @torch.library.custom_op(f"{LIB}::q_norm_rope_into", mutates_args=("out",))
+@_parted
 def q_norm_rope_into_op(q: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor, rope: int, tile: int,
                         out: Tensor) -> None:
     q_norm_rope(q, eps, cos, sin, pos, rope, tile, out=out)
 
 
-@q_norm_rope_into_op.register_fake
+@_fake(q_norm_rope_into_op)
 def _(q, eps, cos, sin, pos, rope, tile, out):
     return None
 
 
 @torch.library.custom_op(f"{LIB}::kv_norm_rope_store", mutates_args=("data",))
+@_parted
 def kv_norm_rope_store_op(kv: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor,
                           data: Tensor, fp8: bool, nope: int, rope_dim: int, tile: int, page_size: int,
                           loc: Tensor) -> None:
     kv_norm_rope_store(kv, weight, eps, cos, sin, pos, _kv(data, fp8, nope, rope_dim, tile, page_size), loc)
 
 
-@kv_norm_rope_store_op.register_fake
+@_fake(kv_norm_rope_store_op)
 def _(kv, weight, eps, cos, sin, pos, data, fp8, nope, rope_dim, tile, page_size, loc):
     return None
 
 
 @torch.library.custom_op(f"{LIB}::rope_inplace", mutates_args=("x",))
+@_parted
 def rope_inplace_op(x: Tensor, cos: Tensor, sin: Tensor, pos: Tensor, rope_dim: int, inverse: bool) -> None:
     rope_inplace(x, cos, sin, pos, rope_dim, inverse)
 
 
-@rope_inplace_op.register_fake
+@_fake(rope_inplace_op)
 def _(x, cos, sin, pos, rope_dim, inverse):
     return None
 
 
 @torch.library.custom_op(f"{LIB}::compress_forward", mutates_args=("state",))
+@_parted
 def compress_forward_op(state: Tensor, kv_score: Tensor, ape: Tensor, pos: Tensor, ratio: int,
                         overlap: bool) -> Tensor:
     return _own(compress_forward(state, kv_score, ape, pos, ratio, overlap), inputs=(state, kv_score, ape))[0]
 
 
-@compress_forward_op.register_fake
+@_fake(compress_forward_op)
 def _(state, kv_score, ape, pos, ratio, overlap):
     return state.new_empty(state.shape[0], ape.shape[1], dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{LIB}::compress_store_kv", mutates_args=("data",))
+@_parted
 def compress_store_kv_op(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor,
                          loc: Tensor, ratio: int, rope_dim: int, model_dtype: torch.dtype, data: Tensor,
                          fp8: bool, nope: int, layout_rope: int, tile: int, page_size: int) -> None:
@@ -232,13 +283,14 @@ def compress_store_kv_op(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin
     compress_norm_rope_store(x, weight, eps, cos, sin, pos, loc, ratio, rope_dim, model_dtype, cache)
 
 
-@compress_store_kv_op.register_fake
+@_fake(compress_store_kv_op)
 def _(x, weight, eps, cos, sin, pos, loc, ratio, rope_dim, model_dtype, data, fp8, nope, layout_rope, tile,
       page_size):
     return None
 
 
 @torch.library.custom_op(f"{LIB}::compress_store_index", mutates_args=("data",))
+@_parted
 def compress_store_index_op(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor, pos: Tensor,
                             loc: Tensor, ratio: int, rope_dim: int, model_dtype: torch.dtype, data: Tensor,
                             dim: int, page_size: int) -> None:
@@ -246,73 +298,79 @@ def compress_store_index_op(x: Tensor, weight: Tensor, eps: float, cos: Tensor, 
     compress_norm_rope_store(x, weight, eps, cos, sin, pos, loc, ratio, rope_dim, model_dtype, cache)
 
 
-@compress_store_index_op.register_fake
+@_fake(compress_store_index_op)
 def _(x, weight, eps, cos, sin, pos, loc, ratio, rope_dim, model_dtype, data, dim, page_size):
     return None
 
 
 @torch.library.custom_op(f"{LIB}::index_q_rope_hadamard_quant", mutates_args=())
+@_parted
 def index_q_op(q: Tensor, w: Tensor, weight_scale: float, cos: Tensor, sin: Tensor, pos: Tensor, heads: int,
                rope_dim: int) -> tuple[Tensor, Tensor]:
     return _own(*index_q_rope_hadamard_quant(q, w, weight_scale, cos, sin, pos, heads, rope_dim), inputs=(q, w))
 
 
-@index_q_op.register_fake
+@_fake(index_q_op)
 def _(q, w, weight_scale, cos, sin, pos, heads, rope_dim):
     B = q.shape[0]
     return q.new_empty(B, heads, q.shape[1] // heads, dtype=FP8), q.new_empty(B, heads, dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{LIB}::topk_transform", mutates_args=())
+@_parted
 def topk_transform_op(logits: Tensor, seq_lens: Tensor, base: Tensor, topk: int) -> Tensor:
     return _own(topk_transform(logits, seq_lens, base, topk), inputs=(logits, seq_lens, base))[0]
 
 
-@topk_transform_op.register_fake
+@_fake(topk_transform_op)
 def _(logits, seq_lens, base, topk):
     return logits.new_empty(logits.shape[0], topk, dtype=torch.int32)
 
 
 @torch.library.custom_op(f"{LIB}::moe_gate", mutates_args=())
+@_parted
 def moe_gate_op(logits: Tensor, bias: Tensor, topk: int, tokens: Optional[Tensor],
                 table: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     return _own(*moe_gate(logits, bias, topk, tokens, table), inputs=(logits, bias, tokens, table))
 
 
-@moe_gate_op.register_fake
+@_fake(moe_gate_op)
 def _(logits, bias, topk, tokens, table):
     M = logits.shape[0]
     return logits.new_empty(M, topk, dtype=torch.int32), logits.new_empty(M, topk, dtype=_acc(logits))
 
 
 @torch.library.custom_op(f"{LIB}::silu_mul_clamp", mutates_args=())
+@_parted
 def silu_mul_clamp_op(x: Tensor, limit: float) -> Tensor:
     return _own(silu_mul_clamp(x, limit), inputs=(x,))[0]
 
 
-@silu_mul_clamp_op.register_fake
+@_fake(silu_mul_clamp_op)
 def _(x, limit):
     return x.new_empty(x.shape[0], x.shape[1] // 2)
 
 
 @torch.library.custom_op(f"{LIB}::mxfp4_slot_gemv", mutates_args=())
+@_parted
 def mxfp4_slot_gemv_op(a: Tensor, rows: Tensor, experts: Tensor, w: Tensor, w_scale: Tensor) -> Tensor:
     return _own(mxfp4_slot_gemv(a, rows, experts, w, w_scale), inputs=(a, rows, experts, w, w_scale))[0]
 
 
-@mxfp4_slot_gemv_op.register_fake
+@_fake(mxfp4_slot_gemv_op)
 def _(a, rows, experts, w, w_scale):
     return a.new_empty(rows.shape[0], w.shape[1])
 
 
 @torch.library.custom_op(f"{LIB}::attention_one_cache", mutates_args=())
+@_parted
 def one_cache_op(q: Tensor, data: Tensor, fp8: bool, nope: int, rope_dim: int, tile: int, page_size: int,
                  indices: Tensor, lengths: Tensor, scale: float) -> tuple[Tensor, Tensor]:
     cache = _kv(data, fp8, nope, rope_dim, tile, page_size)
     return _own(*one_cache(q, cache, indices, lengths, scale), inputs=(q, data))
 
 
-@one_cache_op.register_fake
+@_fake(one_cache_op)
 def _(q, data, fp8, nope, rope_dim, tile, page_size, indices, lengths, scale):
     return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
 
@@ -423,6 +481,7 @@ _SLOT_IMPLS: dict[str, Callable] = {}  # key -> implementation, for the slot ops
 
 
 @torch.library.custom_op(f"{LIB}::attention_slot", mutates_args=())
+@_parted
 def attention_slot_op(impl: str, q: Tensor, swa_data: Tensor, swa_fp8: bool, swa_nope: int, swa_rope: int,
                       swa_tile: int, swa_page: int, swa_indices: Tensor, swa_lengths: Tensor,
                       extra_data: Optional[Tensor], extra_fp8: bool, extra_nope: int, extra_rope: int,
@@ -434,57 +493,62 @@ def attention_slot_op(impl: str, q: Tensor, swa_data: Tensor, swa_fp8: bool, swa
     return _own(o, lse, inputs=(q, swa_data, extra_data))
 
 
-@attention_slot_op.register_fake
+@_fake(attention_slot_op)
 def _(impl, q, *rest):
     return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{LIB}::indexer_logits_slot", mutates_args=())
+@_parted
 def indexer_logits_slot_op(impl: str, q8: Tensor, weights: Tensor, data: Tensor, dim: int, page_size: int,
                            seq_lens: Tensor, page_table: Tensor, max_len: int) -> Tensor:
     cache = IndexKeyCache(dim, page_size, data)
     return _own(_SLOT_IMPLS[impl](q8, weights, cache, seq_lens, page_table, max_len), inputs=(q8, weights, data))[0]
 
 
-@indexer_logits_slot_op.register_fake
+@_fake(indexer_logits_slot_op)
 def _(impl, q8, weights, data, dim, page_size, seq_lens, page_table, max_len):
     return q8.new_empty(q8.shape[0], max_len, dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{LIB}::hc_premix_slot", mutates_args=())
+@_parted
 def hc_premix_slot_op(impl: str, x: Tensor, weight: Tensor) -> Tensor:
     return _own(_SLOT_IMPLS[impl](x, weight).float(), inputs=(x, weight))[0]
 
 
-@hc_premix_slot_op.register_fake
+@_fake(hc_premix_slot_op)
 def _(impl, x, weight):
     return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{LIB}::hc_split_sum_slot", mutates_args=())
+@_parted
 def hc_split_sum_slot_op(impl: str, mix: Tensor, rsqrt: Tensor, flat: Tensor, scale: Tensor, base: Tensor, hc: int,
                          iters: int, eps: float, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     out = _SLOT_IMPLS[impl](mix, rsqrt, flat, scale, base, hc, iters, eps, dtype)
     return _own(*out, inputs=(mix, rsqrt, flat, scale, base))
 
 
-@hc_split_sum_slot_op.register_fake
+@_fake(hc_split_sum_slot_op)
 def _(impl, mix, rsqrt, flat, scale, base, hc, iters, eps, dtype):
     T, dt = flat.shape[0], _acc(flat)
     return flat.new_empty(T, flat.shape[1] // hc, dtype=dtype), flat.new_empty(T, hc, dtype=dt), flat.new_empty(T, hc, hc, dtype=dt)
 
 
 @torch.library.custom_op(f"{LIB}::moe_local_slot", mutates_args=())
+@_parted
 def moe_local_slot_op(impl: str, ids: Tensor, owner: Tensor, row_rank: Tensor) -> Tensor:
     return _own(_SLOT_IMPLS[impl](ids, owner, row_rank), inputs=(ids, owner, row_rank))[0]
 
 
-@moe_local_slot_op.register_fake
+@_fake(moe_local_slot_op)
 def _(impl, ids, owner, row_rank):
     return ids.new_empty(ids.shape, dtype=owner.dtype)
 
 
 @torch.library.custom_op(f"{LIB}::routed_experts_slot", mutates_args=())
+@_parted
 def routed_experts_slot_op(impl: str, x: Tensor, local_ids: Tensor, gates: Tensor, w13_packed: Tensor,
                            w13_scales: Tensor, w2_packed: Tensor, w2_scales: Tensor, limit: float,
                            scale: float) -> Tensor:
@@ -493,7 +557,7 @@ def routed_experts_slot_op(impl: str, x: Tensor, local_ids: Tensor, gates: Tenso
     return _own(out, inputs=(x, local_ids, gates, w13_packed, w13_scales, w2_packed, w2_scales))[0]
 
 
-@routed_experts_slot_op.register_fake
+@_fake(routed_experts_slot_op)
 def _(impl, x, local_ids, gates, w13_packed, w13_scales, w2_packed, w2_scales, limit, scale):
     return x.new_empty(x.shape)
 
