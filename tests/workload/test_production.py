@@ -354,3 +354,25 @@ def test_cuda_home_through_a_wrapper_script(tmp_path, monkeypatch):
     assert artefacts.find_cuda_home(usual=()) == str(toolkit)
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert artefacts.find_cuda_home(usual=()) is None
+
+
+def test_nvrtc_gets_a_cuda_folder_with_ccl_beside_the_toolkits_headers(tmp_path):
+    """CUDA 13 keeps cuda/std/... in include/cccl/; DeepGEMM gives NVRTC only -I$CUDA_HOME/include."""
+    from dsv4opt.workload.production.deepgemm import nvrtc_cuda_home
+
+    home = tmp_path / "cuda"
+    for f in ("include/cuda.h", "include/cuda/barrier", "include/cccl/cuda/std/cstdint", "include/cccl/cub/cub.cuh",
+              "bin/nvcc"):
+        (home / f).parent.mkdir(parents=True, exist_ok=True)
+        (home / f).write_text(f)
+    got = Path(nvrtc_cuda_home(str(home), under=str(tmp_path)))
+    assert got != home
+    for f, source in [("include/cuda.h",) * 2, ("include/cuda/barrier",) * 2, ("bin/nvcc",) * 2,
+                      ("include/cuda/std/cstdint", "include/cccl/cuda/std/cstdint"),
+                      ("include/cub/cub.cuh", "include/cccl/cub/cub.cuh")]:
+        assert (got / f).read_text() == source, f
+    assert not (got / "include" / "cccl").exists()
+    assert nvrtc_cuda_home(str(home), under=str(tmp_path)) == str(got)  # made once
+    plain = tmp_path / "cuda12"
+    (plain / "include").mkdir(parents=True)
+    assert nvrtc_cuda_home(str(plain), under=str(tmp_path)) == str(plain)  # no cccl folder: the toolkit's own

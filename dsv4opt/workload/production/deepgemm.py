@@ -27,7 +27,10 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
+import zlib
 from pathlib import Path
 from types import ModuleType
 
@@ -53,7 +56,9 @@ def load() -> ModuleType:
         raise DsvOptError(f"no DeepGEMM in {folder}; run `dsv4opt build-kernels`")
     os.environ.setdefault(JIT_CACHE_ENV, str(cache / "deep_gemm_jit"))
     home = find_cuda_home()
-    if home and not os.environ.get("CUDA_HOME"):
+    if home and os.environ.get("DG_JIT_USE_NVRTC") == "1":
+        os.environ["CUDA_HOME"] = nvrtc_cuda_home(home)
+    elif home and not os.environ.get("CUDA_HOME"):
         os.environ["CUDA_HOME"] = home  # DeepGEMM's _C.init would guess dirname(dirname(which nvcc))
     _preload("libnvrtc.so.13", home)
     spec = importlib.util.spec_from_file_location("deep_gemm", folder / "__init__.py",
@@ -67,6 +72,46 @@ def load() -> ModuleType:
         raise
     module.set_pdl(True)
     return module
+
+
+def nvrtc_cuda_home(home: str, under: str | None = None) -> str:
+    """A CUDA folder NVRTC can compile DeepGEMM's kernels against. CUDA 13 keeps CCCL (cuda/std/...)
+    in include/cccl/, which nvcc searches by itself; DeepGEMM hands NVRTC only -I$CUDA_HOME/include
+    (csrc/jit/compiler.hpp, NVRTCCompiler), so its kernels fail with "cannot open source file
+    cuda/std/cstdint" (seen on the H100, CUDA 13.0). Where include/cccl exists: a folder beside the
+    toolkit's whose include/ links both, made once (`under`: where, default the temporary folder);
+    elsewhere the toolkit's own."""
+    cccl = Path(home, "include", "cccl")
+    if not cccl.is_dir():
+        return home
+    merged = Path(under or tempfile.gettempdir(), f"dsv4opt-cuda-{zlib.crc32(home.encode()):08x}")
+    if (merged / "include" / "cuda.h").exists():
+        return str(merged)
+    staging = Path(tempfile.mkdtemp(dir=merged.parent, prefix=merged.name + "."))
+    _link_union(staging / "include", [Path(home, "include"), cccl], skip={"cccl"})
+    for name in ("bin", "lib64", "nvvm"):
+        if Path(home, name).exists():
+            (staging / name).symlink_to(Path(home, name))
+    try:
+        staging.rename(merged)
+    except OSError:  # another process made it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(merged)
+
+
+def _link_union(dest: Path, sources: list[Path], skip: set[str] = frozenset()) -> None:
+    """`dest` holding a link to every entry of `sources`; a folder found in several is made and merged."""
+    dest.mkdir(parents=True)
+    names: dict[str, list[Path]] = {}
+    for src in sources:
+        for entry in src.iterdir():
+            if entry.name not in skip:
+                names.setdefault(entry.name, []).append(entry)
+    for name, entries in names.items():
+        if len(entries) > 1 and all(e.is_dir() for e in entries):
+            _link_union(dest / name, entries)
+        else:
+            (dest / name).symlink_to(entries[0])
 
 
 def _preload(soname: str, cuda_home: str | None) -> None:
