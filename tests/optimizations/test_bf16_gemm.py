@@ -416,3 +416,24 @@ def test_check_fails_closed_when_no_request_ranks_more_than_top_k(torch_path):
     result = run_check(CPU, dict(bf16_gemm.IMPLEMENTATIONS), batch=2, model=short)
     assert not result.passed
     assert "model-level part not measured" in result.summary and "top-6" in result.summary
+
+
+def _best_entry_of_request_0_last_on_long_contexts(q8, weights, cache, seq_lens, page_table, max_len):
+    """The real indexer, except that past 1,024 entries request 0's best-scored entry scores lowest:
+    recall drops by one entry of 512 (within its bounds), the mass that entry held is lost."""
+    logits = bf16_gemm.IMPLEMENTATIONS["indexer_logits"](q8, weights, cache, seq_lens, page_table, max_len).clone()
+    if logits.shape[1] > 1024:
+        n = int(seq_lens[0])
+        row = logits[0, :n]
+        row[row.argmax()] = row.min() - 1.0
+    return logits
+
+
+def test_check_fails_on_lost_mass_alone(torch_path):
+    """A broken indexer that crosses the lost-mass bound and no other: the gate still fails it
+    (mutation audit #17: with that bound out of reach the gate passed it)."""
+    impls = dict(bf16_gemm.IMPLEMENTATIONS, indexer_logits=_best_entry_of_request_0_last_on_long_contexts)
+    result = run_check(CPU, impls, model=SMALL_MODEL)
+    assert not result.passed
+    crossed = [k for k, bound in result.bounds.items() if result.figures[k] > bound]
+    assert crossed == ["lost_mass_worst"], crossed

@@ -592,3 +592,21 @@ def test_persistent_programs_an_sm_follow_the_devices_limits(limits, programs):
     warps (tests/compile/): Hopper holds three an SM, a 100 KB SM one (its shared memory binds)."""
     compiled = SimpleNamespace(n_regs=128, metadata=SimpleNamespace(shared=71168))
     assert kernel._resident(compiled, 4, limits) == programs
+
+
+def test_the_folded_multiplier_is_two_to_the_scale_minus_one_for_every_byte_that_folds():
+    """The multiplier the GPU branches build (the Triton kernels' FOLD branch, the Gluon kernels' PTX)
+    read as bf16 is 2^(s - 1) for every e8m0 byte s that folds; the CPU's emulation never reaches it."""
+    for s in range(layout.FOLD_MAX_E8M0 + 1):
+        bits = torch.tensor([layout.fold_multiplier_bits(s)], dtype=torch.int32).to(torch.int16)
+        assert bits.view(torch.bfloat16).item() == 2.0 ** (s - 1), s
+
+
+def test_the_gluon_decode_adds_the_fold_exponent_to_each_scale_byte():
+    """The PTX decode adds FOLD_EXP_ADD to the four scale bytes of a word at once and shifts them into
+    bf16's exponent, the same bits as fold_multiplier_bits."""
+    from dsv4opt.workload.kernels import grouped_moe_ws as ws
+
+    asm = ws.decode_asm()
+    assert f"add.u32 e, $20, 0x{layout.FOLD_EXP_ADD:02X}{layout.FOLD_EXP_ADD:02X}{layout.FOLD_EXP_ADD:02X}{layout.FOLD_EXP_ADD:02X};" in asm
+    assert all(f"shl.b32 m{j}, m{j}, {layout.BF16_MANTISSA_BITS};" in asm for j in range(4))

@@ -35,13 +35,15 @@ import triton.language as tl
 from dsv4opt.workload.kernels.grouped_moe_configs import MoeConfig, choose
 from dsv4opt.workload.kernels.grouped_moe_direct import DirectTiles, direct_routed_experts, direct_supported, tickets_needed
 from dsv4opt.workload.kernels.grouped_moe_ws import ws_down, ws_down_supported, ws_gate_up, ws_runs_on, ws_supported
-from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES, PackedExperts, packed_experts
+from dsv4opt.workload.kernels.grouped_moe_layout import (BF16_MANTISSA_BITS, FOLD_EXP_ADD, UNIT_BYTES, UNIT_COLS, UNIT_ROWS,
+                                                        UNIT_SCALES, PackedExperts, packed_experts)
 from dsv4opt.tritonlib import (DeviceLimits, compile_only, device_limits, dot_dtype_ok, interpreted, runs_triton,
                                sm_count)
 from dsv4opt.workload.kernels import naive
 from dsv4opt.workload.quant import MXFP4_GROUP
 from dsv4opt.workload.weights import Mxfp4Experts
 
+_FOLD_EXP_ADD, _BF16_MANT = tl.constexpr(FOLD_EXP_ADD), tl.constexpr(BF16_MANTISSA_BITS)
 _E2M1_BIAS = 2.0**126  # bf16 bits of an e2m1 code placed by shift and mask, times this, are its value
 
 
@@ -116,9 +118,9 @@ def _unit_tile(p_w, p_s, rows, m_rows, kb0, K64, U_N: tl.constexpr, U_K: tl.cons
         b_v = b_v * tl.reshape(b_m, [U_N, U_K, 8, 4, 4, 2, 2, 2])
     else:
         if FOLD:
-            b_m = (b_s.to(tl.int32) + 126) << 7  # bf16 bits of 2^(s - 1) = 2^126 * 2^(s - 127)
+            b_m = (b_s.to(tl.int32) + _FOLD_EXP_ADD) << _BF16_MANT  # layout.fold_multiplier_bits: 2^(s - 1)
         else:
-            b_m = b_s.to(tl.int32) << 7  # 2^(s - 127); 2^126 applied first
+            b_m = b_s.to(tl.int32) << _BF16_MANT  # 2^(s - 127); 2^126 applied first
         b_m = b_m.to(tl.int16).to(tl.bfloat16, bitcast=True)
         b_m = tl.broadcast_to(tl.reshape(b_m, [U_N, U_K, 8, 1, 2, 1, 2, 1]), [U_N, U_K, 8, 4, 2, 2, 2, 2])
         b_m = tl.reshape(b_m, [U_N, U_K, 32, 16])  # the multiplier of each byte's pair

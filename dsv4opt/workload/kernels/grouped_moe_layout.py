@@ -38,6 +38,8 @@ E8M0_BIAS = 127
 # One multiply folds the e2m1 exponent bias (2^126) and the scale 2^(s - 127) into 2^(s - 1), a
 # bf16 normal for s <= 128 (scales up to 2); larger scales take two multiplies.
 FOLD_MAX_E8M0 = 128
+FOLD_EXP_ADD = 126  # the folded multiplier's bf16 bits: (s + 126) << 7 = 2^(s - 1) (fold_multiplier_bits)
+BF16_MANTISSA_BITS = 7
 # Where each pair's (sign, e1, e0, m) bits sit in the low half of its word (the high half: + 16).
 BITS = ((15, 8, 7, 6), (12, 5, 4, 3), (9, 2, 1, 0), (14, 11, 10, 13))
 
@@ -68,6 +70,13 @@ class PackedExperts:
     @property
     def nbytes(self) -> int:
         return self.values.nbytes + self.scales.nbytes
+
+
+def fold_multiplier_bits(s: int) -> int:
+    """The bf16 bits of the one multiply that decodes e2m1 values of e8m0 scale byte `s` (s <= 128):
+    2^(s - 1) = 2^126 (the e2m1 exponent bias the decode leaves) x 2^(s - 127). The Triton kernels'
+    FOLD branch and the Gluon kernels' PTX (4 bytes at once) build it from the same constants."""
+    return (s + FOLD_EXP_ADD) << BF16_MANTISSA_BITS
 
 
 def e8m0(scales: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ import triton
 
 from dsv4opt.sass import listing, ptxas_log, tightest_loop
 from dsv4opt.tritonlib import HOPPER_SHARED_PER_BLOCK, device_limits, interpreted, sm_count
+from dsv4opt.workload.kernels.grouped_moe_layout import BF16_MANTISSA_BITS, FOLD_EXP_ADD
 
 try:
     from triton.experimental import gluon
@@ -66,11 +67,11 @@ _UNITS = gl.constexpr(2 * BN // 16 * (BK // 64))  # 16 units a step, index kb * 
 def decode_asm() -> str:
     """PTX for one lane's 16 value bytes ($16-$19) and scale word ($20: bytes (group, row half)) ->
     32 bf16 in $0-$15, as benchmarks/probe_grouped_moe_ws.py and `_decode_pairs` (FOLD) decode:
-    $2s, $2s+1 = pairs 0, 1 of word s; $8+2s, $9+2s = pairs 2, 3; multiplier 2^(e - 1) = (e + 126) << 7."""
+    $2s, $2s+1 = pairs 0, 1 of word s; $8+2s, $9+2s = pairs 2, 3; multiplier 2^(e - 1) = layout.fold_multiplier_bits(e), four bytes at once."""
     mask = "0x81C081C0"
-    lines = ["{", ".reg .b32 t, u, v, e, m0, m1, m2, m3;", "add.u32 e, $20, 0x7E7E7E7E;"]
+    lines = ["{", ".reg .b32 t, u, v, e, m0, m1, m2, m3;", f"add.u32 e, $20, 0x{FOLD_EXP_ADD * 0x01010101:08X};"]
     for j in range(4):  # e8m0 byte j (scales <= 2: no carry between bytes) into both halves
-        lines += [f"prmt.b32 m{j}, e, 0, 0x{4 * 0x1010 + j * 0x101:04X};", f"shl.b32 m{j}, m{j}, 7;"]
+        lines += [f"prmt.b32 m{j}, e, 0, 0x{4 * 0x1010 + j * 0x101:04X};", f"shl.b32 m{j}, m{j}, {BF16_MANTISSA_BITS};"]
     for s in range(4):
         q, p0, p1, p2, p3 = f"${16 + s}", f"${2 * s}", f"${2 * s + 1}", f"${8 + 2 * s}", f"${9 + 2 * s}"
         lo, hi = f"m{2 * (s // 2)}", f"m{2 * (s // 2) + 1}"  # (group s // 2, row half 0 / 1)
