@@ -55,6 +55,7 @@ def variant_tiles(planned: kernel.Tiles, change, topk: int) -> kernel.Tiles:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", default="1,32,64")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="names from VARIANTS (default: all)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -70,24 +71,27 @@ def main() -> None:
         planned = kernel.fitting_plan(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale)
         ref_o, ref_lse, _ = reference(sets[0], swa, extra, scale)
         topk = swa_idx.shape[1] + idx.shape[1]
-        for name, change in VARIANTS.items():
+        for name in a.variants.split(","):
+            change = VARIANTS[name]
             tiles = variant_tiles(planned.tiles, change, topk)
-            p = kernel.plan(q, swa, swa_idx, extra, idx, tiles)
-            need = kernel._shared_bytes(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale, p, True)
-            row = {"batch": batch, "variant": name, "engine": planned.engine, "tiles": asdict(tiles), "shared_bytes": need}
+            p = kernel.plan(q, swa, swa_idx, extra, idx, tiles) if change else planned
+            need = (kernel._shared_bytes(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale, p, True)
+                    if p.engine.startswith("triton") else 0)  # the Gluon loops: Hopper's shared memory
+            row = {"batch": batch, "variant": name, "engine": p.engine, "tiles": asdict(tiles), "shared_bytes": need}
             if need > limit:
                 row["skipped"] = f"needs {need:,} B"
             else:
+                given = tiles if change else None  # the planned call as the dispatch makes it (Gluon where it applies)
                 with nan_poisoned_allocations():
-                    o, lse = kernel.mma_attention(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale, tiles=tiles)
+                    o, lse = kernel.mma_attention(q, swa, swa_idx, swa_len, extra, idx, lengths, sink, scale, tiles=given)
                 err = error_report(o, ref_o)
                 row.update(rel_err_o=err.rel, nonfinite=err.nonfinite, lse_rel=error_report(lse, ref_lse).rel)
                 if err.ok(1e-2) and row["lse_rel"] <= 1e-2:
-                    fn = lambda q, swa, si, sl, ex, ei, el, sk, sc, t=tiles: kernel.mma_attention(q, swa, si, sl, ex, ei, el, sk, sc, tiles=t)  # noqa: E731
+                    fn = lambda q, swa, si, sl, ex, ei, el, sk, sc, t=given: kernel.mma_attention(q, swa, si, sl, ex, ei, el, sk, sc, tiles=t)  # noqa: E731
                     row["us"] = timing.median_graph_ms(inputs.rotating(fn, swa, extra, sets, scale)) * 1e3
             rows.append(row)
             t = row["tiles"]
-            print(f"B={batch:3d} {name:18s} bk{t['block_k']} w{t['num_warps']} s{t['num_stages']} bv{t['block_v']} "
+            print(f"B={batch:3d} {name:18s} {p.engine:14s} bk{t['block_k']} w{t['num_warps']} s{t['num_stages']} bv{t['block_v']} "
                   f"bd{t['block_d']} split{t['nsplit']:3d} smem {need:6d} "
                   + (row.get("skipped") or f"rel {row['rel_err_o']:.1e} " + (f"{row['us']:8.1f} us" if "us" in row else "FAILED")),
                   flush=True)

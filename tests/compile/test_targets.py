@@ -29,11 +29,11 @@ EXPECTED = {
 # Where a spill costs the step: the main loops of the attention, the MoE and the dense GEMMs.
 HOT = {"_mma_sparse_decode_kernel", "_moe_up_kernel", "_moe_down_kernel", "_block_fp8_matmul_kernel",
        "_premix_mm_kernel", "_indexer_logits_kernel", "_simt_sparse_decode_kernel", "_mxfp4_slot_gemv_kernel"}
-# mma-attn's Hopper tile families were measured and compiled spill-free (at most 8 B) with Triton 3.6,
-# the GPU machine's, where they are the block-level fallback beside the Gluon loops; Triton 3.9 (CI's)
-# compiles them with 448-4,608 B spilled for sm_90a. Their spills are checked on the version they
-# were tuned for, and printed on the others (docs/kernels/mma_attn.md, "GPUs with less shared memory").
-HOPPER_TILES_TRITON = "3.6."
+# mma-attn's Hopper tile families are, on Hopper, the block-level fallback beside the Gluon loops:
+# compiled for sm_90a they spill 448-4,608 B with Triton 3.9 (CI's) and up to 8 B with Triton 3.6
+# (../shared/docs/sm120-compile.md). Their spills are printed, not asserted; on sm_120 (the chunked
+# family) every hot kernel is held to none (docs/kernels/mma_attn.md, "GPUs with less shared memory").
+SPILLS_PRINTED = {(90, "_mma_sparse_decode_kernel")}
 
 
 def compiled_table(arch: int, tmp_path) -> dict:
@@ -53,7 +53,7 @@ def test_every_kernel_the_step_launches_fits_the_target(arch, tmp_path):
     assert EXPECTED <= names, f"not compiled: {sorted(EXPECTED - names)}"
     over = [f"{r['kernel']} {r['shared_bytes']:,} B ({r['configs'][0]})" for r in rows if r["shared_bytes"] > limit]
     assert not over, f"over sm_{arch}'s {limit:,} B of shared memory a block: {over}"
-    hot = HOT if arch != 90 or triton.__version__.startswith(HOPPER_TILES_TRITON) else HOT - {"_mma_sparse_decode_kernel"}
+    hot = {k for k in HOT if (arch, k) not in SPILLS_PRINTED}
     spilled = [f"{r['kernel']} {r['spill_bytes']} B ({r['configs'][0]})" for r in rows
                if r["kernel"] in hot and r["spill_bytes"] > 0]
     assert not spilled, f"hot kernels spilling on sm_{arch}: {spilled}"
