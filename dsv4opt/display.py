@@ -53,3 +53,15 @@ def narrow_table(title: str, **options):
     from rich.table import Table
 
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, **options)
+
+
+def shown_path(path) -> str:
+    """A path as a header shows it: relative to the working folder when it lies inside (a whole
+    path on one line fits 80 columns more often), else as given."""
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)

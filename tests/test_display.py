@@ -26,3 +26,12 @@ def test_a_change_carries_its_sign(us, text):
 
 def test_counts_agree_with_their_noun():
     assert count(1, "profiled step") == "1 profiled step" and count(3, "step") == "3 steps" and count(0, "step") == "0 steps"
+
+
+def test_a_path_under_the_working_folder_is_shown_relative(tmp_path, monkeypatch):
+    from dsv4opt.display import shown_path
+
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert shown_path(tmp_path / "a" / "p.json") == "a/p.json"
+    assert shown_path("/elsewhere/p.json") == "/elsewhere/p.json"

@@ -187,6 +187,7 @@ def recommend(
     from dsv4opt.analysis import load_profile_or_trace
     from dsv4opt.decision.recommend import recommend as rank
     from dsv4opt.fileio import check_new_file, write_json_atomic
+    from dsv4opt.display import shown_path
     from dsv4opt.report.decision import print_recommendation
     from dsv4opt.state import load_state
 
@@ -198,7 +199,7 @@ def recommend(
         profile = Path(state.last_profile)
     prof = load_profile_or_trace(profile)
     rec = rank(prof, state.enabled)
-    console.print(f"profile: {profile}", soft_wrap=True, highlight=False)
+    console.print(f"profile: {shown_path(profile)}", soft_wrap=True, highlight=False)
     print_recommendation(rec, console)
     if json_out:
         write_json_atomic(json_out, rec.to_dict(), make_dirs=False)

@@ -27,9 +27,10 @@ def test_no_output_line_ends_in_spaces():
         assert [line for line in r.output.splitlines() if line != line.rstrip()] == [], args
 
 
-def test_the_recommend_header_keeps_its_path_whole():
+def test_the_recommend_header_keeps_its_path_whole(monkeypatch):
+    monkeypatch.chdir(REPO)  # shown relative to the working folder (display.shown_path), on one line
     r = runner.invoke(app, ["recommend", str(HOPPER_C32)], env={"COLUMNS": "80"})
-    assert r.output.splitlines()[0] == f"profile: {HOPPER_C32}"
+    assert r.output.splitlines()[0] == f"profile: {HOPPER_C32.relative_to(REPO)}"
 
 
 def test_a_cpu_profile_names_its_top_operator_as_such():

@@ -537,7 +537,7 @@ def test_gluon_available_only_on_hopper_with_a_validated_triton(monkeypatch):
     """And where not, gluon_unavailable_reason says why (what `list --check` prints)."""
     monkeypatch.setattr(dispatch, "INTERPRETED", False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(dispatch, "device_limits", lambda device: SM90)
     monkeypatch.setattr(dispatch.triton, "__version__", "3.6.0")
     monkeypatch.delenv("DSV4OPT_MMA_ATTN_GLUON", raising=False)
     cases = [
@@ -556,7 +556,7 @@ def test_gluon_available_only_on_hopper_with_a_validated_triton(monkeypatch):
                 if "__version__" in change:
                     m.setattr(dispatch.triton, "__version__", change["__version__"])
                 if "capability" in change:
-                    m.setattr(torch.cuda, "get_device_capability", lambda *a, c=change["capability"]: c)
+                    m.setattr(dispatch, "device_limits", lambda device, c=change["capability"]: replace(SM90, capability=c))
                 if "env" in change:
                     m.setenv("DSV4OPT_MMA_ATTN_GLUON", change["env"])
                 if "interpreted" in change:
