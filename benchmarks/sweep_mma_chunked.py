@@ -34,10 +34,9 @@ VARIANTS = {  # name -> change to the planned tiles
     "stages2": {"num_stages": 2},
     "bk64": {"block_k": 64},
     "warps4": {"num_warps": 4},
-    "split x2": "split2",
     "split x4": "split4",
-    "bv256": {"block_v": 256},
-    "stages2 split x2": ("split2", {"num_stages": 2}),
+    "warps4 split x4": ("split4", {"num_warps": 4}),
+    "stages2 warps4 split x4": ("split4", {"num_warps": 4, "num_stages": 2}),
 }
 
 
