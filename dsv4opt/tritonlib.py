@@ -141,10 +141,13 @@ _FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 @triton.jit
-def quantize_e4m3(x, eps, EMULATE: tl.constexpr):
-    """x (fp32, one row or group) under one scale max(amax, eps) / FP8_MAX: (x / scale rounded to
-    e4m3 and still fp32, the fp32 scale). The plain-torch form is quant.quantize_groups_fp8."""
+def quantize_e4m3(x, eps, EMULATE: tl.constexpr, POW2: tl.constexpr = False):
+    """x (fp32, one row or group) under one scale max(amax, eps) / FP8_MAX, rounded up to a power of
+    two with POW2 (UE8M0 scales): (x / scale rounded to e4m3 and still fp32, the fp32 scale). The
+    plain-torch forms are quant.quantize_groups_fp8 and (POW2) production.act_quant.quantize_groups_ue8m0."""
     s = tl.maximum(tl.max(tl.abs(x), axis=0), eps) / _FP8_MAX
+    if POW2:
+        s = tl.exp2(tl.ceil(tl.log2(s)))
     return round_to_e4m3(tl.clamp(x / s, -_FP8_MAX, _FP8_MAX), EMULATE), s
 
 

@@ -22,20 +22,22 @@ from dsv4opt.workload.kernels import naive
 
 @triton.jit
 def _group_quant_fp8_kernel(p_x, p_q, p_s, stride_x, stride_q, stride_s, eps,
-                            GROUP: tl.constexpr, EMULATE: tl.constexpr):
+                            GROUP: tl.constexpr, EMULATE: tl.constexpr, POW2: tl.constexpr):
     i_t = tl.program_id(0).to(tl.int64)
     i_g = tl.program_id(1)
     o_k = i_g * GROUP + tl.arange(0, GROUP)
     b_x = tl.load(p_x + i_t * stride_x + o_k).to(tl.float32)  # [GROUP]
-    b_q, b_s = quantize_e4m3(b_x, eps, EMULATE)
+    b_q, b_s = quantize_e4m3(b_x, eps, EMULATE, POW2)
     tl.store(p_q + i_t * stride_q + o_k, b_q.to(p_q.dtype.element_ty))
     tl.store(p_s + i_t * stride_s + i_g, b_s)
 
 
-def group_quant_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [M, K] -> (e4m3 [M, K], fp32 scales [M, K // group]); one program per (token, group)."""
+def group_quant_fp8(x: torch.Tensor, group: int, pow2: bool = False,
+                    reference=quant.quantize_groups_fp8) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [M, K] -> (e4m3 [M, K], fp32 scales [M, K // group]); one program per (token, group).
+    `pow2`: scales rounded up to powers of two (UE8M0); `reference` computes the same off the GPU."""
     if not runs_triton(x):
-        return quant.quantize_groups_fp8(x.float(), group)
+        return reference(x.float(), group)
     M, K = x.shape
     assert K % group == 0 and x.stride(1) == 1, (x.shape, group)
     q = torch.empty(M, K, device=x.device, dtype=quant.FP8)
@@ -43,7 +45,7 @@ def group_quant_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Te
     if M:
         _group_quant_fp8_kernel[(M, K // group)](
             p_x=x, p_q=q, p_s=s, stride_x=x.stride(0), stride_q=q.stride(0), stride_s=s.stride(0),
-            eps=quant.SCALE_EPS, GROUP=group, EMULATE=interpreted(), num_warps=1,
+            eps=quant.SCALE_EPS, GROUP=group, EMULATE=interpreted(), POW2=pow2, num_warps=1,
         )
     return q, s
 

@@ -9,20 +9,16 @@ fp32 scales [M, K/128], scale = 2^ceil(log2(max(amax, 1e-10) / 448)), q = clamp(
 for it). DeepGEMM then reads the fp32 scales and lays them out for TMA itself.
 
 `quantize_groups_ue8m0` is the plain-torch definition; `group_quant_fp8_ue8m0` the Triton kernel
-that stands in for SGLang's JIT one (one program per token and group).
+that stands in for SGLang's JIT one (the workload's group quant, kernels/linear.py, with POW2).
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from dsv4opt.formats import FP8_MAX
-from dsv4opt.tritonlib import interpreted, round_to_e4m3, runs_triton
+from dsv4opt.workload.kernels.linear import group_quant_fp8
 from dsv4opt.workload.quant import FP8, SCALE_EPS
-
-_FP8_MAX = tl.constexpr(FP8_MAX)
 
 
 def quantize_groups_ue8m0(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,31 +32,7 @@ def quantize_groups_ue8m0(x: torch.Tensor, group: int) -> tuple[torch.Tensor, to
     return q.reshape(M, K), scale.float()
 
 
-@triton.jit
-def _group_quant_ue8m0_kernel(p_x, p_q, p_s, stride_x, stride_q, stride_s, eps,
-                              GROUP: tl.constexpr, EMULATE: tl.constexpr):
-    i_t = tl.program_id(0).to(tl.int64)
-    i_g = tl.program_id(1)
-    o_k = i_g * GROUP + tl.arange(0, GROUP)
-    b_x = tl.load(p_x + i_t * stride_x + o_k).to(tl.float32)  # [GROUP]
-    b_s = tl.maximum(tl.max(tl.abs(b_x), axis=0), eps) / _FP8_MAX
-    b_s = tl.exp2(tl.ceil(tl.log2(b_s)))
-    b_q = round_to_e4m3(tl.clamp(b_x / b_s, -_FP8_MAX, _FP8_MAX), EMULATE)
-    tl.store(p_q + i_t * stride_q + o_k, b_q.to(p_q.dtype.element_ty))
-    tl.store(p_s + i_t * stride_s + i_g, b_s)
-
-
 def group_quant_fp8_ue8m0(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [M, K] (K a multiple of group, rows contiguous) -> (e4m3 [M, K], fp32 scales [M, K // group])."""
-    if not runs_triton(x):
-        return quantize_groups_ue8m0(x.float(), group)
-    M, K = x.shape
-    assert K % group == 0 and x.stride(1) == 1, (x.shape, group)
-    q = torch.empty(M, K, device=x.device, dtype=FP8)
-    s = torch.empty(M, K // group, device=x.device, dtype=torch.float32)
-    if M:
-        _group_quant_ue8m0_kernel[(M, K // group)](
-            p_x=x, p_q=q, p_s=s, stride_x=x.stride(0), stride_q=q.stride(0), stride_s=s.stride(0), eps=SCALE_EPS,
-            GROUP=group, EMULATE=interpreted(), num_warps=1,
-        )
-    return q, s
+    """x: [M, K] (K a multiple of group, rows contiguous) -> (e4m3 [M, K], fp32 scales [M, K // group]):
+    the workload's group quant kernel with power-of-two scales."""
+    return group_quant_fp8(x, group, pow2=True, reference=quantize_groups_ue8m0)
