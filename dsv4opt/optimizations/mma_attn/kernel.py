@@ -5,7 +5,6 @@ Maths, byte/FLOP accounting and tile choice: docs/kernels/mma_attn.md.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -129,8 +128,9 @@ def _tile_step(p_kv, p_kv8, p_kv32, p_kv16, p_idx, b_q, p_q_tile, m_hq, b_m, b_l
     BD == D_P: q is the tile `b_q` [BH, D_P] loaded once by the caller and the rows are gathered
     whole. BD < D_P (GPUs with less shared memory a block than Hopper): S is summed over D_P / BD
     column chunks, each chunk of q reloaded from `p_q_tile` (its [BH, BD] pointers at column 0;
-    `m_hq` [BH] the heads to read; L1 hits after the first tile) beside the rows' same columns, so no [BH, D_P] or
-    [BK, D_P] tile is ever staged in shared memory; the value columns are gathered apart."""
+    `m_hq` [BH] the heads to read; L1 hits after the first tile) beside the rows' same columns, so
+    no [BH, D_P] or [BK, D_P] tile is ever staged in shared memory; the value columns are gathered
+    apart."""
     o_k = k0 + tl.arange(0, BK)
     b_idx, in_x = _tile_slots(p_idx, o_k, i_b, n_w, end, idx_x_delta, stride_iw, stride_ix)  # [BK]
     m_row = b_idx >= 0
@@ -355,7 +355,7 @@ WIDE_DTYPE_TILES = {"block_k": 16, "num_warps": 8, "num_stages": 2, "block_v": 0
 # a block, where they ask for 104-234 KiB): no [64, 512] tile of q or of the rows is staged. q K^T
 # is summed over 64-column chunks in a run-time loop (q's chunk reloaded each time, an L1 hit; an
 # unrolled loop holds every chunk's loads at once and spills) and the value columns are split over
-# four programs. 16 KiB of shared memory, 192 registers, no spills for sm_120a (Triton 3.9,
+# four programs. 12-16 KiB of shared memory, 152-250 registers, no spills for sm_120a (Triton 3.9,
 # tests/compile/); docs/kernels/mma_attn.md "GPUs with less shared memory".
 CHUNKED_TILES = {"block_k": 32, "num_warps": 8, "num_stages": 1, "block_v": 128, "reload_v": True, "split_factor": 1.0,
                  "block_d": 64}
