@@ -2,8 +2,12 @@
 """Whole-process speed and peak memory on big traces: dsv4opt analyze vs HTA's kernel breakdown vs
 a plain json.load loop, same files, same machine, interleaved runs.
 
-    pip install HolisticTraceAnalysis      # only for the HTA row; not a dsv4opt dependency
-    python benchmarks/bench_reader.py ../shared/traces/tracelens_h100_qwen1.5_0.5b.json.gz --mb 53.7 500 --repeat 3
+    python -m venv /root/.cache/hta-venv && /root/.cache/hta-venv/bin/pip install torch HolisticTraceAnalysis
+    python benchmarks/bench_reader.py ../shared/traces/tracelens_h100_qwen1.5_0.5b.json.gz --mb 53.7 500 --repeat 3 \
+        --hta-python /root/.cache/hta-venv/bin/python
+
+HTA is not a dsv4opt dependency: its row runs under --hta-python (a virtualenv of its own), or under
+this interpreter when HTA is importable here.
 
 dsv4opt's modules are compiled to bytecode first (--no-compile: not), as an installed package's
 are. Each size is built once by benchmarks/make_big_trace.py (whole time-shifted copies of the source,
@@ -104,6 +108,8 @@ def main() -> int:
     ap.add_argument("--mb", type=float, nargs="+", default=[53.7, 500.0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-hta", action="store_true")
+    ap.add_argument("--hta-python", default=None,
+                    help="interpreter with HolisticTraceAnalysis installed (default: this one, if it has HTA)")
     ap.add_argument("--no-compile", action="store_true",
                     help="run the checkout's dsv4opt as it is; by default its modules are compiled to bytecode first, "
                          "as pip install does for HTA and every installed package (with PYTHONDONTWRITEBYTECODE=1 and "
@@ -111,12 +117,10 @@ def main() -> int:
     args = ap.parse_args()
     if not args.no_compile:
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "dsv4opt")], check=True)
-    try:
-        import hta  # noqa: F401
-        have_hta = not args.no_hta
-    except ImportError:
-        have_hta = False
-        print("HTA not installed (pip install HolisticTraceAnalysis): no HTA row")
+    hta_python = args.hta_python or sys.executable
+    have_hta = not args.no_hta and subprocess.run([hta_python, "-c", "import hta"], capture_output=True).returncode == 0
+    if not have_hta and not args.no_hta:
+        print(f"HTA not importable by {hta_python} (pip install HolisticTraceAnalysis, or --hta-python): no HTA row")
     for mb in args.mb:
         trace = build(args.source, mb)
         profile = Path(tempfile.mkdtemp()) / "p.json"
@@ -125,7 +129,7 @@ def main() -> int:
             "plain json.load loop": [sys.executable, "-c", PLAIN, str(trace)],
         }
         if have_hta:
-            rows["HTA get_gpu_kernel_breakdown"] = [sys.executable, "-c", HTA, str(trace.parent)]
+            rows["HTA get_gpu_kernel_breakdown"] = [hta_python, "-c", HTA, str(trace.parent)]
         runs: dict[str, list[dict]] = {k: [] for k in rows}
         for _ in range(args.repeat):
             for name, cmd in rows.items():  # interleaved, so a burst of load hits every row alike
