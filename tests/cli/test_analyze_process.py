@@ -65,3 +65,59 @@ def test_analyze_in_process_freezes_and_sets_nothing(tmp_path):
     r = CliRunner().invoke(app, ["analyze", str(t)])
     assert r.exit_code == 0, r.output
     assert gc.get_freeze_count() == before and gc.isenabled() and os.environ.get("OPENBLAS_NUM_THREADS") == blas
+
+
+# main() with the helper's answers counted (trace/prefetch.py): True per file it handed over.
+RUN_COUNTED = """
+import json, sys
+from dsv4opt.trace import prefetch
+took = []
+take = prefetch.Prefetch.take
+def counted(self, path, shapes_of):
+    cols = take(self, path, shapes_of)
+    took.append(cols is not None)
+    return cols
+prefetch.Prefetch.take = counted
+from dsv4opt.cli import main
+sys.argv = ["dsv4opt", "analyze", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+print(json.dumps({"took": took}))
+"""
+
+
+def _both_ways(tmp_path, args):
+    """(process: stdout, stderr, files the helper handed over, profile) and the same in process."""
+    env = dict(os.environ, COLUMNS="100")
+    done = subprocess.run([sys.executable, "-c", RUN_COUNTED, *args, "--json", str(tmp_path / "a.json")],
+                          capture_output=True, text=True, env=env)
+    *lines, counted = done.stdout.splitlines()
+    r = CliRunner().invoke(app, ["analyze", *args, "--json", str(tmp_path / "b.json")], env={"COLUMNS": "100"})
+    profiles = []
+    for name in ("a.json", "b.json"):
+        p = tmp_path / name
+        profiles.append(json.loads(p.read_text()) if p.exists() else None)
+        if profiles[-1]:
+            profiles[-1]["meta"].pop("date")
+    process = ("\n".join(lines).replace("a.json", "OUT"), done.stderr, profiles[0])
+    return process, json.loads(counted)["took"], (r.stdout.rstrip("\n").replace("b.json", "OUT"), r.stderr, profiles[1])
+
+
+def test_analyze_process_reads_through_the_helper_and_prints_and_writes_the_same(tmp_path):
+    from tests.helpers import DATA
+
+    args = [str(DATA / "h200-dsv4flash-l3-c4-graph.trace.json.gz"), "--capture",
+            str(DATA / "h200-dsv4flash-l3-c4-eager.trace.json.gz")]
+    process, took, in_process = _both_ways(tmp_path, args)
+    assert took == [True, True]  # the capture, then the trace
+    assert process == in_process and process[2]["capture_match"]["matched"] > 0
+
+
+def test_analyze_process_reports_a_corrupt_trace_as_in_process(tmp_path):
+    t = tmp_path / "t.json"
+    t.write_text(json.dumps({"traceEvents": [KERNEL, dict(KERNEL, dur="abc")]}))
+    process, took, in_process = _both_ways(tmp_path, [str(t)])
+    assert took == []  # the helper's TraceError is raised by take, which counts no answer
+    assert process == in_process and "event #1 (kernel) is corrupt" in process[1]

@@ -1,0 +1,100 @@
+"""Read trace files in a forked helper while `dsv4opt analyze` imports the analysis.
+
+Importing numpy, pandas and the analysis takes about as long as the pass over a 50 MB trace's
+events, and that pass (columns.py) needs neither, so a helper forked before the imports reads
+while this process imports (the figures: docs/benchmarks.md). Its columns come back pickled through a pipe, one file at a time in the order
+asked. Only a one-command process starts it (cli/analyze.py), and only while it runs one thread
+(forking a threaded process can copy a held lock). Anything unexpected (no fork, the helper dies,
+another file is asked for) and the caller reads the file itself, so the output and the errors are
+those of reading in this process; a TraceError the helper met comes back as the same message.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+from pathlib import Path
+
+from dsv4opt.errors import TraceError
+from dsv4opt.trace.columns import TraceColumns, read_columns
+
+
+class Prefetch:
+    """A helper process reading `paths`, in order, for `shapes_of` (columns.read_columns)."""
+
+    def __init__(self, pid: int, fd: int, paths: list[Path], shapes_of: frozenset[str]):
+        self._pid: int | None = pid
+        self._pipe = open(fd, "rb")
+        self._paths = paths
+        self._shapes_of = shapes_of
+
+    @classmethod
+    def start(cls, paths: list[Path], shapes_of: frozenset[str]) -> Prefetch | None:
+        """Fork the helper; None where this process cannot fork safely."""
+        if not hasattr(os, "fork") or threading.active_count() > 1:
+            return None
+        paths = [Path(p) for p in paths]
+        r, w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            return None
+        if pid == 0:
+            os.close(r)
+            _serve(w, paths, shapes_of)
+        os.close(w)
+        return cls(pid, r, paths, shapes_of)
+
+    def take(self, path: str | Path, shapes_of: frozenset[str]) -> TraceColumns | None:
+        """The next file's columns when it is `path` read for `shapes_of`; None: read it yourself.
+        Raises the TraceError the helper met reading it."""
+        if self._pid is None or not self._paths or self._paths[0] != Path(path) or shapes_of != self._shapes_of:
+            self.close()
+            return None
+        self._paths.pop(0)
+        try:
+            cols, error = pickle.load(self._pipe)
+        except Exception:  # the helper died or wrote something else: no answer, whatever the reason
+            self.close()
+            return None
+        if error is not None:
+            self.close()
+            raise TraceError(error)
+        return cols
+
+    def close(self) -> None:
+        """Stop the helper (it may still be reading files no one will ask for) and reap it."""
+        pid, self._pid = self._pid, None
+        if pid is None:
+            return
+        self._pipe.close()
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+
+
+def _serve(fd: int, paths: list[Path], shapes_of: frozenset[str]) -> None:
+    """The helper: write (columns, None) or (None, TraceError message) per file, stop at an error.
+    It leaves by os._exit, whatever happens: no traceback, no atexit handler, no flushing of the
+    output buffers it shares with its parent."""
+    code = 1
+    try:
+        with open(fd, "wb") as out:
+            for path in paths:
+                try:
+                    answer = (read_columns(path, shapes_of), None)
+                except TraceError as exc:
+                    answer = (None, str(exc))
+                pickle.dump(answer, out, protocol=pickle.HIGHEST_PROTOCOL)
+                out.flush()
+                if answer[1] is not None:
+                    break
+        code = 0
+    finally:
+        os._exit(code)
