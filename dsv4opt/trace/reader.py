@@ -66,16 +66,17 @@ def trace_of(cols: TraceColumns, rank: int | None = None) -> Trace:
 
 
 def _frame(cols: Columns, vocab: list[str]) -> pd.DataFrame:
-    """Strings as categoricals over the trace's vocabulary, numbers as float64/int64 columns."""
+    """Strings as categoricals over the trace's vocabulary, numbers as float64/int64 columns (views of
+    the arrays: the DataFrame copies them)."""
     out: dict[str, Any] = {}
     categories = pd.Index(vocab, dtype=object)
     for k, a in cols.strings.items():
         codes = np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
         out[k] = pd.Categorical.from_codes(codes.astype(np.int32), categories=categories)
     for k, a in cols.floats.items():
-        out[k] = np.frombuffer(a, dtype=np.float64).copy() if len(a) else np.zeros(0, np.float64)
+        out[k] = np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0, np.float64)
     for k, a in cols.ints.items():
-        out[k] = np.frombuffer(a, dtype=np.int64).copy() if len(a) else np.zeros(0, np.int64)
+        out[k] = np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
     return pd.DataFrame(out)
 
 
