@@ -80,6 +80,15 @@ events = json.load(open(sys.argv[1]))['traceEvents']
 total = math.fsum(e['dur'] for e in events if e.get('ph') == 'X' and e.get('cat') in ('kernel', 'gpu_memcpy', 'gpu_memset'))
 print(json.dumps({'gpu_us': total, 'work_s': time.process_time() - t}))
 """
+# `python -m dsv4opt analyze TRACE --json OUT --force` with another copy of dsv4opt first on the path
+# (--baseline: e.g. `git archive COMMIT dsv4opt | tar -x -C DIR`), so before and after run alike.
+BASELINE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from dsv4opt.cli import main
+sys.argv = ['dsv4opt', 'analyze', *sys.argv[2:], '--force']
+main()
+"""
 HTA = """
 import json, sys, time
 from hta.trace_analysis import TraceAnalysis
@@ -157,6 +166,7 @@ def main() -> int:
     ap.add_argument("--mb", type=float, nargs="+", default=[53.7, 500.0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--memory-runs", type=int, default=2, help="runs per row with the process tree's memory sampled")
+    ap.add_argument("--baseline", type=Path, help="a folder holding another dsv4opt package to time alike (before/after)")
     ap.add_argument("--no-hta", action="store_true")
     ap.add_argument("--hta-python", default=None,
                     help="interpreter with HolisticTraceAnalysis installed (default: this one, if it has HTA)")
@@ -166,7 +176,8 @@ def main() -> int:
                          "no __pycache__, each run compiles them from source)")
     args = ap.parse_args()
     if not args.no_compile:
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "dsv4opt")], check=True)
+        for root in (REPO, *([args.baseline] if args.baseline else [])):
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "dsv4opt")], check=True)
     hta_python = args.hta_python or sys.executable
     have_hta = not args.no_hta and subprocess.run([hta_python, "-c", "import hta"], capture_output=True).returncode == 0
     if not have_hta and not args.no_hta:
@@ -179,14 +190,18 @@ def main() -> int:
             "dsv4opt analyze (work timed)": [sys.executable, "-c", DSV4OPT, str(trace), str(profile)],
             "plain json.load loop": [sys.executable, "-c", PLAIN, str(trace)],
         }
+        if args.baseline:
+            rows["dsv4opt analyze (baseline)"] = [sys.executable, "-c", BASELINE, str(args.baseline), str(trace), "--json",
+                                                  str(profile.with_name("baseline.json"))]
         if have_hta:
             rows["HTA get_gpu_kernel_breakdown"] = [hta_python, "-c", HTA, str(trace.parent)]
         runs: dict[str, list[dict]] = {k: [] for k in rows}
         for _ in range(args.repeat):
             for name, cmd in rows.items():  # interleaved, so a burst of load hits every row alike
                 runs[name].append(timed(cmd))
-                if name == "dsv4opt analyze" and runs[name][-1]["ok"]:
-                    runs[name][-1]["gpu_us"] = json.loads(profile.read_text())["gpu_time_us"]
+                if name in ("dsv4opt analyze", "dsv4opt analyze (baseline)") and runs[name][-1]["ok"]:
+                    written = profile if name == "dsv4opt analyze" else profile.with_name("baseline.json")
+                    runs[name][-1]["gpu_us"] = json.loads(written.read_text())["gpu_time_us"]
         memory: dict[str, list[dict]] = {k: [] for k in rows}
         for _ in range(args.memory_runs):
             for name, cmd in rows.items():
@@ -218,6 +233,11 @@ def main() -> int:
         theirs = med.get("HTA get_gpu_kernel_breakdown")
         if theirs:
             work = f", {theirs['work_s'] / timed_row['work_s']:.1f}x by the CPU time of the work after imports" if timed_row else ""
+            before = med.get("dsv4opt analyze (baseline)")
+            if before:
+                print(f"baseline vs HTA: {theirs['wall_s'] / before['wall_s']:.1f}x faster by wall clock, "
+                      f"{theirs['cpu_s'] / before['cpu_s']:.1f}x by CPU time; peak memory {before['peak_mb'] / theirs['peak_mb']:.0%} "
+                      f"of HTA's (largest process), process tree {before['tree_pss_mb'] / theirs['tree_pss_mb']:.0%} by PSS")
             print(f"dsv4opt vs HTA: {theirs['wall_s'] / ours['wall_s']:.1f}x faster by wall clock, "
                   f"{theirs['cpu_s'] / ours['cpu_s']:.1f}x by CPU time{work}; peak memory "
                   f"{ours['peak_mb'] / theirs['peak_mb']:.0%} of HTA's (largest process), process tree "

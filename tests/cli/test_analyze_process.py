@@ -71,6 +71,7 @@ def test_analyze_in_process_freezes_and_sets_nothing(tmp_path):
 RUN_COUNTED = """
 import json, sys
 from dsv4opt.trace import prefetch
+prefetch.MIN_BYTES = 0  # the fixtures are small
 took = []
 take = prefetch.Prefetch.take
 def counted(self, path, shapes_of):

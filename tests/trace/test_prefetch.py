@@ -21,7 +21,9 @@ import json, os, sys, threading
 from dsv4opt.analysis.modelled import modelled_ops
 from dsv4opt.errors import TraceError
 from dsv4opt.trace.columns import read_columns
+from dsv4opt.trace import prefetch
 from dsv4opt.trace.prefetch import Prefetch
+prefetch.MIN_BYTES = 0  # the fixtures are small
 
 def plain(c):
     tables = {k: {kind: {col: list(a) for col, a in getattr(getattr(c, k), kind).items()}
@@ -87,3 +89,12 @@ def test_a_file_asked_out_of_order_or_a_dead_helper_leaves_the_reading_to_the_ca
         paths[-1].write_text(json.dumps({"traceEvents": [dict(EVENT, dur=i + 0.5)]}))
     assert _run("out-of-order", paths) == [{"got": "none"}, {"got": "none", "want": "columns"}, {"helper": "reaped"}]
     assert _run("no-answer", paths) == [{"got": "none", "want": "columns"}] * 2 + [{"helper": "reaped"}]
+
+
+def test_no_helper_for_small_files(tmp_path):
+    t = tmp_path / "t.json"
+    t.write_text(json.dumps({"traceEvents": [EVENT]}))
+    code = ("import sys; from dsv4opt.trace.prefetch import MIN_BYTES, Prefetch; "
+            "assert MIN_BYTES > len(open(sys.argv[1]).read()); print(Prefetch.start([sys.argv[1]], frozenset()))")
+    out = subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "None"
