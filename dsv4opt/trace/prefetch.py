@@ -4,8 +4,10 @@ Importing numpy, pandas and the analysis takes about as long as the pass over a 
 events, and that pass (columns.py) needs neither, so a helper forked before the imports reads
 while this process imports (the figures: docs/benchmarks.md). Its columns come back pickled through a pipe, one file at a time in the order
 asked. Only a one-command process starts it (cli/analyze.py), only while it runs one thread
-(forking a threaded process can copy a held lock), with a second CPU to run on and at least
-MIN_BYTES to read. Anything unexpected (no fork, the helper dies,
+(forking a threaded process can copy a held lock), with at least MIN_BYTES to read and a CPU left
+free by the rest of the machine: the helper costs 0.1-0.17 s of CPU on the 55 MB benchmark trace,
+which is paid back in wall time only when it runs beside this process (docs/analysis.md, "Speed
+against HTA"). Anything unexpected (no fork, the helper dies,
 another file is asked for) and the caller reads the file itself, so the output and the errors are
 those of reading in this process; a TraceError the helper met comes back as the same message.
 """
@@ -26,6 +28,9 @@ from dsv4opt.trace.columns import TraceColumns, read_columns
 # does: a 0.2 MB gzip trace ran no faster with it (0.01 s slower, quartile of 12) and took 0.05 s
 # more CPU; the 55 MB benchmark trace ran 0.1 s faster.
 MIN_BYTES = 1 << 20
+# CPUs minus the 1-minute load average must leave this much: on 2 cores with another job keeping
+# one busy (load 3-4) the helper made the 55 MB trace 0.2 s slower instead of 0.1 s faster.
+MIN_FREE_CPUS = 0.5
 
 
 class Prefetch:
@@ -41,7 +46,7 @@ class Prefetch:
     def start(cls, paths: list[Path], shapes_of: frozenset[str]) -> Prefetch | None:
         """Fork the helper; None where this process cannot fork safely or it would not pay."""
         paths = [Path(p) for p in paths]
-        if not hasattr(os, "fork") or threading.active_count() > 1 or _cpus() < 2:
+        if not hasattr(os, "fork") or threading.active_count() > 1 or _free_cpus() < MIN_FREE_CPUS:
             return None
         try:
             if sum(p.stat().st_size for p in paths) < MIN_BYTES:
@@ -91,11 +96,17 @@ class Prefetch:
         os.waitpid(pid, 0)
 
 
-def _cpus() -> int:
+def _free_cpus() -> float:
+    """The CPUs this process may run on, less the machine's 1-minute load average (which counts this
+    process)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on every platform
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    try:
+        return cpus - os.getloadavg()[0]
+    except OSError:  # no load average to read
+        return cpus - 1.0
 
 
 def _serve(fd: int, paths: list[Path], shapes_of: frozenset[str]) -> None:

@@ -24,6 +24,7 @@ from dsv4opt.trace.columns import read_columns
 from dsv4opt.trace import prefetch
 from dsv4opt.trace.prefetch import Prefetch
 prefetch.MIN_BYTES = 0  # the fixtures are small
+prefetch.MIN_FREE_CPUS = float("-inf")  # and the test runner keeps the CPUs busy
 
 def plain(c):
     tables = {k: {kind: {col: list(a) for col, a in getattr(getattr(c, k), kind).items()}
@@ -91,10 +92,12 @@ def test_a_file_asked_out_of_order_or_a_dead_helper_leaves_the_reading_to_the_ca
     assert _run("no-answer", paths) == [{"got": "none", "want": "columns"}] * 2 + [{"helper": "reaped"}]
 
 
-def test_no_helper_for_small_files(tmp_path):
+@pytest.mark.parametrize("settings", ["prefetch.MIN_FREE_CPUS = float('-inf')",  # a tiny file, CPUs free
+                                      "prefetch.MIN_BYTES = 0; prefetch.MIN_FREE_CPUS = float('inf')"],  # none free
+                         ids=["small-file", "no-free-cpu"])
+def test_no_helper_where_it_would_not_pay(tmp_path, settings):
     t = tmp_path / "t.json"
     t.write_text(json.dumps({"traceEvents": [EVENT]}))
-    code = ("import sys; from dsv4opt.trace.prefetch import MIN_BYTES, Prefetch; "
-            "assert MIN_BYTES > len(open(sys.argv[1]).read()); print(Prefetch.start([sys.argv[1]], frozenset()))")
+    code = f"import sys; from dsv4opt.trace import prefetch; {settings}; print(prefetch.Prefetch.start([sys.argv[1]], frozenset()))"
     out = subprocess.run([sys.executable, "-c", code, str(t)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "None"
