@@ -3,7 +3,7 @@
 Importing numpy, pandas and the analysis takes about as long as the pass over a 50 MB trace's
 events, and that pass (columns.py) needs neither, so a helper forked before the imports reads
 while this process imports (the figures: docs/benchmarks.md). Its columns come back pickled through a pipe, one file at a time in the order
-asked. Only a one-command process starts it (cli/analyze.py), only while it runs one thread
+asked, each table on its own so the helper frees it as this process takes it. Only a one-command process starts it (cli/analyze.py), only while it runs one thread
 (forking a threaded process can copy a held lock), with at least MIN_BYTES to read and a CPU left
 free by the rest of the machine: the helper costs 0.1-0.17 s of CPU on the 55 MB benchmark trace,
 which is paid back in wall time only when it runs beside this process (docs/analysis.md, "Speed
@@ -22,6 +22,8 @@ from pathlib import Path
 
 from dsv4opt.errors import TraceError
 from dsv4opt.trace.columns import TraceColumns, read_columns
+
+_TABLES = ("kernels", "launches", "cpu_ops", "frames", "annotations", "flows")
 
 
 # Below this (on disk, all files together) reading in process costs about what starting the helper
@@ -75,6 +77,9 @@ class Prefetch:
         self._paths.pop(0)
         try:
             cols, error = pickle.load(self._pipe)
+            if cols is not None:
+                for table in _TABLES:
+                    setattr(cols, table, pickle.load(self._pipe))
         except Exception:  # the helper died or wrote something else: no answer, whatever the reason
             self.close()
             return None
@@ -110,21 +115,27 @@ def _free_cpus() -> float:
 
 
 def _serve(fd: int, paths: list[Path], shapes_of: frozenset[str]) -> None:
-    """The helper: write (columns, None) or (None, TraceError message) per file, stop at an error.
-    It leaves by os._exit, whatever happens: no traceback, no atexit handler, no flushing of the
-    output buffers it shares with its parent."""
+    """The helper: per file (columns without their tables, None) then each table of _TABLES, or
+    (None, TraceError message) and stop. A table is dropped once written, so the two processes
+    never both hold all of a file's columns. It leaves by os._exit, whatever happens: no traceback,
+    no atexit handler, no flushing of the output buffers it shares with its parent."""
     code = 1
     try:
         with open(fd, "wb") as out:
             for path in paths:
                 try:
-                    answer = (read_columns(path, shapes_of), None)
+                    cols = read_columns(path, shapes_of)
                 except TraceError as exc:
-                    answer = (None, str(exc))
-                pickle.dump(answer, out, protocol=pickle.HIGHEST_PROTOCOL)
-                out.flush()
-                if answer[1] is not None:
+                    pickle.dump((None, str(exc)), out, protocol=pickle.HIGHEST_PROTOCOL)
                     break
+                tables = {table: getattr(cols, table) for table in _TABLES}
+                for table in _TABLES:
+                    setattr(cols, table, None)
+                pickle.dump((cols, None), out, protocol=pickle.HIGHEST_PROTOCOL)
+                del cols
+                for table in _TABLES:
+                    pickle.dump(tables.pop(table), out, protocol=pickle.HIGHEST_PROTOCOL)
+                    out.flush()
         code = 0
     finally:
         os._exit(code)
