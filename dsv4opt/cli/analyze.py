@@ -27,11 +27,12 @@ def analyze(
       dsv4opt analyze graph.json.gz --capture eager.json.gz
       dsv4opt analyze profiles/before.json --wide   # a saved profile, names whole
     """
+    from dsv4opt import cli
     from dsv4opt.cli import heavy_imports
     from dsv4opt.fileio import check_new_file
 
     check_new_file(json_out, force, "--json")
-    prefetch = _prefetch(traces, capture)
+    prefetch, cli.early_prefetch = cli.early_prefetch or _prefetch(traces, capture), None
     try:
         with heavy_imports(uses_blas=False):
             from dsv4opt.analysis import analyze_paths, load_profile_or_trace
@@ -64,6 +65,37 @@ def analyze(
     if json_out is not None:
         profile.save(json_out, make_dirs=False)
         console.print(f"profile written to {json_out}")
+
+
+# analyze's options that take a value, and its flags: what prefetch_from_argv needs to tell its
+# trace arguments apart (a test holds them to the command's parameters).
+VALUED_OPTIONS = ("--json", "--top", "--capture")
+FLAG_OPTIONS = ("--wide", "--force")
+
+
+def prefetch_from_argv(argv: list[str]):
+    """The helper of _prefetch started from the raw command line, before typer parses it (parsing
+    imports pydantic: 0.1 s the helper can read in); None for anything but `analyze` with plainly
+    written options. What it reads is checked when the analysis asks for each file, so a wrong
+    guess only costs the helper's work."""
+    if not argv or argv[0] != "analyze":
+        return None
+    traces: list[Path] = []
+    capture = None
+    args = iter(argv[1:])
+    for arg in args:
+        if arg in VALUED_OPTIONS:
+            value = next(args, None)
+            if value is None:
+                return None
+            if arg == "--capture":
+                capture = Path(value)
+        elif arg.startswith("-"):
+            if arg not in FLAG_OPTIONS:
+                return None  # --help, --json=OUT, --: typer's to read
+        else:
+            traces.append(Path(arg))
+    return _prefetch(traces, capture) if traces else None
 
 
 def _prefetch(traces: list[Path], capture: Optional[Path]):
