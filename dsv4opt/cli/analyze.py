@@ -28,43 +28,44 @@ def analyze(
       dsv4opt analyze profiles/before.json --wide   # a saved profile, names whole
     """
     from dsv4opt import cli
-    from dsv4opt.cli import heavy_imports
+    from dsv4opt.cli import collector_off, heavy_imports
     from dsv4opt.fileio import check_new_file
 
     check_new_file(json_out, force, "--json")
-    prefetch, cli.early_prefetch = cli.early_prefetch or _prefetch(traces, capture), None
-    try:
-        with heavy_imports(uses_blas=False):
-            from dsv4opt.analysis import analyze_paths, load_profile_or_trace
-            from dsv4opt.analysis.api import saved_profiles_in
-            from dsv4opt.analysis.profile import is_profile_file
-            from dsv4opt.report.tables import print_profile, print_saved_profiles
-        folders = [(p, found) for p in traces if (found := saved_profiles_in(p)) is not None]
-        if folders:
-            if len(traces) > 1 or json_out is not None or capture is not None:
-                raise DsvOptError(f"{folders[0][0]} holds saved profiles: `dsv4opt analyze {folders[0][0]}` alone lists "
-                                  "them; --json and --capture go with trace files")
-            print_saved_profiles(folders[0][1], console)
-            return
-        saved = [p for p in traces if is_profile_file(p)]
-        if saved:
-            if len(traces) > 1:
-                raise DsvOptError(f"{saved[0]} is a saved profile: analyze shows one profile at a time, or reads trace "
-                                  "files; `dsv4opt report` puts several profiles side by side")
-            if capture is not None:
-                raise DsvOptError("--capture goes with trace files; a profile was analyzed with its capture already")
-            profile = load_profile_or_trace(saved[0])
-        else:
-            profile = analyze_paths(traces, capture=capture, prefetch=prefetch)
-    finally:
-        if prefetch is not None:
-            prefetch.close()
-    print_profile(profile, top=top, console=console, wide=wide, name=str(saved[0]) if saved else None)
-    if profile.meta.get("merged"):
-        console.print(profile.meta["merged"], highlight=False)
-    if json_out is not None:
-        profile.save(json_out, make_dirs=False)
-        console.print(f"profile written to {json_out}")
+    with collector_off():
+        prefetch, cli.early_prefetch = cli.early_prefetch or _prefetch(traces, capture), None
+        try:
+            with heavy_imports(uses_blas=False):
+                from dsv4opt.analysis import analyze_paths, load_profile_or_trace
+                from dsv4opt.analysis.api import saved_profiles_in
+                from dsv4opt.analysis.profile import is_profile_file
+                from dsv4opt.report.tables import print_profile, print_saved_profiles
+            folders = [(p, found) for p in traces if (found := saved_profiles_in(p)) is not None]
+            if folders:
+                if len(traces) > 1 or json_out is not None or capture is not None:
+                    raise DsvOptError(f"{folders[0][0]} holds saved profiles: `dsv4opt analyze {folders[0][0]}` alone lists "
+                                      "them; --json and --capture go with trace files")
+                print_saved_profiles(folders[0][1], console)
+                return
+            saved = [p for p in traces if is_profile_file(p)]
+            if saved:
+                if len(traces) > 1:
+                    raise DsvOptError(f"{saved[0]} is a saved profile: analyze shows one profile at a time, or reads trace "
+                                      "files; `dsv4opt report` puts several profiles side by side")
+                if capture is not None:
+                    raise DsvOptError("--capture goes with trace files; a profile was analyzed with its capture already")
+                profile = load_profile_or_trace(saved[0])
+            else:
+                profile = analyze_paths(traces, capture=capture, prefetch=prefetch)
+        finally:
+            if prefetch is not None:
+                prefetch.close()
+        print_profile(profile, top=top, console=console, wide=wide, name=str(saved[0]) if saved else None)
+        if profile.meta.get("merged"):
+            console.print(profile.meta["merged"], highlight=False)
+        if json_out is not None:
+            profile.save(json_out, make_dirs=False)
+            console.print(f"profile written to {json_out}")
 
 
 # analyze's options that take a value, and its flags: what prefetch_from_argv needs to tell its

@@ -1,15 +1,19 @@
-"""Read trace files in a forked helper while `dsv4opt analyze` imports the analysis.
+"""Read trace files in a forked helper while `dsv4opt analyze` parses its options and imports the
+analysis.
 
-Importing numpy, pandas and the analysis takes about as long as the pass over a 50 MB trace's
-events, and that pass (columns.py) needs neither, so a helper forked before the imports reads
-while this process imports (the figures: docs/benchmarks.md). Its columns come back pickled through a pipe, one file at a time in the order
-asked, each table on its own so the helper frees it as this process takes it. Only a one-command process starts it (cli/analyze.py), only while it runs one thread
-(forking a threaded process can copy a held lock), with at least MIN_BYTES to read and a CPU left
-free by the rest of the machine: the helper costs 0.1-0.17 s of CPU on the 55 MB benchmark trace,
-which is paid back in wall time only when it runs beside this process (docs/analysis.md, "Speed
-against HTA"). Anything unexpected (no fork, the helper dies,
-another file is asked for) and the caller reads the file itself, so the output and the errors are
-those of reading in this process; a TraceError the helper met comes back as the same message.
+Parsing (typer imports pydantic) and importing numpy, pandas and the analysis take about as long as
+the pass over a 50 MB trace's events, and that pass (columns.py) needs none of them, so a helper
+forked from the raw command line (cli/analyze.py: prefetch_from_argv) reads meanwhile. Its columns
+come back pickled through a pipe, one file at a time in the order asked, each table on its own so
+the helper drops it as this process takes it.
+
+Only a one-command process starts it, only while it runs one thread (forking a threaded process
+can copy a held lock), with at least MIN_BYTES to read and a CPU left free by the rest of the
+machine: the helper costs 0.1-0.17 s of CPU on the 55 MB benchmark trace, paid back in wall time
+only when it runs beside this process (docs/analysis.md, "Speed against HTA"). Anything unexpected
+(no fork, the helper dies, another file is asked for) and the caller reads the file itself, so the
+output and the errors are those of reading in this process; a TraceError the helper met comes back
+as the same message.
 """
 
 from __future__ import annotations
