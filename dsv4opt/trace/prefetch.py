@@ -125,6 +125,10 @@ def _serve(fd: int, paths: list[Path], shapes_of: frozenset[str]) -> None:
     no atexit handler, no flushing of the output buffers it shares with its parent."""
     code = 1
     try:
+        # Off the terminal and any pipe the caller reads to its end, should the helper outlive it.
+        null = os.open(os.devnull, os.O_RDWR)
+        for std in (0, 1, 2):
+            os.dup2(null, std)
         with open(fd, "wb") as out:
             for path in paths:
                 try:
