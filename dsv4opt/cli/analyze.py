@@ -33,7 +33,8 @@ def analyze(
 
     check_new_file(json_out, force, "--json")
     with collector_off():
-        prefetch, cli.early_prefetch = cli.early_prefetch or _prefetch(traces, capture), None
+        prefetch = cli.early_prefetch or _prefetch(traces, capture)
+        cli.early_prefetch = None  # this command closes it now
         try:
             with heavy_imports(uses_blas=False):
                 from dsv4opt.analysis import analyze_paths, load_profile_or_trace
@@ -100,7 +101,7 @@ def prefetch_from_argv(argv: list[str]):
 
 
 def _prefetch(traces: list[Path], capture: Optional[Path]):
-    """In a one-command process, a helper reading the trace files while the analysis is imported
+    """In a one-command process, a helper reading the trace files while the command parses and imports
     (dsv4opt/trace/prefetch.py); None for saved profiles, paths that will be refused, or in a
     long-lived caller (tests, notebooks)."""
     from dsv4opt import cli
