@@ -19,6 +19,8 @@ from dsv4opt.analysis.profile import CaptureMatch, CategoryRow, KernelRow, PartR
 from dsv4opt.analysis.sweep import SWEEP_SCHEMA, summary_rows
 from dsv4opt.errors import ProfileError, TraceError
 from dsv4opt.trace import Trace, expand_trace_paths, rank_from_name, read_trace
+from dsv4opt.trace.prefetch import Prefetch
+from dsv4opt.trace.reader import trace_of
 from dsv4opt.validate import read_json
 
 ATTRIBUTED_KERNELS = 30
@@ -27,20 +29,21 @@ RANK_KERNEL_COLUMNS = ["name", "short_name", "category", "count", "total_us", "s
 
 
 def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Path | None = None,
-                  one_capture: bool = False) -> Profile:
+                  one_capture: bool = False, prefetch: Prefetch | None = None) -> Profile:
     """Analyse trace files (or folders of per-rank traces) into one Profile.
 
     Several files are reported per rank (`ranks`) and aggregated (kernels, categories,
     steps of the first rank with steps), once their own metadata says they can be the ranks of one
     run (analysis/one_run.py; meta["merged"] says what was merged). one_capture: the caller wrote
     them in one capture, so they are not checked. `meta` is merged into profile.meta; target
-    defaults to "trace".
+    defaults to "trace". `prefetch`: a helper already reading the capture and then the files
+    (trace/prefetch.py); a file it does not hold is read here.
     """
     files = expand_trace_paths(list(paths))
     if not one_capture:
         one_run.check_names(files)
     run = one_run.OneRun()
-    reference = _Reference.of(read_trace(capture, shapes_of=efficiency.modelled_ops())) if capture is not None else None
+    reference = _Reference.of(_read(capture, None, prefetch)) if capture is not None else None
     per_rank: list[RankRow] = []
     all_kernels: list[pd.DataFrame] = []
     attributions: dict[str, dict] = {}
@@ -54,7 +57,7 @@ def analyze_paths(paths: list[str | Path], meta: dict | None = None, capture: Pa
     rank_figures: list[tuple[int, figures.RankFigures]] = []
     step_figures = None
     for i, f in enumerate(files):
-        trace = read_trace(f, rank=_rank_of(f, i), shapes_of=efficiency.modelled_ops())
+        trace = _read(f, _rank_of(f, i), prefetch)
         if not one_capture:
             run.add(one_run.origin_of(trace))  # before the analysis: a stranger is refused at once
         result = _analyze_one(trace, reference)
@@ -243,6 +246,12 @@ def _analyze_one(trace: Trace, reference: _Reference | None) -> dict[str, Any]:
         kernels=_rows(KernelRow, ktable.head(RANK_TOP)[RANK_KERNEL_COLUMNS]),
     )
     return out
+
+
+def _read(path: Path, rank: int | None, prefetch: Prefetch | None) -> Trace:
+    shapes_of = efficiency.modelled_ops()
+    cols = prefetch.take(path, shapes_of) if prefetch is not None else None
+    return trace_of(cols, rank) if cols is not None else read_trace(path, rank=rank, shapes_of=shapes_of)
 
 
 def _glue_sequence(k: pd.DataFrame, step_of: np.ndarray, part: np.ndarray | None, sites: pd.DataFrame) -> pd.DataFrame:

@@ -21,6 +21,7 @@ import pandas as pd
 from dsv4opt.analysis.categories import GEMM_TC
 from dsv4opt.analysis.codes import factorize_names, factorize_rows
 from dsv4opt.analysis.devices import BF16, FP8, FP32, TF32, DevicePeak
+from dsv4opt.analysis.modelled import ATTENTION_LAYOUT, BINARY, GEMMS, UNARY, modelled_ops  # noqa: F401 (modelled_ops: public here too)
 from dsv4opt.trace.reader import OpShapes
 
 EFFICIENCY_COLUMNS = ["name", "op", "launches", "modelled_us", "rated_us", "flop", "bytes", "flop_at_peak_us",
@@ -30,22 +31,6 @@ _BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int
           "bool": 1, "unsigned char": 1, "signed char": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
           "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "c10::Float8_e8m0fnu": 1, "c10::complex<float>": 8}
 _FP8_TYPES = {"c10::Float8_e4m3fn", "c10::Float8_e5m2", "c10::Float8_e4m3fnuz", "c10::Float8_e5m2fnuz"}
-_BINARY = {"add", "sub", "mul", "div", "maximum", "minimum", "rsub"}
-_UNARY = {"neg", "rsqrt", "sqrt", "exp", "log", "silu", "gelu", "relu", "sigmoid", "tanh", "sin", "cos", "abs",
-          "pow", "reciprocal", "square"}
-_ATTENTION_LAYOUT = {  # operator -> (q/k/v layout, index of is_causal among the inputs)
-    "aten::_flash_attention_forward": ("BLHD", 8),
-    "aten::_scaled_dot_product_flash_attention": ("BHLD", 4),
-    "aten::_scaled_dot_product_efficient_attention": ("BHLD", 6),
-    "aten::_scaled_dot_product_cudnn_attention": ("BHLD", 6),
-}
-_GEMMS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::linear"}
-
-
-def modelled_ops() -> frozenset[str]:
-    """Operator names with a model: the reader keeps shapes for these only."""
-    pointwise = {f"aten::{op}{suffix}" for op in _BINARY | _UNARY for suffix in ("", "_")}
-    return frozenset(_GEMMS | set(_ATTENTION_LAYOUT) | pointwise | {"aten::copy_"})
 
 
 def op_model(name: str, shapes: OpShapes | None) -> tuple[float, float, str | None] | None:
@@ -62,7 +47,7 @@ def op_model(name: str, shapes: OpShapes | None) -> tuple[float, float, str | No
 
 def _model(name: str, s: OpShapes) -> tuple[float, float, str | None] | None:
     dims, types = s.dims, s.types
-    if name in _GEMMS:
+    if name in GEMMS:
         if name == "aten::linear":
             (*lead, k), (n, _) = dims[0], dims[1]
             m, batch, a, b = math.prod(lead), 1, 0, 1
@@ -79,8 +64,8 @@ def _model(name: str, s: OpShapes) -> tuple[float, float, str | None] | None:
             bias = dims[0] if a == 1 else dims[2]
             nbytes += math.prod(bias) * _BYTES[types[0 if a == 1 else 2]]
         return flop, float(nbytes), _kind(types[a])
-    if name in _ATTENTION_LAYOUT:
-        layout, causal_at = _ATTENTION_LAYOUT[name]
+    if name in ATTENTION_LAYOUT:
+        layout, causal_at = ATTENTION_LAYOUT[name]
         q, k, v = dims[0], dims[1], dims[2]
         if len(q) != 4:
             return None  # varlen (packed) inputs: lengths per sequence are not in the shapes
@@ -102,7 +87,7 @@ def _model(name: str, s: OpShapes) -> tuple[float, float, str | None] | None:
         return None
     if name == "aten::copy_":
         return 0.0, float(sum(math.prod(d) * e for d, e in tensors[:2])), None
-    if op in _BINARY or op in _UNARY:
+    if op in BINARY or op in UNARY:
         out = math.prod(_broadcast([d for d, _ in tensors]))
         return float(out), float(sum(math.prod(d) * e for d, e in tensors) + out * tensors[0][1]), None
     return None

@@ -6,15 +6,14 @@ import ctypes
 import ctypes.util
 import re
 from functools import lru_cache
+from itertools import chain
 
 _MAX_CHARS = 96
 
 
 def _load_cxa_demangle():
-    for name in ("stdc++", "c++"):
-        path = ctypes.util.find_library(name)
-        if not path:
-            continue
+    # The usual sonames first: find_library runs `ldconfig -p` in a process of its own.
+    for path in chain(("libstdc++.so.6", "libc++.so.1"), filter(None, map(ctypes.util.find_library, ("stdc++", "c++")))):
         try:
             lib = ctypes.CDLL(path)
             fn = lib.__cxa_demangle
@@ -28,7 +27,7 @@ def _load_cxa_demangle():
     return None
 
 
-_DEMANGLER = _load_cxa_demangle()
+_demangler = lru_cache(maxsize=1)(_load_cxa_demangle)  # loaded on the first mangled name: most traces have none
 
 
 @lru_cache(maxsize=65536)
@@ -40,8 +39,9 @@ def demangle(name: str) -> str:
     """
     if not name.startswith("_Z"):
         return name
-    if _DEMANGLER is not None:
-        fn, free = _DEMANGLER
+    found = _demangler()
+    if found is not None:
+        fn, free = found
         status = ctypes.c_int(0)
         ptr = fn(name.encode(), None, None, ctypes.byref(status))
         if ptr:

@@ -6,7 +6,6 @@ from typing import Annotated, Optional
 import typer
 
 from dsv4opt.cli import DEVICE_METAVAR, KvLayout, Target, app, console
-from dsv4opt.capture.settings import EmbeddedSettings, SGLangSettings
 from dsv4opt.errors import DsvOptError
 
 
@@ -58,6 +57,7 @@ def profile(
       dsv4opt profile --device cpu --config dsv4-tiny -c 4 --steps 3
       dsv4opt profile --target sglang --url http://127.0.0.1:30000 -c 32
     """
+    from dsv4opt.capture.settings import EmbeddedSettings, SGLangSettings
     from dsv4opt.fileio import check_new_file, make_output_folder
     from dsv4opt.loop.enabled import enabled_optimizations
     from dsv4opt.optimizations.registry import get as get_optimization
