@@ -32,10 +32,14 @@ def _group_quant_fp8_kernel(p_x, p_q, p_s, stride_x, stride_q, stride_s, eps,
     tl.store(p_s + i_t * stride_s + i_g, b_s)
 
 
-def group_quant_fp8(x: torch.Tensor, group: int, pow2: bool = False,
-                    reference=quant.quantize_groups_fp8) -> tuple[torch.Tensor, torch.Tensor]:
-    """x: [M, K] -> (e4m3 [M, K], fp32 scales [M, K // group]); one program per (token, group).
-    `pow2`: scales rounded up to powers of two (UE8M0); `reference` computes the same off the GPU."""
+def group_quant_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [M, K] -> (e4m3 [M, K], fp32 scales [M, K // group]); one program per (token, group)."""
+    return launch_group_quant(x, group, False, quant.quantize_groups_fp8)
+
+
+def launch_group_quant(x: torch.Tensor, group: int, pow2: bool, reference) -> tuple[torch.Tensor, torch.Tensor]:
+    """The group quant kernel, its scales rounded up to powers of two (UE8M0) with `pow2`;
+    `reference` (plain torch, the same function) where Triton cannot take x."""
     if not runs_triton(x):
         return reference(x.float(), group)
     M, K = x.shape

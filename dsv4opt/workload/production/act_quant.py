@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from dsv4opt.formats import FP8_MAX
-from dsv4opt.workload.kernels.linear import group_quant_fp8
+from dsv4opt.workload.kernels.linear import launch_group_quant
 from dsv4opt.workload.quant import FP8, SCALE_EPS
 
 
@@ -35,4 +35,4 @@ def quantize_groups_ue8m0(x: torch.Tensor, group: int) -> tuple[torch.Tensor, to
 def group_quant_fp8_ue8m0(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [M, K] (K a multiple of group, rows contiguous) -> (e4m3 [M, K], fp32 scales [M, K // group]):
     the workload's group quant kernel with power-of-two scales."""
-    return group_quant_fp8(x, group, pow2=True, reference=quantize_groups_ue8m0)
+    return launch_group_quant(x, group, True, quantize_groups_ue8m0)
