@@ -14,8 +14,9 @@
   Sinkhorn, the weighted sum and the RMSNorm) and Marlin's W4A16 grouped MoE (SGLang's own
   `moe_wna16_marlin_gemm`, the routed scale folded into the top-k weights). DeepGEMM, TileLang and
   SGLang's JIT kernels (Marlin's among them: kernels/ops/moe/moe_wna16_marlin.py:7-35, `load_jit`)
-  compile with nvcc at run time, which this tool's GPU machine does not have; our Triton kernels stand in for them, each docstring naming what it
-  stands for.
+  compile with nvcc at run time. The step still runs our Triton kernels in their place, each docstring
+  naming what it stands for: the real ones are built and measured beside them (`dsv4opt build-kernels`,
+  dsv4opt/workload/production/, docs/production-kernels.md) but not yet wired in.
 
 The path sets the baseline's slot implementations (an optimisation replaces them as on any path),
 the structure of the hyper-connection pre step, and the default layout. Adding a path is one entry.
