@@ -33,7 +33,7 @@ from dsv4opt.optimizations.registry import implementations
 from dsv4opt.workload.attention.flashmla import hopper, missing_on
 from dsv4opt.workload.config import ModelConfig
 from dsv4opt.workload.layout import Deployment, Layout
-from dsv4opt.workload.memory import estimate_memory
+from dsv4opt.workload.memory import HOST_WORKSPACE, WORKSPACE, estimate_memory
 from dsv4opt.workload.paths import DEFAULT_PATH, HOPPER_0523, SGLangPath
 
 GPU_CONFIG, CPU_CONFIG = "dsv4-flash", "dsv4-tiny"
@@ -197,6 +197,7 @@ def refuse_if_too_big(plan: RunPlan, settings: EmbeddedSettings, ranks: int = 1,
         cfg, settings.concurrency, settings.context, settings.experts_resident,
         elem_bytes=plan.dtype.itemsize, kv_fp8=_kv(settings) == "fp8", max_new_tokens=plan.max_new, ranks=ranks,
         layout=settings.layout, graph_context=plan.graph_context or None,
+        workspace=WORKSPACE if device.type == "cuda" else HOST_WORKSPACE,
     )
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else _free_host_memory()
     if free is not None and sharing * est.total > MEMORY_HEADROOM * free:
@@ -210,8 +211,16 @@ def refuse_if_too_big(plan: RunPlan, settings: EmbeddedSettings, ranks: int = 1,
         )
 
 
-def _free_host_memory() -> int | None:
-    """Bytes of RAM available now (Linux); None where the system does not say."""
+def _free_host_memory(meminfo: str = "/proc/meminfo") -> int | None:
+    """Bytes of RAM a new allocation can have now: Linux's MemAvailable, which counts the page cache it
+    would drop (free pages alone can be a few GiB on a host with 20 GiB to give); None where unknown."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):

@@ -11,14 +11,15 @@ from dsv4opt.workload.layout import DEFAULT_LAYOUT, Layout
 from dsv4opt.workload.quant import MXFP4_GROUP
 
 FP32, INT32 = 4, 4
-WORKSPACE = 1 << 30  # cuBLAS/Triton workspaces, allocator slack and fragmentation
+WORKSPACE = 1 << 30  # on a GPU: cuBLAS/Triton workspaces, allocator slack and fragmentation
+HOST_WORKSPACE = 256 << 20  # on a CPU: the allocator's slack (no cuBLAS workspace; torch's runtime is not counted)
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
     weights: int
     caches: int
-    activations: int  # the largest transients of one step and of construction, plus WORKSPACE
+    activations: int  # the largest transients of one step and of construction, plus the workspace
 
     @property
     def total(self) -> int:
@@ -42,13 +43,14 @@ def kv_cache_bytes(layout: KVLayout, pages: int, elem_bytes: int) -> int:
 
 def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_resident: int | None = None,
                     elem_bytes: int = 2, kv_fp8: bool = True, max_new_tokens: int = 256, ranks: int = 1,
-                    layout: str = DEFAULT_LAYOUT, graph_context: int | None = None) -> MemoryEstimate:
+                    layout: str = DEFAULT_LAYOUT, graph_context: int | None = None,
+                    workspace: int = WORKSPACE) -> MemoryEstimate:
     """Bytes for one rank of `cfg` (already cut to its layers) in `layout` at C requests of up to
     1.25 x context tokens, index rows `graph_context` wide (None: as the contexts need).
 
     Mirrors what DecodeWorkload allocates (tested on the tiny config). With `ranks` > 1 processes of
     a dp-ep deployment each fills every cache for all ranks' requests before keeping its own: the
-    construction transient.
+    construction transient. `workspace` is the device's fixed slack: WORKSPACE on a GPU, HOST_WORKSPACE on a CPU.
     """
     dep = Layout.from_name(layout).deploy(cfg, ranks if ranks > 1 else None)
     C, d, e = concurrency, cfg.hidden, elem_bytes
@@ -111,4 +113,4 @@ def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_re
     build = max(build, 2 * mxfp4_bytes(R, 2 * I, d))  # a layer's expert slices, then stacked
     if ranks > 1 and not dep.tensor_parallel:  # dp-ep ranks fill every rank's caches, then keep theirs
         build = max(build, ranks * largest)
-    return MemoryEstimate(weights=weights, caches=caches, activations=max(step, build) + WORKSPACE)
+    return MemoryEstimate(weights=weights, caches=caches, activations=max(step, build) + workspace)

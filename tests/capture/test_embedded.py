@@ -49,15 +49,33 @@ def test_flash_on_a_small_host_is_refused(monkeypatch):
 def test_ranks_sharing_a_host_are_refused_together(monkeypatch):
     """Four tiny ranks on one CPU share its RAM: a budget that holds one of them but not four is refused."""
     from dsv4opt.workload.config import ModelConfig
-    from dsv4opt.workload.memory import estimate_memory
+    from dsv4opt.workload.memory import HOST_WORKSPACE, estimate_memory
 
     settings = EmbeddedSettings(concurrency=2, context=24)
     plan = _plan(ModelConfig.from_name("dsv4-tiny"), "cpu", torch.float32)
-    one = estimate_memory(plan.cfg.with_expert_parallel(4), 2, 24, elem_bytes=4, max_new_tokens=64, ranks=4).total
+    one = estimate_memory(plan.cfg.with_expert_parallel(4), 2, 24, elem_bytes=4, max_new_tokens=64, ranks=4,
+                          workspace=HOST_WORKSPACE).total
     monkeypatch.setattr(rank_run, "_free_host_memory", lambda: int(2 * one / rank_run.MEMORY_HEADROOM))
     rank_run.refuse_if_too_big(plan, settings, ranks=4)
     with pytest.raises(CaptureError, match="for each of 4 ranks"):
         rank_run.refuse_if_too_big(plan, settings, ranks=4, sharing=4)
+
+
+def test_four_tiny_ranks_fit_a_small_host(monkeypatch):
+    """A CPU has no cuBLAS workspace: four tiny ranks fit the 2 GiB a busy 2-core CI host may have free
+    (a 1 GiB GPU workspace a rank once refused them at 3.7 GiB)."""
+    from dsv4opt.workload.config import ModelConfig
+
+    plan = _plan(ModelConfig.from_name("dsv4-tiny"), "cpu", torch.float32)
+    monkeypatch.setattr(rank_run, "_free_host_memory", lambda: 2 << 30)
+    rank_run.refuse_if_too_big(plan, EmbeddedSettings(concurrency=2, context=24), ranks=4, sharing=4)
+
+
+def test_free_host_memory_counts_the_page_cache(tmp_path):
+    """MemAvailable (free pages plus the cache the kernel drops), not MemFree."""
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24000000 kB\nMemFree:         3800000 kB\nMemAvailable:   22000000 kB\n")
+    assert rank_run._free_host_memory(str(info)) == 22000000 * 1024
 
 
 def _plan(cfg, device: str, dtype, layout: str = "tp4", graph_context: int = 0) -> rank_run.RunPlan:

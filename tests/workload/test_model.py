@@ -145,7 +145,7 @@ def test_bad_arguments_raise_user_errors():
         DecodeWorkload(TINY, concurrency=1, context=4, kv="int4")
     with pytest.raises(DsvOptError, match="at least 1"):
         DecodeWorkload(TINY, concurrency=0, context=4)
-    with pytest.raises(DsvOptError, match="unknown layout 'tp3'; did you mean tp4 or tp8\? use tp4, tp8, dp-ep"):
+    with pytest.raises(DsvOptError, match=r"unknown layout 'tp3'; did you mean tp4 or tp8\? use tp4, tp8, dp-ep"):
         DecodeWorkload(TINY, concurrency=1, context=4, layout="tp3")
     with pytest.raises(DsvOptError, match="cannot run the tp8 layout .*layouts that fit it: tp4, dp-ep"):
         DecodeWorkload(TINY, concurrency=1, context=4, layout="tp8")
