@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dsv4opt.analysis.profile import Profile  # noqa: E402
+from dsv4opt.workload.paths import ran_fp8_wo_a  # noqa: E402
 
 # part(s) of ours -> (SGLang sm_120 launches per layer, averaged over the 43 layers; what they are)
 SGLANG = {
@@ -54,6 +55,14 @@ SGLANG_HOPPER = {
 }
 
 
+# with wo_a in bf16, as SGLang 0.5.23 runs it on sm_90 unless SGLANG_OPT_FP8_WO_A_GEMM is set
+# explicitly (docs/production-kernels.md); profiles from before the workload followed it ran FP8 wo_a
+SGLANG_HOPPER_BF16_WO_A = {
+    **SGLANG_HOPPER,
+    ("o_proj",): (4, "o_a bmm (bf16), wo_b (2), all-reduce"),
+}
+
+
 def main(path: str) -> None:
     prof = Profile.load(path)
     steps = prof.steps["count"]
@@ -61,7 +70,10 @@ def main(path: str) -> None:
     parts = {p.part: p for p in prof.parts or []}
     layout = prof.meta.get("layout") or "dp-ep"
     hopper = prof.meta.get("sglang") == "0.5.23"
-    table = SGLANG_HOPPER if hopper else SGLANG if layout == "dp-ep" else SGLANG_TP
+    if hopper:
+        table = SGLANG_HOPPER if ran_fp8_wo_a(prof.meta) else SGLANG_HOPPER_BF16_WO_A
+    else:
+        table = SGLANG if layout == "dp-ep" else SGLANG_TP
     family = "SGLang 0.5.23 Hopper" if hopper else "SGLang sm_120"
     print(f"From `{path}` ({prof.meta['device']}, layout {layout}, C = {prof.meta['concurrency']}, context "
           f"{prof.meta['context']}, commit {prof.meta.get('commit')}): launches per step "

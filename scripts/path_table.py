@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dsv4opt.analysis.profile import Profile, is_profile_file  # noqa: E402
 from dsv4opt.workload.config import ModelConfig  # noqa: E402
 from dsv4opt.workload.floor import fp8_weight_bytes, step_floor  # noqa: E402
-from dsv4opt.workload.paths import PATHS  # noqa: E402
+from dsv4opt.workload.paths import ran_fp8_wo_a  # noqa: E402
 
 HBM_GBS = 4800  # H200 SXM: the peak the profiles' efficiency tables use
 CATEGORIES = (("moe", "MoE"), ("gemm_tc", "tensor-core GEMM"), ("attention", "attention"))
@@ -28,8 +28,7 @@ def variant(p: Profile) -> str:
 def floor_ms(p: Profile) -> tuple[float, dict]:
     m = p.meta
     cfg = ModelConfig.from_name(m["config"]).with_layers(m["layers"])
-    path = PATHS[m.get("sglang", "0.5.14")]
-    f = step_floor(cfg, m["layout"], m["contexts"], m.get("graph_context") or 0, fp8_wo_a=path.fp8_wo_a)
+    f = step_floor(cfg, m["layout"], m["contexts"], m.get("graph_context") or 0, fp8_wo_a=ran_fp8_wo_a(m))
     return f.ms(HBM_GBS), f.parts
 
 
@@ -74,7 +73,7 @@ def lines(paths: list[str]) -> list[str]:
             continue
         m = p.meta
         cfg = ModelConfig.from_name(m["config"]).with_layers(m["layers"])
-        nbytes = fp8_weight_bytes(cfg, m["layout"], PATHS[m.get("sglang", "0.5.14")].fp8_wo_a)
+        nbytes = fp8_weight_bytes(cfg, m["layout"], ran_fp8_wo_a(m))
         us = gemm[0].total_us / p.steps["count"]
         out.append(f"- C = {m['concurrency']}: block-FP8 GEMM {us / 1e3:.2f} ms a step ({gemm[0].share:.1%}) for "
                    f"{nbytes / 1e9:.2f} GB of FP8 weights: {nbytes / us / 1e3:.0f} GB/s, {nbytes / us / 1e3 / HBM_GBS:.0%} of HBM")

@@ -35,6 +35,7 @@ from dsv4opt.workload.config import ModelConfig
 from dsv4opt.workload.layout import Deployment, Layout
 from dsv4opt.workload.memory import HOST_WORKSPACE, WORKSPACE, estimate_memory
 from dsv4opt.workload.paths import DEFAULT_PATH, HOPPER_0523, SGLangPath
+from dsv4opt.workload.production.choice import AUTO, KernelChoice, choose
 
 GPU_CONFIG, CPU_CONFIG = "dsv4-flash", "dsv4-tiny"
 MEMORY_HEADROOM = 0.95  # of the free device memory a run may plan to use
@@ -58,6 +59,7 @@ class RunPlan:
     deploy: Deployment  # what one rank of the layout holds
     graph_context: int  # tokens the index rows are sized to (0: as the drawn contexts need)
     notes: list[str] = field(default_factory=list)
+    kernels: KernelChoice = field(default_factory=KernelChoice)  # SGLang's own kernels that run (Hopper path)
 
 
 def plan_run(settings: EmbeddedSettings, device: torch.device | None = None) -> RunPlan:
@@ -82,10 +84,13 @@ def plan_run(settings: EmbeddedSettings, device: torch.device | None = None) -> 
                      "self time, not GPU kernels")
     if path.name == HOPPER_0523 and not hopper(device):
         notes.append(f"SGLang {path.name}'s Hopper path off Hopper: the sm_120 kernel stands in for FlashMLA")
-    return RunPlan(device=device, config_name=config_name, cfg=cfg,
-                   dtype=torch.bfloat16 if device.type == "cuda" else torch.float32,
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    kernels = choose(path.name, device.type, dtype == torch.bfloat16, deploy.tensor_parallel,
+                     getattr(settings, "kernels", AUTO), flashmla=path.name == HOPPER_0523 and hopper(device))
+    notes += list(kernels.notes)
+    return RunPlan(device=device, config_name=config_name, cfg=cfg, dtype=dtype,
                    max_new=max_new, use_graph=settings.cuda_graph and device.type == "cuda",
-                   deploy=deploy, graph_context=graph_context, notes=notes)
+                   deploy=deploy, graph_context=graph_context, notes=notes, kernels=kernels)
 
 
 def tokens_decoded(settings: EmbeddedSettings) -> int:
@@ -122,6 +127,7 @@ def run_rank(settings: EmbeddedSettings, plan: RunPlan, trace_path: Path, eager_
             seed=settings.seed, dtype=plan.dtype, kv=_kv(settings), max_new_tokens=plan.max_new,
             on_layer=lambda i: progress.advance(), comm=comm, layout=settings.layout,
             graph_context=plan.graph_context or None, sglang=getattr(settings, "sglang", DEFAULT_PATH),
+            kernels=plan.kernels,
         )
         # Under DP attention every rank draws the tokens of all ranks and keeps its own, as it does
         # its requests; tensor-parallel ranks all decode the same requests.
@@ -197,7 +203,7 @@ def refuse_if_too_big(plan: RunPlan, settings: EmbeddedSettings, ranks: int = 1,
         cfg, settings.concurrency, settings.context, settings.experts_resident,
         elem_bytes=plan.dtype.itemsize, kv_fp8=_kv(settings) == "fp8", max_new_tokens=plan.max_new, ranks=ranks,
         layout=settings.layout, graph_context=plan.graph_context or None,
-        workspace=WORKSPACE if device.type == "cuda" else HOST_WORKSPACE,
+        workspace=WORKSPACE if device.type == "cuda" else HOST_WORKSPACE, marlin_copies=plan.kernels.marlin,
     )
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else _free_host_memory()
     if free is not None and sharing * est.total > MEMORY_HEADROOM * free:
@@ -322,6 +328,10 @@ def _meta(settings, wl, plan: RunPlan, device, stamp) -> dict:
         "layout": wl.deploy.layout,
         "sglang": wl.path.name,  # the SGLang decode path reproduced (dsv4opt/workload/paths.py)
         "sglang_family": wl.path.family,
+        # the baseline's kernel in each part, SGLang's own or a stand-in ({}: the sm_120 path, all ours);
+        # the optimisations below replace some of them
+        "kernels": plan.kernels.parts() if wl.path.name == HOPPER_0523 else {},
+        "fp8_wo_a": wl.path.fp8_wo_a,
         # what one rank holds and runs: heads (and padded heads), groups, experts and their width
         "deployment": dataclasses.asdict(wl.deploy),
         "graph_context": plan.graph_context,  # 0: index rows as wide as the drawn contexts need

@@ -46,6 +46,8 @@ class EmbeddedSettings:
     seed: int = 0
     layout: str = "tp4"  # how the deployment is split (dsv4opt/workload/layout.py): tp4, tp8 or dp-ep
     sglang: str = "0.5.14"  # the SGLang decode path reproduced (dsv4opt/workload/paths.py)
+    # SGLang's own kernels on the 0.5.23 path: auto, sglang or stand-in (dsv4opt/workload/production/choice.py)
+    kernels: str = "auto"
     # tokens SGLang's decode metadata is sized to: None = the model's context length (SGLang's
     # default), 0 = as wide as the drawn contexts need (the project's profiles before this setting)
     graph_context: int | None = None
@@ -59,8 +61,10 @@ class EmbeddedSettings:
         from dsv4opt.workload.config import ModelConfig
         from dsv4opt.workload.layout import Layout
         from dsv4opt.workload.paths import SGLangPath
+        from dsv4opt.workload.production.choice import check_mode
 
         SGLangPath.from_name(self.sglang)
+        check_mode(self.kernels)
         Layout.from_name(self.layout)
         if self.config is not None:
             ModelConfig.from_name(self.config)

@@ -37,6 +37,7 @@ def profile(
     seed: Annotated[int, typer.Option(help="Embedded: seed for weights and contexts.")] = 0,
     sglang: Annotated[str, typer.Option("--sglang", help="Embedded: the SGLang decode path reproduced: 0.5.14 (its sm_120 path of June 2026, the story's; default) or 0.5.23 (today's Hopper path: FlashMLA itself, FP8 indexer, fused mHC, grouped W4A16 MoE).")] = "0.5.14",
     layout: Annotated[Optional[str], typer.Option(help="Embedded: how the deployment is split: tp4 (SGLang's sm_120 recipe: tensor parallel over 4 GPUs), tp8, or dp-ep (DP attention + EP over 8, not an SGLang recipe for sm_120); default the recipe of the --sglang path. C is the deployment's requests under tp, one rank's under dp-ep.")] = None,
+    kernels: Annotated[str, typer.Option("--kernels", help="Embedded, --sglang 0.5.23: auto (SGLang's own DeepGEMM, Marlin and TileLang mHC kernels where they run here, built by `dsv4opt build-kernels`; our stand-ins elsewhere, one line a reason; default), sglang (SGLang's everywhere or refuse), stand-in (ours throughout).")] = "auto",
     graph_context: Annotated[Optional[int], typer.Option(min=0, help="Embedded: tokens SGLang's CUDA-graph decode metadata is sized to (index rows, the indexer's page table); default the model's context length, as SGLang does unless --context-length is set; 0: as wide as the drawn contexts need.")] = None,
     ranks: Annotated[int, typer.Option(min=1, help="Embedded: run the layout's ranks as processes on this host (one GPU each over NCCL, or the CPU over gloo): tp4 with 4, tp8 with 8 (all-reduces), dp-ep with 2, 4 or 8 (each its own C requests, experts/N experts, all-gather and reduce-scatter). 1: one rank alone, communication not run.")] = 1,
     rendezvous_timeout: Annotated[float, typer.Option(min=0.1, help="Embedded, --ranks: seconds the ranks may take to meet before the run is given up.")] = 120.0,
@@ -74,7 +75,7 @@ def profile(
             layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv.value,
             optimizations=enabled_optimizations(asked), out=out, force=force, trace_dir=trace_dir, seed=seed,
             ranks=ranks, rendezvous_timeout_s=rendezvous_timeout, layout=layout or SGLangPath.from_name(sglang).layout,
-            graph_context=graph_context, sglang=sglang,
+            graph_context=graph_context, sglang=sglang, kernels=kernels,
         )
         settings.check_names()
     check_new_file(out, force, "--out")

@@ -15,14 +15,18 @@ The sm_120 path of SGLang 0.5.14 (the default, `IMPLEMENTATIONS`):
   combine;
 - regions: each block as written, op by op (SGLang's eager glue).
 
-The Hopper path of SGLang 0.5.23 (`hopper_0523()`; dsv4opt/workload/paths.py):
+The Hopper path of SGLang 0.5.23 (`hopper_0523(kernels)`; dsv4opt/workload/paths.py), SGLang's own
+kernel where `kernels` (production/choice.py) says it runs here, else the stand-in:
 
 - attention: FlashMLA's sparse FP8 decode from sgl-flash-mla, called itself (attention/flashmla.py);
-- indexer logits: e4m3 operands on FP8 tensor cores, standing in for DeepGEMM's
-  `fp8_paged_mqa_logits` (kernels/indexer_tc.py);
-- routed experts: the grouped MXFP4 kernel (kernels/grouped_moe.py), standing in for Marlin's W4A16
-  grouped MoE (`fused_marlin_moe`, the recipe's `--moe-runner-backend marlin`);
-- the hyper-connection pre step is fused in the model itself (no pre-mix slot is called).
+- indexer logits: DeepGEMM's `fp8_paged_mqa_logits` (production/deepgemm.py), its schedule once a
+  step; stand-in: e4m3 operands on FP8 tensor cores (kernels/indexer_tc.py);
+- routed experts: Marlin's W4A16 grouped MoE (`fused_marlin_moe`, the recipe's
+  `--moe-runner-backend marlin`; production/marlin.py); stand-in: the grouped MXFP4 kernel
+  (kernels/grouped_moe.py);
+- the hyper-connection pre step is fused in the model itself (no pre-mix slot is called), and the
+  dense FP8 linears are chosen where the model builds them (DeepGEMM's `fp8_gemm_nt` or the
+  block-FP8 Triton GEMM).
 """
 
 from __future__ import annotations
@@ -71,10 +75,31 @@ def index_logits_fp8(q8, weights, cache, seq_lens, page_table, max_len):
     return index_logits_tc(q8, weights, cache, seq_lens, page_table, max_len, operands="fp8")
 
 
-def hopper_0523() -> dict:
-    """The Hopper path's slot implementations."""
-    return {**IMPLEMENTATIONS, "attention": sparse_decode_flashmla, "indexer_logits": index_logits_fp8,
-            "routed_experts": grouped_routed_experts}
+def index_logits_deepgemm(q8, weights, cache, seq_lens, page_table, max_len):
+    """The `indexer_logits` slot through DeepGEMM's `fp8_paged_mqa_logits`, its schedule made by the
+    step's first CSA layer and reused by the others (SGLang makes it once a step with the metadata)."""
+    from dsv4opt.workload.production import deepgemm
+
+    schedule = deepgemm.step_schedule(seq_lens, cache.page_size)
+    return deepgemm.index_logits(q8, weights, cache, seq_lens, page_table, max_len, schedule)
+
+
+def routed_experts_marlin(x, local_ids, gates, w13: Mxfp4Experts, w2: Mxfp4Experts, limit: float, scale: float):
+    """The `routed_experts` slot through Marlin's `moe_wna16_marlin_gemm` on the experts' Marlin copies
+    (made when the model is built), every id local as under the recipe's tensor parallelism."""
+    from dsv4opt.workload.production import marlin
+
+    return marlin.routed_experts(x, local_ids, gates, w13.marlin, w2.marlin, limit, scale)
+
+
+def hopper_0523(kernels=None) -> dict:
+    """The Hopper path's slot implementations: SGLang's own kernels where `kernels`
+    (production.choice.KernelChoice; None: none of them) says they run, the stand-ins elsewhere."""
+    real_indexer = kernels is not None and kernels.deep_gemm
+    real_moe = kernels is not None and kernels.marlin
+    return {**IMPLEMENTATIONS, "attention": sparse_decode_flashmla,
+            "indexer_logits": index_logits_deepgemm if real_indexer else index_logits_fp8,
+            "routed_experts": routed_experts_marlin if real_moe else grouped_routed_experts}
 
 
 IMPLEMENTATIONS = {

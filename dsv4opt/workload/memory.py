@@ -44,13 +44,14 @@ def kv_cache_bytes(layout: KVLayout, pages: int, elem_bytes: int) -> int:
 def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_resident: int | None = None,
                     elem_bytes: int = 2, kv_fp8: bool = True, max_new_tokens: int = 256, ranks: int = 1,
                     layout: str = DEFAULT_LAYOUT, graph_context: int | None = None,
-                    workspace: int = WORKSPACE) -> MemoryEstimate:
+                    workspace: int = WORKSPACE, marlin_copies: bool = False) -> MemoryEstimate:
     """Bytes for one rank of `cfg` (already cut to its layers) in `layout` at C requests of up to
     1.25 x context tokens, index rows `graph_context` wide (None: as the contexts need).
 
     Mirrors what DecodeWorkload allocates (tested on the tiny config). With `ranks` > 1 processes of
     a dp-ep deployment each fills every cache for all ranks' requests before keeping its own: the
     construction transient. `workspace` is the device's fixed slack: WORKSPACE on a GPU, HOST_WORKSPACE on a CPU.
+    `marlin_copies`: the experts are also held in Marlin's layout (SGLang's Marlin MoE on the Hopper path).
     """
     dep = Layout.from_name(layout).deploy(cfg, ranks if ranks > 1 else None)
     C, d, e = concurrency, cfg.hidden, elem_bytes
@@ -76,6 +77,8 @@ def estimate_memory(cfg: ModelConfig, concurrency: int, context: int, experts_re
         weights += cfg.experts * d * e + cfg.experts * FP32  # router and its bias
         weights += fp8_linear_bytes(cfg, 2 * dep.shared_width, d) + fp8_linear_bytes(cfg, d, dep.shared_width)
         weights += mxfp4_bytes(R, 2 * I, d) + mxfp4_bytes(R, d, I)
+        if marlin_copies:  # the same codes, e8m0 scales of one byte
+            weights += R * (2 * I * (d // 2 + d // MXFP4_GROUP) + d * (I // 2 + I // MXFP4_GROUP))
         weights += 2 * (cfg.hc_mix * cfg.hc * d + 3 + cfg.hc_mix) * FP32
         if i < cfg.hash_layers:
             weights += cfg.vocab * cfg.experts_per_token * INT32

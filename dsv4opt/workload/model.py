@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
+from dsv4opt import tritonlib
 from dsv4opt.errors import DsvOptError
 from dsv4opt.workload.attention import flashmla
 from dsv4opt.workload.collectives import ModelledRanks, ProcessGroupRanks
@@ -60,6 +61,7 @@ from dsv4opt.workload.kernels.rope import kv_norm_rope_store, q_norm_rope, rope_
 from dsv4opt.workload.kvcache import BF16_LAYOUT, FP8_LAYOUT, IndexKeyCache, KVCache, KVLayout
 from dsv4opt.workload.layout import Layout
 from dsv4opt.workload.paths import DEFAULT_PATH, SGLangPath
+from dsv4opt.workload.production.choice import KernelChoice
 from dsv4opt.workload.slots import with_overrides
 from dsv4opt.workload.weights import Fp8Linear, Mxfp4Experts, derived_seed
 
@@ -68,6 +70,17 @@ PARTS = (
     "ffn_norm", "moe", "mhc_head", "lm_head",
 )
 INDEX_ALIGN = 64  # index widths are padded to a multiple of this (SGLang's PAGE_INDEX_ALIGNED_SIZE)
+
+
+class Boundary(NamedTuple):
+    """A block's output before its hyper-connection post step. With TileLang's mHC kernels SGLang
+    applies the post in the next block's pre step (mhc_fused_post_pre: one FMA kernel up to 32 tokens,
+    else post, tf32 GEMM and big fuse), so a block hands this on instead of the new residual."""
+
+    y: torch.Tensor  # the sublayer's output [T, d]
+    residual: torch.Tensor  # the copies it read [T, hc, d]
+    post: torch.Tensor  # [T, hc] fp32
+    comb: torch.Tensor  # [T, hc, hc] fp32
 
 
 @dataclass
@@ -112,6 +125,7 @@ class DecodeWorkload:
         layout: str | None = None,
         graph_context: int | None = None,
         sglang: str = DEFAULT_PATH,
+        kernels: KernelChoice | None = None,
     ):
         if concurrency < 1 or context < 1:
             raise DsvOptError("concurrency and context must be at least 1")
@@ -119,6 +133,8 @@ class DecodeWorkload:
             raise DsvOptError(f"unknown KV layout {kv!r}; use fp8 or bf16")
         real = comm is not None and comm.real
         self.path = SGLangPath.from_name(sglang)
+        # which of SGLang's own kernels run (production/choice.py decides; None: the stand-ins)
+        self.kernels = kernels or KernelChoice()
         self.deploy = dep = Layout.from_name(layout or self.path.layout).deploy(cfg, comm.ranks if real else None)
         self.tensor_parallel = tp = dep.tensor_parallel
         if not tp:
@@ -140,7 +156,7 @@ class DecodeWorkload:
         if real and R != dep.experts:
             raise DsvOptError(f"with {self.comm.ranks} ranks each holds {dep.experts} experts; "
                               "leave --experts-resident out")
-        self.impls = with_overrides(self.path.implementations(), impls or {})
+        self.impls = with_overrides(self.path.implementations(self.kernels), impls or {})
         # Under DP attention every rank draws the requests of all ranks and keeps its own (rank-major);
         # under tensor parallelism every rank holds them all. The slice of heads, groups, expert and
         # shared-expert widths a rank holds is its rank's (0 when one process plays the rank).
@@ -214,8 +230,13 @@ class DecodeWorkload:
 
     def _linear(self, weight: torch.Tensor) -> Fp8Linear:
         """A block-FP8 linear of this path: SGLang 0.5.14's sm_120 Triton GEMM, or 0.5.23's DeepGEMM
-        on Hopper (its stand-in fills the SMs)."""
-        return Fp8Linear(weight, self.cfg.fp8_block, fill_sms=self.path.fp8_gemm_fills_sms)
+        on Hopper (DeepGEMM's fp8_gemm_nt itself where it runs here, else a stand-in that fills the SMs)."""
+        gemm = None
+        if self.kernels.deep_gemm:
+            from dsv4opt.workload.production import deepgemm
+
+            gemm = deepgemm.fp8_linear
+        return Fp8Linear(weight, self.cfg.fp8_block, fill_sms=self.path.fp8_gemm_fills_sms, gemm=gemm)
 
     def _mine(self, drawn: torch.Tensor, rows_per_request: int = 1) -> torch.Tensor:
         """This rank's rows of a tensor drawn for every rank's requests."""
@@ -301,6 +322,11 @@ class DecodeWorkload:
             "w13": self._experts(i, "w13", 2 * cfg.expert_width, d),
             "w2": self._experts(i, "w2", d, cfg.expert_width),
         }
+        if self.kernels.marlin:  # SGLang repacks the MXFP4 experts for Marlin once, at load
+            from dsv4opt.workload.production.marlin import MarlinExperts
+
+            for name in ("w13", "w2"):
+                w[name].marlin = MarlinExperts.from_mxfp4(w[name].packed, w[name].scales)
         for sub in ("attn", "ffn"):
             w[f"hc_{sub}_fn"] = self._randn(cfg.hc_mix, cfg.hc * d, dtype=torch.float32)
             w[f"hc_{sub}_scale"] = 1.0 + self._randn(3, dtype=torch.float32, scale=0.1)
@@ -351,12 +377,21 @@ class DecodeWorkload:
         cfg, C = self.cfg, self.concurrency
         with record_function("embed"):
             flashmla.new_step()  # the Hopper path's FlashMLA scheduler metadata, made anew each forward
+            if self.kernels.deep_gemm:
+                from dsv4opt.workload.production import deepgemm
+
+                deepgemm.new_step()  # and DeepGEMM's indexer schedule
             x = self.embed[tokens]
             h = x[:, None, :].expand(C, cfg.hc, cfg.hidden).contiguous()
             meta = self._metadata(tokens)
         for layer in self.layers:
             h = self._run_block(self._attention_block, layer, h, meta)
             h = self._run_block(self._ffn_block, layer, h, meta)
+        if isinstance(h, Boundary):  # the last block's post: no next pre step to fuse it with
+            from dsv4opt.workload.production import mhc_tilelang
+
+            with record_function("mhc_post"):
+                h = mhc_tilelang.post(*h)
         with record_function("mhc_head"):
             flat, rsqrt = hc_prenorm(h, cfg.norm_eps)
             mix = F.linear(flat, self.hc_head_fn) * rsqrt[:, None]
@@ -380,7 +415,7 @@ class DecodeWorkload:
                 self.impls = configured
         out = self.impls["regions"](block, self.impls)(layer, h, meta)
         if other is not None and self.on_block is not None:
-            self.on_block(block.__name__.strip("_"), layer.index, out, other)
+            self.on_block(block.__name__.strip("_"), layer.index, _settled(out), _settled(other))
         return out
 
     def _metadata(self, tokens: torch.Tensor) -> dict:
@@ -429,10 +464,32 @@ class DecodeWorkload:
             return layer.index_pages
         return -(-self.graph_context // (self.cfg.index_page * self.cfg.csa_ratio))
 
-    def _pre(self, layer: Layer, sub: str, h: torch.Tensor):
-        """The hyper-connection pre step and the sublayer's RMSNorm -> (x normed, post, comb). On the
-        Hopper path one GEMM (DeepGEMM's tf32 pre-norm GEMM) and one kernel for the rest, the norm
-        included (TileLang's mhc_pre_big_fuse_with_norm), as SGLang 0.5.23 runs it."""
+    def _pre(self, layer: Layer, sub: str, h: torch.Tensor | Boundary):
+        """The hyper-connection pre step and the sublayer's RMSNorm -> (residual, x normed, post, comb).
+        On the Hopper path one GEMM (DeepGEMM's tf32 pre-norm GEMM) and one kernel for the rest, the
+        norm included (TileLang's mhc_pre_big_fuse_with_norm), as SGLang 0.5.23 runs it; with
+        TileLang's own kernels `h` may be the previous block's Boundary, whose post runs here, fused."""
+        if self.kernels.mhc:
+            return self._pre_tilelang(layer, sub, h)
+        return (h, *self._pre_standing_in(layer, sub, h))
+
+    def _pre_tilelang(self, layer: Layer, sub: str, h: torch.Tensor | Boundary):
+        """SGLang's mhc_fused_post_pre at a boundary, and at the step's first read DeepGEMM's tf32 GEMM
+        then TileLang's big fuse (kernels/ops/layernorm/mhc.py:1128-1136, 1608-1830)."""
+        from dsv4opt.workload.production import deepgemm, mhc_tilelang
+
+        w = layer.w
+        fn, scale, base, norm = w[f"hc_{sub}_fn"], w[f"hc_{sub}_scale"], w[f"hc_{sub}_base"], w[f"{sub}_norm"]
+        with record_function("mhc_pre"):
+            if isinstance(h, Boundary):
+                return mhc_tilelang.fused_post_pre(*h, fn, scale, base, norm, deepgemm.hc_prenorm_gemm)
+            T = h.shape[0]
+            splits = mhc_tilelang.prenorm_splits(T, h[0].numel(), tritonlib.sm_count(h.device))
+            mix, sq = deepgemm.hc_prenorm_gemm(h.view(T, -1), fn, splits)
+            return (h, *mhc_tilelang.big_fuse(mix, sq, h, scale, base, norm))
+
+    def _pre_standing_in(self, layer: Layer, sub: str, h: torch.Tensor):
+        """The pre step with our kernels -> (x normed, post, comb)."""
         cfg, w = self.cfg, layer.w
         if self.path.fused_mhc_pre:
             with record_function("mhc_pre"):
@@ -459,7 +516,7 @@ class DecodeWorkload:
     def _attention_block(self, layer: Layer, h: torch.Tensor, meta: dict) -> torch.Tensor:
         cfg, w, C, pos = self.cfg, layer.w, self.concurrency, self.pos
         H, D, R = cfg.heads, cfg.head_dim, cfg.rope_dim
-        x, post, comb = self._pre(layer, "attn", h)
+        h, x, post, comb = self._pre(layer, "attn", h)
         with record_function("qkv"):
             qkv_a = w["wqkv_a"](x)
             q_lora = rms_norm(qkv_a[:, : cfg.q_lora], w["q_norm"], cfg.norm_eps)
@@ -497,6 +554,8 @@ class DecodeWorkload:
             y = w["wo_b"](low)
             if self.tensor_parallel:
                 y = self.comm.all_reduce(y)  # row-parallel wo_b (reduce_results=attn_tp_size > 1)
+        if self.kernels.mhc:
+            return Boundary(y, h, post, comb)  # its post runs fused in the next block's pre step
         with record_function("mhc_post"):
             return hc_post(y, h, post, comb)
 
@@ -543,9 +602,11 @@ class DecodeWorkload:
 
     def _ffn_block(self, layer: Layer, h: torch.Tensor, meta: dict) -> torch.Tensor:
         cfg, w = self.cfg, layer.w
-        x, post, comb = self._pre(layer, "ffn", h)
+        h, x, post, comb = self._pre(layer, "ffn", h)
         with record_function("moe"):
             y = self._moe(layer, x, meta["gathered_tokens"])
+        if self.kernels.mhc:
+            return Boundary(y, h, post, comb)  # its post runs fused in the next block's pre step
         with record_function("mhc_post"):
             return hc_post(y, h, post, comb)
 
@@ -584,3 +645,8 @@ class DecodeWorkload:
             for t in (layer.state, layer.index_state):
                 caches += t.nbytes if t is not None else 0
         return {"weights": weights, "caches": caches}
+
+
+def _settled(h: torch.Tensor | Boundary) -> torch.Tensor:
+    """A block's output as the new residual: a Boundary's post applied (our kernel: for comparisons)."""
+    return hc_post(*h) if isinstance(h, Boundary) else h

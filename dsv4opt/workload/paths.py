@@ -14,9 +14,11 @@
   Sinkhorn, the weighted sum and the RMSNorm) and Marlin's W4A16 grouped MoE (SGLang's own
   `moe_wna16_marlin_gemm`, the routed scale folded into the top-k weights). DeepGEMM, TileLang and
   SGLang's JIT kernels (Marlin's among them: kernels/ops/moe/moe_wna16_marlin.py:7-35, `load_jit`)
-  compile with nvcc at run time. The step still runs our Triton kernels in their place, each docstring
-  naming what it stands for: the real ones are built and measured beside them (`dsv4opt build-kernels`,
-  dsv4opt/workload/production/, docs/production-kernels.md) but not yet wired in.
+  compile with nvcc at run time: `dsv4opt build-kernels` builds them ahead into a cache, and where
+  they can run (a Hopper GPU, bf16, the cache; dsv4opt/workload/production/choice.py) the step calls
+  them; elsewhere our Triton kernels stand in, each docstring naming what it stands for. `wo_a` is a
+  bf16 einsum, as under the H200 recipe: SGLang turns its FP8 GEMM off on sm_90 unless the variable
+  is set explicitly (srt/arg_groups/serving_hook.py:471-493; docs/production-kernels.md).
 
 The path sets the baseline's slot implementations (an optimisation replaces them as on any path),
 the structure of the hyper-connection pre step, and the default layout. Adding a path is one entry.
@@ -47,12 +49,13 @@ class SGLangPath:
     fp8_wo_a: bool  # wo_a block FP8 (SGLANG_OPT_FP8_WO_A_GEMM), else bf16
     fp8_gemm_fills_sms: bool  # the block-FP8 GEMM's tiles fill the SMs (DeepGEMM's stand-in)
 
-    def implementations(self) -> dict[str, Callable]:
-        """The baseline's slot implementations on this path (imported here: the baseline loads torch,
+    def implementations(self, kernels=None) -> dict[str, Callable]:
+        """The baseline's slot implementations on this path, SGLang's own kernels where `kernels`
+        (production.choice.KernelChoice) says they run (imported here: the baseline loads torch,
         which naming a path, as every command's option check does, must not)."""
         from dsv4opt.workload.baseline import IMPLEMENTATIONS, hopper_0523
 
-        return dict(IMPLEMENTATIONS) if self.name == SM120_0514 else hopper_0523()
+        return dict(IMPLEMENTATIONS) if self.name == SM120_0514 else hopper_0523(kernels)
 
     @property
     def label(self) -> str:
@@ -76,7 +79,17 @@ PATHS = {
                    fp8_wo_a=False, fp8_gemm_fills_sms=False),
         SGLangPath(HOPPER_0523, "Hopper (sm_90)", "sm_90", "tp4", "SGLang 0.5.23's Hopper path (FlashMLA, DeepGEMM FP8, "
                    "fused mHC, Marlin W4A16 MoE)", fused_mhc_pre=True, routed_scaled_twice=False,
-                   fp8_wo_a=True, fp8_gemm_fills_sms=True),
+                   fp8_wo_a=False, fp8_gemm_fills_sms=True),
     )
 }
 DEFAULT_PATH = SM120_0514
+
+# Hopper-path profiles from before the workload read wo_a's default from the wheel ran it in FP8.
+LEGACY_FP8_WO_A = {SM120_0514: False, HOPPER_0523: True}
+
+
+def ran_fp8_wo_a(meta: dict) -> bool:
+    """Whether an embedded profile ran wo_a in block FP8: its meta says, else what its path did then."""
+    if "fp8_wo_a" in meta:
+        return bool(meta["fp8_wo_a"])
+    return LEGACY_FP8_WO_A.get(meta.get("sglang") or SM120_0514, False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Callable
 
 import torch
 
@@ -19,13 +20,18 @@ class Fp8Linear:
     (one kernel). The output is in x's dtype.
     """
 
-    def __init__(self, weight: torch.Tensor, block: int, fill_sms: bool = False):
+    def __init__(self, weight: torch.Tensor, block: int, fill_sms: bool = False,
+                 gemm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         self.out_features, self.in_features = weight.shape
         self.block = block
         self.fill_sms = fill_sms  # tiles chosen to occupy every SM (the Hopper path's DeepGEMM stand-in)
+        # gemm(x, w8, w_scale): a production kernel in place of ours (DeepGEMM's, production/deepgemm.py)
+        self.gemm = gemm
         self.w8, self.w_scale = quant.quantize_block_fp8(weight, block)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemm is not None:
+            return self.gemm(x, self.w8, self.w_scale)
         q, s = group_quant_fp8(x, self.block)
         return block_fp8_matmul(q, s, self.w8, self.w_scale, self.block, x.dtype, self.fill_sms)
 
@@ -39,7 +45,11 @@ class Fp8Linear:
 
 
 class Mxfp4Experts:
-    """Expert weight sets [R, N, K] in MXFP4: e2m1 nibbles [R, N, K/2] and fp32 group scales [R, N, K/32]."""
+    """Expert weight sets [R, N, K] in MXFP4: e2m1 nibbles [R, N, K/2] and fp32 group scales [R, N, K/32].
+    `marlin`: the same sets in Marlin's layout (production/marlin.py's MarlinExperts) where the Hopper
+    path runs SGLang's Marlin MoE, else None."""
+
+    marlin = None
 
     def __init__(self, sets: int, out_features: int, in_features: int, generator: torch.Generator, device):
         self.packed, self.scales = quant.random_mxfp4((sets, out_features, in_features), in_features, generator, device)
@@ -80,7 +90,7 @@ class Mxfp4Experts:
 
     @property
     def nbytes(self) -> int:
-        return self.packed.nbytes + self.scales.nbytes
+        return self.packed.nbytes + self.scales.nbytes + (self.marlin.nbytes if self.marlin is not None else 0)
 
 
 def derived_seed(seed: int, *keys) -> int:

@@ -110,9 +110,9 @@ HOPPER_PER_LAYER = {
     # kernel in its place, quietly), the inverse RoPE; its scheduler metadata once a step per
     # compress ratio (three a step, not per layer)
     "attn": 3,
-    # the per-token-group FP8 quant, one block-FP8 GEMM per output group (DeepGEMM: one fp8_einsum),
-    # the concatenation, wo_b (2)
-    "o_proj": {"groups": None},
+    # wo_a a bf16 einsum (SGLang turns its FP8 GEMM off on sm_90 unless the variable is set:
+    # docs/production-kernels.md), wo_b (2)
+    "o_proj": 3,
     "mhc_post": 2,
     # shared expert (5), router GEMM, gate, the grouped kernel's 4 launches (Marlin: align, workspace
     # zeros, two GEMMs, the clamped SwiGLU, the top-k sum), the add to the shared output
@@ -122,8 +122,7 @@ FLASHMLA_LAUNCHES = 2
 
 
 def hopper_expected(cfg: ModelConfig) -> dict[str, int]:
-    groups = Layout.from_name("tp4").deploy(cfg).groups
-    table = {**HOPPER_PER_LAYER, "o_proj": 1 + groups + (groups > 1) + 2}
+    table = HOPPER_PER_LAYER
     kinds = [cfg.layer_kind(i) for i in range(cfg.layers)]
     return {part: sum(per if isinstance(per, int) else per.get(kind, 0) for kind in kinds) for part, per in table.items()}
 

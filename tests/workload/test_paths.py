@@ -35,13 +35,26 @@ def _steps_match(wl, tokens, steps):
 def test_hopper_path_matches_float64_reference(layout, graph_context, torch_path):
     wl = DecodeWorkload(TINY, concurrency=3, context=40, dtype=torch.float32, seed=1, layout=layout,
                         graph_context=graph_context, sglang="0.5.23")
-    assert wl.path.fused_mhc_pre and isinstance(wl.layers[0].w["wo_a"], list)
+    # wo_a bf16: SGLang turns its FP8 GEMM off on sm_90 unless the variable is set (docs/production-kernels.md)
+    assert wl.path.fused_mhc_pre and isinstance(wl.layers[0].w["wo_a"], torch.Tensor)
+    _steps_match(wl, torch.tensor([3, 9, 11]), 2)
+
+
+def test_hopper_path_with_fp8_wo_a_matches_float64_reference(torch_path, monkeypatch):
+    """What a user who sets SGLANG_OPT_FP8_WO_A_GEMM runs: wo_a as one block-FP8 GEMM a group."""
+    import dataclasses
+
+    from dsv4opt.workload import paths
+
+    monkeypatch.setitem(paths.PATHS, "0.5.23", dataclasses.replace(paths.PATHS["0.5.23"], fp8_wo_a=True))
+    wl = DecodeWorkload(TINY, concurrency=3, context=40, dtype=torch.float32, seed=1, sglang="0.5.23")
+    assert isinstance(wl.layers[0].w["wo_a"], list)
     _steps_match(wl, torch.tensor([3, 9, 11]), 2)
 
 
 @pytest.mark.slow
 def test_hopper_path_triton_kernels_match_float64_reference():
-    """The path's Triton kernels (the fused pre step, FP8 logits, grouped MoE, FP8 wo_a) under the
+    """The path's Triton kernels (the fused pre step, FP8 logits, grouped MoE) under the
     interpreter, in fp16 (the interpreter cannot multiply bf16)."""
     wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.float16, seed=2, sglang="0.5.23")
     tokens = torch.tensor([3, 9])

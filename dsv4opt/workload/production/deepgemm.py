@@ -161,6 +161,24 @@ def paged_mqa_schedule(seq_lens: torch.Tensor, page_size: int = INDEX_PAGE) -> t
                                             dg.get_num_sms())
 
 
+_STEP_SCHEDULE: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def new_step() -> None:
+    """Forget the step's schedule: the model calls this before each step's layers (under CUDA graphs
+    the captured step makes it, and every replay recomputes it in the graph)."""
+    _STEP_SCHEDULE.clear()
+
+
+def step_schedule(seq_lens: torch.Tensor, page_size: int = INDEX_PAGE) -> torch.Tensor:
+    """The step's paged-MQA schedule: made by the first CSA layer over the step's lengths, reused by
+    the others, as SGLang makes it once a step with the decode metadata (metadata.py:204-272)."""
+    key = (seq_lens.data_ptr(), page_size)
+    if key not in _STEP_SCHEDULE:
+        _STEP_SCHEDULE[key] = paged_mqa_schedule(seq_lens, page_size)
+    return _STEP_SCHEDULE[key]
+
+
 def paged_mqa_logits(q8: torch.Tensor, weights: torch.Tensor, cache, seq_lens: torch.Tensor, page_table: torch.Tensor,
                      max_len: int, schedule: torch.Tensor | None = None) -> torch.Tensor:
     """fp8_paged_mqa_logits on the workload's IndexKeyCache: q8 [B, H, D] e4m3, weights [B, H] fp32,

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from dsv4opt import tritonlib
 from dsv4opt.errors import DsvOptError
 from dsv4opt.workload.production.artefacts import MHC, cache_dir, present
 from dsv4opt.workload.production.cubin import CubinKernel
@@ -161,7 +162,6 @@ def fused_post_pre(y, residual, post_mix, comb, fn, scale, base, norm_weight, pr
         cur, mix, sq = post_pre_fma(y, residual, post_mix, comb, fn, tile_n, splits)
     else:
         cur = post(y, residual, post_mix, comb)
-        sms = torch.cuda.get_device_properties(y.device).multi_processor_count
-        mix, sq = prenorm_gemm(cur.view(T, hc * d), fn, prenorm_splits(T, hc * d, sms))
+        mix, sq = prenorm_gemm(cur.view(T, hc * d), fn, prenorm_splits(T, hc * d, tritonlib.sm_count(y.device)))
     x, post_cur, comb_cur = big_fuse(mix, sq, cur, scale, base, norm_weight)
     return cur, x, post_cur, comb_cur
