@@ -298,7 +298,7 @@ def _does_not_fit(profile: Profile, opt: Optimization, model: str | None, enable
     """Why `opt` is no candidate for this profile although its category is there, or None."""
     if model is not None and model != opt.model:
         return f"{opt.name} is written for {opt.model}"
-    if opt.target_kernels and opt.name not in enabled and not _runs(profile, opt):
+    if opt.target_kernels and opt.name not in enabled and not _runs(profile, opt) and not _competes_with_real(profile, opt):
         # the target category's time is spent in kernels this optimisation does not replace
         return f"{opt.name} replaces {opt.target_kernels} kernels, and none of the top five here is one"
     return None
@@ -343,7 +343,27 @@ def _upstream_on_path(profile: Profile, opt: Optimization) -> str | None:
     if path is None:
         return None
     part = V.VERSIONS[path.name].part(opt.name, path.family_code)
-    return f"{opt.name}: already upstream in SGLang {path.name} ({part.upstream})" if part and part.upstream else None
+    if part is None or not part.upstream or ran_real_kernel(profile, part):
+        return None
+    return f"{opt.name}: already upstream in SGLang {path.name} ({part.upstream})"
+
+
+def _competes_with_real(profile: Profile, opt: Optimization) -> bool:
+    """On an embedded profile of another path, `opt` replaces a part that ran SGLang's own kernel
+    (Marlin's MoE, say), whose kernel names are not the stand-in's `target_kernels`."""
+    from dsv4opt.optimizations import sglang_versions as V
+
+    path = _other_path(profile)
+    part = V.VERSIONS[path.name].part(opt.name, path.family_code) if path else None
+    return part is not None and ran_real_kernel(profile, part)
+
+
+def ran_real_kernel(profile: Profile, part) -> bool:
+    """The profile's baseline ran SGLang's own kernel in the model part a version-table Part competes
+    with (meta["kernels"], the Hopper path with `dsv4opt build-kernels` done), so the optimisation is
+    measured against the real kernel rather than ruled out as upstream."""
+    kernels = profile.meta.get("kernels") or {}
+    return bool(part.real_part) and str(kernels.get(part.real_part, "")).startswith("SGLang ")
 
 
 def _runs(profile: Profile, opt: Optimization) -> bool:
@@ -401,7 +421,10 @@ def sglang_version_notes(profile: Profile, cands: list[Candidate]) -> list[str]:
         parts = {f: p for f in ([family] if family else V.FAMILIES) if (p := entry.part(c.name, f)) is not None}
         if c.kind != "optimisation" or not parts:
             continue
-        if all(p.upstream for p in parts.values()):
+        against_real = meta.get("target") == "embedded" and all(ran_real_kernel(profile, p) for p in parts.values())
+        if against_real:
+            c.notes.insert(0, "; ".join(p.over_real for p in parts.values() if p.over_real))
+        if all(p.upstream for p in parts.values()) and not against_real:
             said = "; ".join(f"{V.FAMILIES[f]}: {p.upstream}" for f, p in parts.items())
             c.fits = False
             c.why_not = f"already upstream in SGLang {entry.version} ({said})"

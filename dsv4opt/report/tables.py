@@ -155,9 +155,23 @@ def print_profile(profile, top: int = 15, console: Console | None = None, wide: 
         for row in _fit(p, rows, ["part", "share", "total", "launches"], {0: (names, names, None)}, width):
             p.add_row(*map(escape, row))
         _show(console, p, width)
+    print_part_kernels(profile, console)
     from dsv4opt.report.rank_balance import print_rank_balance
 
     print_rank_balance(profile, console)
+
+
+def print_part_kernels(profile, console: Console) -> None:
+    """The baseline's kernel in each part, where the profile records it (the Hopper path): SGLang's
+    own or a stand-in of ours, so a share is read for what it is."""
+    kernels = profile.meta.get("kernels") or {}
+    if not kernels:
+        return
+    stand_ins = sum(str(k).startswith("stand-in") for k in kernels.values())
+    console.print(f"baseline kernel by part ({stand_ins} of {len(kernels)} parts run a stand-in: their shares are "
+                  "ours, not SGLang's):" if stand_ins else "baseline kernel by part:", highlight=False)
+    for part, kernel in kernels.items():
+        console.print(f"  {part}: {escape(str(kernel))}", highlight=False, soft_wrap=True)
 
 
 def _print_full_names(kernels, shown: list[str], wide: bool, console: Console) -> None:

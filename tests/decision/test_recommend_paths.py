@@ -71,3 +71,23 @@ def test_the_printed_recommendation_lists_what_does_not_apply_after_the_table():
     assert not any(line.startswith(("bf16-gemm", "fuse-glue")) for line in table)
     assert any(line.startswith("  bf16-gemm already upstream in SGLang 0.5.23") for line in lines)
     assert "122.9" not in r.output and "measured 1.18x against FlashMLA 1.0.0" in r.output
+
+
+@pytest.mark.parametrize("moe", ["SGLang 0.5.23: Marlin moe_wna16_marlin_gemm", "stand-in: Triton grouped MXFP4 MoE"])
+def test_grouped_moe_is_weighed_against_marlin_only_where_marlin_ran(moe):
+    """Where the profile's MoE ran SGLang's own Marlin kernel grouped-moe competes with it, quoting
+    what was measured against Marlin; where our stand-in ran, it stays 'already upstream'."""
+    from dsv4opt.decision.recommend import _upstream_on_path
+    from dsv4opt.optimizations.registry import get
+
+    prof = Profile.load(HOPPER_C32)
+    prof.meta["kernels"] = {"moe": moe}
+    why = _upstream_on_path(prof, get("grouped-moe"))
+    grouped = {c.name: c for c in recommend(prof).candidates}.get("grouped-moe")
+    if moe.startswith("SGLang"):
+        assert why is None
+        assert any(n.startswith("measured against Marlin's own moe_wna16_marlin_gemm") for n in grouped.notes)
+        assert grouped.why_not is None or "upstream" not in grouped.why_not
+    else:  # our grouped kernel is the MoE already: nothing to propose
+        assert why.startswith("grouped-moe: already upstream in SGLang 0.5.23")
+        assert grouped is None

@@ -174,3 +174,58 @@ def test_marlin_routed_experts(M, experts):
     out = marlin.routed_experts(x, ids, gates, m13, m2, CFG.swiglu_limit, CFG.routed_scale)
     ref = naive.routed_experts(x.double(), ids, gates.double(), w13, w2, CFG.swiglu_limit, CFG.routed_scale)
     check(out, ref, 2e-2, f"M={M} E={experts}")
+
+
+# ---- the whole step -------------------------------------------------------------------------------
+
+def all_ready():
+    if not torch.cuda.is_available():
+        return pytest.mark.skip(reason="no CUDA GPU")
+    rows = artefacts.availability()
+    missing = [a.line() for a in rows if not a.ready]
+    return pytest.mark.skipif(bool(missing), reason="; ".join(missing))
+
+
+@all_ready()
+@pytest.mark.parametrize("C", [2, 33], ids=["fma-boundary", "post-gemm-boundary"])
+def test_the_step_with_sglangs_kernels_agrees_with_the_stand_in_step(C):
+    """dsv4-flash (4 layers: window, CSA, HCA; SGLang's kernels are built for its widths) on the tp4
+    rank, the same weights and caches: SGLang's kernels in every family against our stand-ins, two
+    steps, logits and the last hidden state within the paths' tolerance (the FP8 activation scales
+    differ: UE8M0 powers of two in DeepGEMM's, fp32 in ours)."""
+    from dsv4opt.workload.attention.flashmla import hopper
+    from dsv4opt.workload.config import ModelConfig
+    from dsv4opt.workload.model import DecodeWorkload
+    from dsv4opt.workload.production.choice import choose
+
+    cfg = ModelConfig.from_name("dsv4-flash")
+    kernels = choose("0.5.23", "cuda", True, True, mode="sglang", flashmla=hopper(torch.device("cuda")))
+    kw = dict(concurrency=C, context=512, device="cuda", layers=4, dtype=torch.bfloat16, seed=0, sglang="0.5.23")
+    real, ours = DecodeWorkload(cfg, kernels=kernels, **kw), DecodeWorkload(cfg, **kw)
+    tokens = torch.arange(C, device="cuda") * 7 % cfg.vocab
+    for step in range(2):
+        a, b = real.step(tokens), ours.step(tokens)
+        check(a, b.double(), 3e-2, f"logits, step {step}")
+        check(real.last_hidden, ours.last_hidden.double(), 3e-2, f"hidden, step {step}")
+        tokens = b.argmax(-1)
+
+
+@all_ready()
+def test_profile_runs_sglangs_kernels_under_cuda_graphs(tmp_path):
+    """`profile --kernels sglang` as a user runs it: captured in a CUDA graph, every part's kernel
+    recorded in the profile's meta as SGLang's."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dsv4opt.cli import app
+
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(app, ["profile", "--sglang", "0.5.23", "--kernels", "sglang", "--layers", "4", "-c", "8",
+                                      "--context", "512", "--steps", "2", "--warmup", "1", "--repeat", "1",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["kernels"]["qkv"] == "SGLang 0.5.23: DeepGEMM fp8_gemm_nt"
+    assert all(v.startswith(("SGLang 0.5.23", "FlashMLA")) for v in meta["kernels"].values()), meta["kernels"]
+    assert meta["cuda_graph"] and meta["fp8_wo_a"] is False
