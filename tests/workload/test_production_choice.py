@@ -198,3 +198,16 @@ def test_choice_on_a_cpu_profile_is_recorded(tmp_path):
     with pytest.raises(DsvOptError, match="--kernels sglang: stand-in for DeepGEMM, Marlin, TileLang mHC: no CUDA GPU"):
         plan_run(EmbeddedSettings(concurrency=2, context=24, sglang="0.5.23", device="cpu", config="dsv4-tiny",
                                   kernels="sglang"))
+
+
+def test_memory_estimate_counts_the_marlin_copies():
+    """With Marlin's MoE the experts are also held in Marlin's layout (repacked at load, as SGLang
+    does); the estimate the run is refused by counts them, byte for byte."""
+    from dsv4opt.workload.memory import estimate_memory
+
+    wl = DecodeWorkload(TINY, concurrency=2, context=40, dtype=torch.float32, sglang="0.5.23",
+                        kernels=KernelChoice(marlin=True))
+    assert wl.layers[0].w["w13"].marlin is not None
+    est = estimate_memory(TINY, 2, 40, elem_bytes=4, marlin_copies=True)
+    assert est.weights == wl.state_bytes()["weights"]
+    assert estimate_memory(TINY, 2, 40, elem_bytes=4).weights < est.weights
