@@ -86,7 +86,7 @@ def plan_run(settings: EmbeddedSettings, device: torch.device | None = None) -> 
         notes.append(f"SGLang {path.name}'s Hopper path off Hopper: the sm_120 kernel stands in for FlashMLA")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     kernels = choose(path.name, device.type, dtype == torch.bfloat16, deploy.tensor_parallel,
-                     getattr(settings, "kernels", AUTO), flashmla=path.name == HOPPER_0523 and hopper(device))
+                     getattr(settings, "sglang_kernels", AUTO), flashmla=path.name == HOPPER_0523 and hopper(device))
     notes += list(kernels.notes)
     return RunPlan(device=device, config_name=config_name, cfg=cfg, dtype=dtype,
                    max_new=max_new, use_graph=settings.cuda_graph and device.type == "cuda",

@@ -14,8 +14,9 @@ from dsv4opt.errors import unknown_name
 _NOT_RECORDED = ("out", "force", "trace_dir", "optimizations", "rendezvous_timeout_s")
 # Older profiles' top-level meta keys -> field names, where they differ.
 _META_ALIASES = {"device_kind": "device"}
-# What profiles from before a setting existed ran with: one dp-ep rank, index rows sized to the contexts.
-_LEGACY = {"layout": "dp-ep", "graph_context": 0}
+# What profiles from before a setting existed ran with: one dp-ep rank, index rows sized to the contexts,
+# our stand-ins in SGLang 0.5.23's kernels' places.
+_LEGACY = {"layout": "dp-ep", "graph_context": 0, "sglang_kernels": "stand-in"}
 
 
 def check_device(name: str | None) -> None:
@@ -46,8 +47,9 @@ class EmbeddedSettings:
     seed: int = 0
     layout: str = "tp4"  # how the deployment is split (dsv4opt/workload/layout.py): tp4, tp8 or dp-ep
     sglang: str = "0.5.14"  # the SGLang decode path reproduced (dsv4opt/workload/paths.py)
-    # SGLang's own kernels on the 0.5.23 path: auto, sglang or stand-in (dsv4opt/workload/production/choice.py)
-    kernels: str = "auto"
+    # SGLang's own kernels on the 0.5.23 path: auto, sglang or stand-in (dsv4opt/workload/production/choice.py;
+    # the profile's meta["kernels"] records what each part then ran)
+    sglang_kernels: str = "auto"
     # tokens SGLang's decode metadata is sized to: None = the model's context length (SGLang's
     # default), 0 = as wide as the drawn contexts need (the project's profiles before this setting)
     graph_context: int | None = None
@@ -64,7 +66,7 @@ class EmbeddedSettings:
         from dsv4opt.workload.production.choice import check_mode
 
         SGLangPath.from_name(self.sglang)
-        check_mode(self.kernels)
+        check_mode(self.sglang_kernels)
         Layout.from_name(self.layout)
         if self.config is not None:
             ModelConfig.from_name(self.config)

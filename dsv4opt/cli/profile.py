@@ -75,7 +75,7 @@ def profile(
             layers=layers, experts_resident=experts_resident, device=device, cuda_graph=cuda_graph, kv=kv.value,
             optimizations=enabled_optimizations(asked), out=out, force=force, trace_dir=trace_dir, seed=seed,
             ranks=ranks, rendezvous_timeout_s=rendezvous_timeout, layout=layout or SGLangPath.from_name(sglang).layout,
-            graph_context=graph_context, sglang=sglang, kernels=kernels,
+            graph_context=graph_context, sglang=sglang, sglang_kernels=kernels,
         )
         settings.check_names()
     check_new_file(out, force, "--out")

@@ -76,7 +76,7 @@ def test_modes():
     with pytest.raises(DsvOptError, match="unknown kernels mode 'sglng'; did you mean sglang"):
         choose("0.5.23", "cpu", False, True, mode="sglng")
     with pytest.raises(DsvOptError, match="unknown kernels mode"):
-        EmbeddedSettings(kernels="real").check_names()
+        EmbeddedSettings(sglang_kernels="real").check_names()
 
 
 def test_the_cache_decides_on_a_hopper_machine(tmp_path):
@@ -197,7 +197,7 @@ def test_choice_on_a_cpu_profile_is_recorded(tmp_path):
     assert not plan.kernels.any_real
     with pytest.raises(DsvOptError, match="--kernels sglang: stand-in for DeepGEMM, Marlin, TileLang mHC: no CUDA GPU"):
         plan_run(EmbeddedSettings(concurrency=2, context=24, sglang="0.5.23", device="cpu", config="dsv4-tiny",
-                                  kernels="sglang"))
+                                  sglang_kernels="sglang"))
 
 
 def test_memory_estimate_counts_the_marlin_copies():
@@ -211,3 +211,14 @@ def test_memory_estimate_counts_the_marlin_copies():
     est = estimate_memory(TINY, 2, 40, elem_bytes=4, marlin_copies=True)
     assert est.weights == wl.state_bytes()["weights"]
     assert estimate_memory(TINY, 2, 40, elem_bytes=4).weights < est.weights
+
+
+def test_apply_re_profiles_with_the_kernels_the_profile_ran():
+    """A profile from before the setting ran our stand-ins: re-profiling it (apply) keeps them, so the
+    before/after pair compares; a newer one carries its mode; the per-part meta is never read as one."""
+    legacy = EmbeddedSettings.from_meta({"settings": {"sglang": "0.5.23", "concurrency": 4}})
+    assert legacy.sglang_kernels == "stand-in"
+    new = EmbeddedSettings.from_meta({"settings": {"sglang": "0.5.23", "sglang_kernels": "auto"},
+                                      "kernels": {"moe": "SGLang 0.5.23: Marlin moe_wna16_marlin_gemm"}})
+    assert new.sglang_kernels == "auto"
+    new.check_names()
