@@ -11,7 +11,7 @@ from dsv4opt.cli import app
 @app.command("build-kernels")
 def build_kernels(
     only: Annotated[Optional[str], typer.Option(help="Comma-separated families to build: deep_gemm, marlin, mhc (default: all).")] = None,
-    tilelang_python: Annotated[Optional[str], typer.Option(help="A Python with tilelang==0.1.12, for the mHC cubins (default: $DSV4OPT_TILELANG_PYTHON).")] = None,
+    tilelang_python: Annotated[Optional[str], typer.Option(help="A Python with tilelang==0.1.12, for the mHC cubins (default: $DSV4OPT_TILELANG_PYTHON, else a venv the build makes in the cache once, reusing this Python's torch).")] = None,
     wheels: Annotated[Optional[Path], typer.Option(help="A folder holding the wheels (vllm 0.23.0, sglang 0.5.23, apache-tvm-ffi 0.1.11 cp312), instead of downloading them.")] = None,
     pack: Annotated[Optional[Path], typer.Option(help="Then write every built family into this .tar.gz, for a machine without the network.")] = None,
     status: Annotated[bool, typer.Option("--status", help="Only say which families run SGLang's kernel here and why the others do not.")] = False,

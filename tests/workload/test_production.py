@@ -114,11 +114,30 @@ def test_marlin_needs_nvcc(cache, monkeypatch):
 
 
 def test_mhc_needs_tilelang(cache, monkeypatch):
-    monkeypatch.delenv("DSV4OPT_TILELANG_PYTHON", raising=False)
-    with pytest.raises(DsvOptError, match="needs a Python with tilelang 0.1.12"):
-        build.build_kernels([MHC], cache=cache)
     with pytest.raises(DsvOptError, match="cannot import tilelang"):
         build.build_kernels([MHC], cache=cache, tilelang_python=sys.executable)  # the test venv has none
+
+
+def test_mhc_makes_its_tilelang_venv_once(cache, monkeypatch):
+    """Without --tilelang-python the build makes the cache's own venv (this Python's packages visible,
+    so tilelang takes the torch installed here) with SGLang's pin; a failure is one line."""
+    import subprocess
+
+    monkeypatch.delenv("DSV4OPT_TILELANG_PYTHON", raising=False)
+    ran = []
+
+    def fake_run(cmd, **kw):
+        ran.append(cmd)
+        failed = "pip" in cmd and fail_pip
+        return subprocess.CompletedProcess(cmd, 1 if failed else 0, stdout="", stderr="ERROR: no network")
+
+    monkeypatch.setattr(build.subprocess, "run", fake_run)
+    fail_pip = True
+    with pytest.raises(DsvOptError, match=r"^could not make the tilelang venv \(.*pip install: ERROR: no network\)"):
+        build.build_kernels([MHC], cache=cache, say=lambda line: None)
+    venv = cache / build.TILELANG_VENV
+    assert ran[0] == [sys.executable, "-m", "venv", "--system-site-packages", str(venv)]
+    assert ran[1][-2:] == ["tilelang==0.1.12", "z3-solver<4.15.5"] and ran[1][0] == str(venv / "bin" / "python")
 
 
 def test_built_families_are_skipped(cache):

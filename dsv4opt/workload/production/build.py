@@ -111,9 +111,10 @@ def build_kernels(only: list[str] | None = None, cache: Path | None = None, whee
     if MARLIN in todo and nvcc is None:
         raise DsvOptError("building Marlin needs nvcc (CUDA 12.8 or later): set CUDA_HOME or put nvcc on PATH, "
                           "or build the others only (--only deep_gemm,mhc)")
-    if MHC in todo:
-        tilelang_python = _check_tilelang_python(tilelang_python)
     log = BuildLog(say)
+    if MHC in todo:
+        tilelang_python = _check_tilelang_python(tilelang_python or os.environ.get("DSV4OPT_TILELANG_PYTHON")
+                                                 or _tilelang_venv(cache / TILELANG_VENV, wheels, log))
     for key in only:
         if key not in todo:
             say(f"{key}: already in {cache / key} (--force rebuilds it)")
@@ -133,12 +134,40 @@ def build_kernels(only: list[str] | None = None, cache: Path | None = None, whee
     return log.steps
 
 
-def _check_tilelang_python(python: str | None) -> str:
-    python = python or os.environ.get("DSV4OPT_TILELANG_PYTHON")
+TILELANG_VENV = "tilelang-venv"
+TILELANG_PINS = ("tilelang==0.1.12", "z3-solver<4.15.5")  # SGLang 0.5.23's pin; tilelang's own z3 bound
+
+
+def _tilelang_venv(venv: Path, wheels: Path | None, log: BuildLog) -> str:
+    """A venv of the cache's own with tilelang 0.1.12 (made once): it sees this Python's packages, so
+    tilelang takes the torch installed here (it pins none) instead of downloading another."""
+    python = venv / "bin" / "python"
+    if python.exists() and _tilelang_version(str(python)) == "0.1.12":
+        return str(python)
+    start = time.perf_counter()
+    log.say(f"mhc: making {venv} for tilelang 0.1.12 (once; it reuses this Python's torch)")
+    steps = [[sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+             [str(python), "-m", "pip", "install", "-q", *(["--find-links", str(wheels)] if wheels else []),
+              *TILELANG_PINS]]
+    for cmd in steps:
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise DsvOptError(f"could not make the tilelang venv ({' '.join(cmd[:4])}: {_last_line(run.stderr)}); "
+                              "give a Python with tilelang 0.1.12 (--tilelang-python), or build the others only "
+                              "(--only deep_gemm,marlin)")
+    log.done("tilelang venv", start)
+    return str(python)
+
+
+def _tilelang_version(python: str) -> str | None:
+    probe = subprocess.run([python, "-c", "import tilelang; print(tilelang.__version__)"], capture_output=True,
+                           text=True)
+    return probe.stdout.strip() if probe.returncode == 0 else None
+
+
+def _check_tilelang_python(python: str) -> str:
     hint = ("a venv of its own: python -m venv V && V/bin/pip install tilelang==0.1.12 'z3-solver<4.15.5' torch; "
             "then --tilelang-python V/bin/python, or build the others only (--only deep_gemm,marlin)")
-    if not python:
-        raise DsvOptError(f"building the TileLang mHC cubins needs a Python with tilelang 0.1.12 ({hint})")
     probe = subprocess.run([python, "-c", "import tilelang; print(tilelang.__version__)"], capture_output=True,
                            text=True)
     if probe.returncode != 0:
