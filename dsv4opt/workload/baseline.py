@@ -20,7 +20,7 @@ The Hopper path of SGLang 0.5.23 (`hopper_0523()`; dsv4opt/workload/paths.py):
 - attention: FlashMLA's sparse FP8 decode from sgl-flash-mla, called itself (attention/flashmla.py);
 - indexer logits: e4m3 operands on FP8 tensor cores, standing in for DeepGEMM's
   `fp8_paged_mqa_logits` (kernels/indexer_tc.py);
-- routed experts: the grouped MXFP4 kernel (kernels/grouped_moe.py), standing in for Marlin's W4A16
+- routed experts: the grouped MXFP4 kernel (kernels/grouped_moe/kernel.py), standing in for Marlin's W4A16
   grouped MoE (`fused_marlin_moe`, the recipe's `--moe-runner-backend marlin`);
 - the hyper-connection pre step is fused in the model itself (no pre-mix slot is called).
 """

@@ -133,7 +133,7 @@ def _zeroed_allocations():
 def _zero_weights():
     """The workload built with zero weights and caches (drawing dsv4-flash's takes minutes on a CPU)."""
     from dsv4opt.workload import kvcache, model, weights
-    from dsv4opt.workload.kernels import grouped_moe_layout
+    from dsv4opt.workload.kernels.grouped_moe import layout as grouped_moe_layout
 
     saved = (model.DecodeWorkload._randn, weights.Mxfp4Experts.drawn, kvcache.KVCache.fill_random,
              kvcache.IndexKeyCache.fill_random, grouped_moe_layout._values)
