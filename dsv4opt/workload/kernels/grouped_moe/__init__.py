@@ -3,7 +3,8 @@
 They are grouped-moe's `routed_experts` on the sm_120 path (in place of SGLang's
 `mxfp4_moe_forward_triton`, a CUDA-core GEMV a slot) and, on the Hopper path of SGLang 0.5.23, the
 baseline's stand-in for Marlin's W4A16 MoE (`moe_wna16_marlin_gemm`). One entry,
-`grouped_routed_experts`, runs one of three backends per GEMM, as the tile table says:
+`grouped_routed_experts`, runs each GEMM on the backend the tile table names (direct: both GEMMs
+or neither):
 
 - `kernel.py`: the Triton kernels (`_route_kernel`, gate/up `_moe_up_kernel`, down `_moe_down_kernel`,
   `_moe_combine_kernel`) and the entry itself; runs everywhere Triton does, the interpreter included.
