@@ -26,8 +26,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from dsv4opt.sass import listing, loops, ptxas_log  # noqa: E402
-from dsv4opt.workload.kernels import grouped_moe as kernel  # noqa: E402
-from dsv4opt.workload.kernels import grouped_moe_configs as configs  # noqa: E402
+from dsv4opt.workload.kernels.grouped_moe import kernel  # noqa: E402
+from dsv4opt.workload.kernels.grouped_moe import configs  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 D16 = [["tt.divisibility", 16]]

@@ -32,9 +32,9 @@ import triton.language as tl
 
 from dsv4opt.optimizations.grouped_moe import bench
 from dsv4opt.optimizations.timing import copy_bandwidth_gbps, median_graph_ms
-from dsv4opt.workload.kernels.grouped_moe import _persistent, _unit_tile
-from dsv4opt.workload.kernels.grouped_moe_configs import GemmTiles
-from dsv4opt.workload.kernels.grouped_moe_layout import packed_experts
+from dsv4opt.workload.kernels.grouped_moe.kernel import _persistent, _unit_tile
+from dsv4opt.workload.kernels.grouped_moe.configs import GemmTiles
+from dsv4opt.workload.kernels.grouped_moe.layout import packed_experts
 from dsv4opt.tritonlib import interpreted
 
 MODES = ("load", "decode", "mma")

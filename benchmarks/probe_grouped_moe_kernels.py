@@ -28,7 +28,7 @@ import torch
 
 from dsv4opt.optimizations.grouped_moe import bench
 from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts, table_config
-from dsv4opt.workload.kernels.grouped_moe_configs import candidates
+from dsv4opt.workload.kernels.grouped_moe.configs import candidates
 from dsv4opt.optimizations.timing import copy_bandwidth_gbps
 
 

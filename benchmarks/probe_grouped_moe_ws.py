@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 
 from dsv4opt.sass import listing, ptxas_log, tightest_loop  # noqa: E402
-from dsv4opt.workload.kernels.grouped_moe_ws import decode_asm  # noqa: E402
+from dsv4opt.workload.kernels.grouped_moe.ws import decode_asm  # noqa: E402
 
 BN, BK = gl.constexpr(64), gl.constexpr(128)
 UNITS = gl.constexpr(2 * BN // 16 * (BK // 64))  # 16 units a K step, unit index kb * 8 + stacked row unit
@@ -247,7 +247,7 @@ def run_gpu(args) -> list[dict]:
     import torch
     from dsv4opt.optimizations.grouped_moe import bench
     from dsv4opt.optimizations.timing import copy_bandwidth_gbps, median_graph_ms
-    from dsv4opt.workload.kernels.grouped_moe_layout import packed_experts
+    from dsv4opt.workload.kernels.grouped_moe.layout import packed_experts
 
     copy = copy_bandwidth_gbps()
     print(f"copy bandwidth {copy:.0f} GB/s")

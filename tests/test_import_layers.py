@@ -168,15 +168,6 @@ def test_no_package_imports_in_a_circle(package):
     assert circles == [], circles
 
 
-# Private names still taken from another file: mma-attn's warp-specialised loops share their consumer
-# side and the Gluon pieces through `_` names (another branch is moving them to public ones).
-PRIVATE_IMPORTS_LEFT = {
-    "dsv4opt/optimizations/mma_attn/kernel_gluon_bf16_ws.py": {"_consumer", "_fill_index_ring", "_ring_barriers", "_ws_buffers"},
-    "dsv4opt/optimizations/mma_attn/kernel_gluon_fp8_ws.py": {"_NOPE_TILES", "_ROPE", "_TILE", "_split_result",
-                                                              "_tile_products", "_tile_rows"},
-}
-
-
 def private_imports() -> dict[str, set[str]]:
     """file -> the `_` names it imports from another module of dsv4opt."""
     out = {}
@@ -190,4 +181,4 @@ def private_imports() -> dict[str, set[str]]:
 
 
 def test_no_private_name_is_imported_from_another_file():
-    assert private_imports() == PRIVATE_IMPORTS_LEFT
+    assert private_imports() == {}

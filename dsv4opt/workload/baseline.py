@@ -23,7 +23,7 @@ kernel where `kernels` (production/choice.py) says it runs here, else the stand-
   step; stand-in: e4m3 operands on FP8 tensor cores (kernels/indexer_tc.py);
 - routed experts: Marlin's W4A16 grouped MoE (`fused_marlin_moe`, the recipe's
   `--moe-runner-backend marlin`; production/marlin.py); stand-in: the grouped MXFP4 kernel
-  (kernels/grouped_moe.py);
+  (kernels/grouped_moe/kernel.py);
 - the hyper-connection pre step is fused in the model itself (no pre-mix slot is called), and the
   dense FP8 linears are chosen where the model builds them (DeepGEMM's `fp8_gemm_nt` or the
   block-FP8 Triton GEMM).

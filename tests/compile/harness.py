@@ -133,10 +133,10 @@ def _zeroed_allocations():
 def _zero_weights():
     """The workload built with zero weights and caches (drawing dsv4-flash's takes minutes on a CPU)."""
     from dsv4opt.workload import kvcache, model, weights
-    from dsv4opt.workload.kernels import grouped_moe_layout
+    from dsv4opt.workload.kernels.grouped_moe import layout as moe_layout
 
     saved = (model.DecodeWorkload._randn, weights.Mxfp4Experts.drawn, kvcache.KVCache.fill_random,
-             kvcache.IndexKeyCache.fill_random, grouped_moe_layout._values)
+             kvcache.IndexKeyCache.fill_random, moe_layout._values)
 
     def randn(self, *shape, dtype=None, scale=None):
         return torch.zeros(*shape, device=self.device, dtype=dtype or self.dtype)
@@ -152,13 +152,13 @@ def _zero_weights():
     kvcache.KVCache.fill_random = lambda self, *a, **k: None
     kvcache.IndexKeyCache.fill_random = lambda self, *a, **k: None
     # grouped-moe's production layout of zero weights is zeros (its bit shuffle takes minutes at full width)
-    grouped_moe_layout._values = lambda packed, n16, k64: torch.zeros(
-        packed.shape[0], n16, k64, grouped_moe_layout.UNIT_BYTES, dtype=torch.uint8, device=packed.device)
+    moe_layout._values = lambda packed, n16, k64: torch.zeros(
+        packed.shape[0], n16, k64, moe_layout.UNIT_BYTES, dtype=torch.uint8, device=packed.device)
     try:
         yield
     finally:
         (model.DecodeWorkload._randn, weights.Mxfp4Experts.drawn, kvcache.KVCache.fill_random,
-         kvcache.IndexKeyCache.fill_random, grouped_moe_layout._values) = saved
+         kvcache.IndexKeyCache.fill_random, moe_layout._values) = saved
 
 
 def step_each(configs: dict, concurrency: int, label: dict, context: int = 8192) -> None:

@@ -14,10 +14,10 @@ import torch
 from dsv4opt import tritonlib
 from dsv4opt.errors import DsvOptError
 from dsv4opt.numerics import error_report
-from dsv4opt.workload.kernels import grouped_moe as kernel
-from dsv4opt.workload.kernels.grouped_moe_direct import DirectTiles, direct_shape_ok
-from dsv4opt.workload.kernels import grouped_moe_configs as configs
-from dsv4opt.workload.kernels import grouped_moe_layout as layout
+from dsv4opt.workload.kernels.grouped_moe import kernel
+from dsv4opt.workload.kernels.grouped_moe.direct import DirectTiles, direct_shape_ok
+from dsv4opt.workload.kernels.grouped_moe import configs
+from dsv4opt.workload.kernels.grouped_moe import layout
 from dsv4opt.optimizations.grouped_moe.cases import MoeCase, interpreter_cases, make_inputs
 from dsv4opt.workload import quant
 from dsv4opt.workload.baseline import routed_experts_sm120
@@ -426,7 +426,7 @@ def _config(case: MoeCase, mode: str | None) -> configs.MoeConfig | None:
     cfg = configs.choose(case.experts, case.width, case.hidden, case.tokens * case.topk)
     if mode == "slotwise":
         return replace(cfg, slotwise=True, down=replace(cfg.down, flat=False))
-    from dsv4opt.workload.kernels.grouped_moe_ws import GLUON_API_OK
+    from dsv4opt.workload.kernels.grouped_moe.ws import GLUON_API_OK
 
     if not (GLUON_API_OK and torch.cuda.get_device_capability()[0] == 9):
         pytest.skip("the Gluon kernels need Triton 3.6's Gluon on an sm_90 GPU")
@@ -528,7 +528,7 @@ def test_gate_fails_the_direct_kernels_with_stale_tickets():
     split writes its partials before its ticket, so the early sum, racing the last split, found them
     written; a race, not a test.)"""
     from dsv4opt.optimizations.grouped_moe.cases import TP4
-    from dsv4opt.workload.kernels.grouped_moe_ws import ws_runs_on
+    from dsv4opt.workload.kernels.grouped_moe.ws import ws_runs_on
 
     if not ws_runs_on(torch.empty(1, device="cuda")):
         pytest.skip("the direct kernels need Triton 3.6's Gluon on an sm_90 GPU")
@@ -605,7 +605,7 @@ def test_the_folded_multiplier_is_two_to_the_scale_minus_one_for_every_byte_that
 def test_the_gluon_decode_adds_the_fold_exponent_to_each_scale_byte():
     """The PTX decode adds FOLD_EXP_ADD to the four scale bytes of a word at once and shifts them into
     bf16's exponent, the same bits as fold_multiplier_bits."""
-    from dsv4opt.workload.kernels import grouped_moe_ws as ws
+    from dsv4opt.workload.kernels.grouped_moe import ws
 
     asm = ws.decode_asm()
     assert f"add.u32 e, $20, 0x{layout.FOLD_EXP_ADD:02X}{layout.FOLD_EXP_ADD:02X}{layout.FOLD_EXP_ADD:02X}{layout.FOLD_EXP_ADD:02X};" in asm

@@ -87,7 +87,7 @@ def test_json_holds_no_nan():
 
 
 def test_a_narrowed_sweep_times_the_matching_candidates_beside_the_table():
-    from dsv4opt.workload.kernels import grouped_moe_configs as configs
+    from dsv4opt.workload.kernels.grouped_moe import configs
 
     shape = (32, 2048, 4096, 48 * 32)  # dp-ep at C = 32: the ws candidates are offered
     cands = configs.candidates(*shape)

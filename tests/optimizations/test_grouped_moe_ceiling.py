@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dsv4opt.tritonlib import interpreted
-from dsv4opt.workload.kernels.grouped_moe_configs import GemmTiles
-from dsv4opt.workload.kernels.grouped_moe_layout import packed_experts
+from dsv4opt.workload.kernels.grouped_moe.configs import GemmTiles
+from dsv4opt.workload.kernels.grouped_moe.layout import packed_experts
 from dsv4opt.workload.weights import Mxfp4Experts
 from tests.benchmark_files import load_script
 

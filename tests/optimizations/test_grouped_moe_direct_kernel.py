@@ -1,4 +1,4 @@
-"""The direct few-slot kernels (dsv4opt/workload/kernels/grouped_moe_direct.py) without a GPU: the module
+"""The direct few-slot kernels (dsv4opt/workload/kernels/grouped_moe/direct.py) without a GPU: the module
 imports anywhere and declines CPU tensors, and (with Triton 3.6's Gluon, the H200's) the table's tiles
 compile for sm_90a as the docs say: no spills, no shared-memory ring, one 16-byte load a lane for each
 of a warp's units and four mma.sync a unit. Their numbers need an H200: the graph-replay cases in
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dsv4opt.workload.kernels import grouped_moe_direct as direct
-from dsv4opt.workload.kernels import grouped_moe_ws as ws
+from dsv4opt.workload.kernels.grouped_moe import direct
+from dsv4opt.workload.kernels.grouped_moe import ws
 
 _UP, _DOWN = direct.DirectTiles(4, 1, 4), direct.DirectTiles(4, 1, 1)  # tp4's table row to C = 4
 

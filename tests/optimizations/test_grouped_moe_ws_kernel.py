@@ -1,4 +1,4 @@
-"""The warp-specialised gate/up and down kernels (dsv4opt/workload/kernels/grouped_moe_ws.py) on the
+"""The warp-specialised gate/up and down kernels (dsv4opt/workload/kernels/grouped_moe/ws.py) on the
 CPU: the module imports anywhere and declines CPU tensors, its launch arithmetic, and (with Triton
 3.6's Gluon, the H200's) their sm_90a compiles: no spills, the partitions' register caps, wgmma with
 register A on ring tokens, cp.async into the ring (gate/up's token rows zero-filled) with noinc
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dsv4opt.workload.kernels import grouped_moe_ws as ws
+from dsv4opt.workload.kernels.grouped_moe import ws
 
 
 def _packed(rows: int, cols: int, fold: bool = True):

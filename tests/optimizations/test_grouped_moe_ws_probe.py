@@ -14,7 +14,7 @@ import struct
 import pytest
 import torch
 
-from dsv4opt.workload.kernels.grouped_moe_layout import packed_experts
+from dsv4opt.workload.kernels.grouped_moe.layout import packed_experts
 from dsv4opt.workload.quant import dequantize_mxfp4
 from dsv4opt.workload.weights import Mxfp4Experts
 from tests.benchmark_files import load_script

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4opt.workload.kernels.grouped_moe_layout import e8m0
+from dsv4opt.workload.kernels.grouped_moe import e8m0
 from dsv4opt.workload import quant
 
 

@@ -267,9 +267,7 @@ def run_sweep(concurrencies: Sequence[int] = CONCURRENCIES, layouts: Sequence[st
     """Each candidate config (configs.candidates) of each layout and concurrency, or those whose names
     match: checked against the float64 definition on the first input set, then timed as the bench
     times. Diagnostic: the table in configs.py is edited by hand from what this prints."""
-    from dsv4opt.workload.kernels.grouped_moe_configs import candidates
-    from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts, table_config
-    from dsv4opt.workload.kernels.grouped_moe_ws import ws_runs_on
+    from dsv4opt.workload.kernels.grouped_moe import candidates, grouped_routed_experts, table_config, ws_runs_on
     from dsv4opt.optimizations.timing import copy_bandwidth_gbps
     from dsv4opt.workload.kernels import naive
 

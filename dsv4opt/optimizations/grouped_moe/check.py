@@ -22,7 +22,7 @@ NAME = "grouped-moe"
 # bf16 rounding of the activation rows and of the output (2^-9 relative each) and fp32 sums: a few
 # 1e-3 in the norm; a slot dropped, doubled or sent to the wrong expert moves a row by O(1).
 REL_TOL = 1e-2
-_KERNEL_MODULES = ("dsv4opt.workload.kernels.grouped_moe", "dsv4opt.workload.kernels.moe")
+_KERNEL_MODULES = ("dsv4opt.workload.kernels.grouped_moe.kernel", "dsv4opt.workload.kernels.moe")
 
 
 def run_case(case: MoeCase, device: torch.device, dtype: torch.dtype, seed: int = 0, impl=None) -> dict:

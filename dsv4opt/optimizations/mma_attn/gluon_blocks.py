@@ -1,12 +1,12 @@
 """The Gluon (Hopper) pieces mma-attn's warp-specialised loops share: the FP8 layout's geometry,
 each split's share of a request's used slots (`split_slots`), the index ring (`tile_indices`,
-`_tile_rows`), the QK / online-softmax / PV products of one tile (`_tile_products`) and a split's
-normalised result (`_split_result`).
+`tile_rows`), the QK / online-softmax / PV products of one tile (`tile_products`) and a split's
+normalised result (`split_result`).
 
 They were first written for a single-partition FP8 loop that gathered two tiles ahead
 (kernel_gluon_fp8.py until the dispatch became one decision; docs/kernels/mma_attn.md,
-"Experiments kept in history"); kernel_gluon_fp8_ws.py, kernel_gluon_bf16_ws.py and
-kernel_gluon.py now use them. GPU only (the interpreter cannot run Gluon), Triton 3.6 only
+"Experiments kept in history"); ws_blocks.py, kernel_gluon_fp8_ws.py, kernel_gluon_bf16_ws.py
+and kernel_gluon.py now use them. GPU only (the interpreter cannot run Gluon), Triton 3.6 only
 (dispatch.GLUON_VALIDATED_TRITON).
 """
 
@@ -31,11 +31,11 @@ IDX_RING = 4
 # the chunk's indices in shared memory, flat, viewed as rows of a tile (or of a sub-tile)
 IDX_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 # the same, for the kernels (Triton reads globals only as constexprs)
-_NOPE_TILES = gl.constexpr(NOPE_TILES)
-_TILE = gl.constexpr(TILE)
-_ROPE = gl.constexpr(ROPE)
-_DATA_BYTES = gl.constexpr(DATA_BYTES)
-_SCALE_BYTES = gl.constexpr(SCALE_BYTES)
+NOPE_TILES_ = gl.constexpr(NOPE_TILES)
+TILE_ = gl.constexpr(TILE)
+ROPE_ = gl.constexpr(ROPE)
+DATA_BYTES_ = gl.constexpr(DATA_BYTES)
+SCALE_BYTES_ = gl.constexpr(SCALE_BYTES)
 IDX_RING_ = gl.constexpr(IDX_RING)
 
 
@@ -69,8 +69,8 @@ def tile_indices(p_idx, i_b, pos0, end, n_w, stride_iw, stride_ix, idx_x_delta, 
 
 
 @gluon.jit
-def _tile_rows(idx_rows, row, pos0, n_w, x_delta, ROWS: gl.constexpr, PS_W: gl.constexpr,
-               PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr, BK: gl.constexpr):
+def tile_rows(idx_rows, row, pos0, n_w, x_delta, ROWS: gl.constexpr, PS_W: gl.constexpr,
+              PB_W: gl.constexpr, PS_X: gl.constexpr, PB_X: gl.constexpr, BK: gl.constexpr):
     """Byte offsets [BK] (int64, from the window cache's first byte) of the data and scale records
     of the tokens in row `row` of idx_rows (used slots pos0 .. pos0 + BK), and which rows are used,
     in layout ROWS. Used slots from n_w on are the compressed cache's, whose bytes start x_delta
@@ -83,14 +83,14 @@ def _tile_rows(idx_rows, row, pos0, n_w, x_delta, ROWS: gl.constexpr, PS_W: gl.c
     slot_w = tok % PS_W
     page_x = tok // PS_X
     slot_x = tok % PS_X
-    at = gl.where(in_x, x_delta + page_x * PB_X + slot_x * _DATA_BYTES, page_w * PB_W + slot_w * _DATA_BYTES)
-    at_s = gl.where(in_x, x_delta + page_x * PB_X + PS_X * _DATA_BYTES + slot_x * _SCALE_BYTES,
-                    page_w * PB_W + PS_W * _DATA_BYTES + slot_w * _SCALE_BYTES)
+    at = gl.where(in_x, x_delta + page_x * PB_X + slot_x * DATA_BYTES_, page_w * PB_W + slot_w * DATA_BYTES_)
+    at_s = gl.where(in_x, x_delta + page_x * PB_X + PS_X * DATA_BYTES_ + slot_x * SCALE_BYTES_,
+                    page_w * PB_W + PS_W * DATA_BYTES_ + slot_w * SCALE_BYTES_)
     return at, at_s, m_row
 
 
 @gluon.jit
-def _tile_products(q_smem, kv_t, idx_smem, row, b_m, b_l, b_acc, qk_scale_log2, BH: gl.constexpr, BK: gl.constexpr):
+def tile_products(q_smem, kv_t, idx_smem, row, b_m, b_l, b_acc, qk_scale_log2, BH: gl.constexpr, BK: gl.constexpr):
     """One bf16 tile kv_t [BK, 512] of both warpgroups: S = q K^T, the online softmax (base 2, masked
     slots at -inf, the tile's indices in row `row` of idx_smem), acc = acc * alpha + P V. Returns (m, l, acc)."""
     S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
@@ -119,8 +119,8 @@ def _online_softmax(b_s, idx_smem, row, b_m, b_l, qk_scale_log2):
 
 
 @gluon.jit
-def _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr, BH: gl.constexpr,
-                  BK: gl.constexpr):
+def split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr, BH: gl.constexpr,
+                 BK: gl.constexpr):
     """Stores split i_s's base-2 lse into lse_part [B, NSPLIT, H] (-inf for a chunk with no used
     slot) and returns its o normalised by its own denominator ([BH, D] fp32, the accumulator's
     layout) for the caller to store."""

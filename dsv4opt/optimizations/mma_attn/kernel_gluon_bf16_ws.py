@@ -11,7 +11,7 @@ kernel_gluon.py runs once per cache; and `gl.warp_specialize` splits the CTA:
   released it; the slot handed over with an mbarrier (`full`) once the copies landed. bf16 rows
   need no dequantisation, so no staging: one 64 KiB tile in flight while the consumers multiply
   the other;
-- the default partition (8 warps): kernel_gluon_fp8_ws._consumer, unchanged (q once, QK, the
+- the default partition (8 warps): ws_blocks.consumer, the FP8 loop's own (q once, QK, the
   online softmax and PV per tile; the partials).
 
 Shared memory: q 64 KiB + two bf16 tiles 128 KiB + the ring of four tile rows of indices + the
@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from dsv4opt.optimizations.mma_attn.gluon_blocks import BLOCK_K, HEADS, IDX_RING_, split_slots, tile_indices
-from dsv4opt.optimizations.mma_attn.kernel_gluon_fp8_ws import _consumer, _fill_index_ring, _ring_barriers, _ws_buffers
+from dsv4opt.optimizations.mma_attn.ws_blocks import consumer, fill_index_ring, ring_barriers, ws_buffers
 from dsv4opt.tritonlib import LOG2E
 
 
@@ -59,8 +59,8 @@ def _producer(ring, full, empty, idx_smem, p_idx, p_kv, i_b, start, end, n_w, n_
     L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [4, 1], [1, 0])  # 16 bytes a thread
     L_I: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])  # [BK] indices
     gl.static_assert(IDX_RING_ >= 4)
-    b_idx_next = _fill_index_ring(idx_smem, p_idx, i_b, start, end, n_w, stride_iw, stride_ix, idx_x_delta, 3, BK,
-                                  L_I)
+    b_idx_next = fill_index_ring(idx_smem, p_idx, i_b, start, end, n_w, stride_iw, stride_ix, idx_x_delta, 3, BK,
+                                 L_I)
     gl.thread_barrier()  # rows 0-2 stored, before any producer thread reads them
     if ABLATE_ & 2:  # diagnostic (kernel_gluon_fp8_ws.ABLATE): hand over the tiles untouched
         for t in range(n_tiles):
@@ -98,13 +98,13 @@ def gluon_bf16_ws_sparse_decode_kernel(
     i_b = gl.program_id(0)
     i_s = gl.program_id(2)
     n_w, start, end, n_tiles = split_slots(p_len, i_b, i_s, len_x_delta, KW, KX, NSPLIT, BK)
-    _, idx_smem, q_smem, ring = _ws_buffers(BH, BK, D)
-    full, empty = _ring_barriers()
+    _, idx_smem, q_smem, ring = ws_buffers(BH, BK, D)
+    full, empty = ring_barriers()
     gl.thread_barrier()  # the initialised barriers, before the partitions start
 
     gl.warp_specialize(
-        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, n_tiles, stride_qb, H,
-                      qk_scale_log2, NSPLIT, D, BH, BK, ABLATE_)),
+        [(consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, n_tiles, stride_qb, H,
+                     qk_scale_log2, NSPLIT, D, BH, BK, ABLATE_)),
          (_producer, (ring, full, empty, idx_smem, p_idx, p_kv, i_b, start, end, n_w, n_tiles, stride_iw, stride_ix,
                       idx_x_delta, x_delta, stride_kv, BK, D, ABLATE_))],
         [4], [PRODUCER_REGS_])

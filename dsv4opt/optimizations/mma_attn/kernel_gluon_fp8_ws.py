@@ -16,9 +16,10 @@ one CTA per SM, 79% of cycles with no eligible warp). Here `gl.warp_specialize` 
   2^(e - 127), exact in bf16) into a ring of two [64, 512] bf16 tiles in three stores; the rope
   (bf16 already) goes by cp.async straight into the tile's last 64 columns. A tile is handed over
   with an mbarrier (`full`);
-- the default partition (8 warps, two warpgroups, 208 registers): q into shared memory once, then
-  per tile the QK wgmma, the online softmax and the PV wgmma (gluon_blocks._tile_products), releasing the
-  tile with an mbarrier (`empty`) as soon as PV has read it.
+- the default partition (8 warps, two warpgroups, 208 registers; ws_blocks.consumer): q into
+  shared memory once, then per tile the QK wgmma, the online softmax and the PV wgmma
+  (gluon_blocks.tile_products), releasing the tile with an mbarrier (`empty`) as soon as PV has
+  read it.
 
 Few wide shared-memory operations, not many narrow ones: Triton's barrier analysis puts a bar.sync
 before every store (and cp.async) into an allocation another one wrote since the last barrier,
@@ -42,9 +43,9 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from dsv4opt.optimizations.mma_attn.gluon_blocks import (
-    BLOCK_K, HEADS, IDX_RING_, IDX_SMEM, _NOPE_TILES, _ROPE, _TILE, _split_result, _tile_products,
-    _tile_rows, split_slots, tile_indices,
+    BLOCK_K, HEADS, IDX_RING_, IDX_SMEM, NOPE_TILES_, ROPE_, TILE_, split_slots, tile_indices, tile_rows,
 )
+from dsv4opt.optimizations.mma_attn.ws_blocks import consumer, fill_index_ring, ring_barriers, ws_buffers
 from dsv4opt.tritonlib import LOG2E
 
 SUB = 16  # rows of a producer sub-tile: 7 KiB of nope bytes, four to a 64-row tile
@@ -65,11 +66,11 @@ def _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, u, buf, start, n_w, x_
     thread; columns 448-511 masked, so zero-filled and not read) and its scale words. Its indices
     are row u % (rows of idx_sub) of the index ring, seen as SUB-slot rows."""
     row, pos0 = u % idx_sub.shape[0], start + u * SUB_
-    at, _, m_row = _tile_rows(idx_sub, row, pos0, n_w, x_delta, gl.SliceLayout(1, L_D), PS_W, PB_W, PS_X, PB_X, SUB_)
+    at, _, m_row = tile_rows(idx_sub, row, pos0, n_w, x_delta, gl.SliceLayout(1, L_D), PS_W, PB_W, PS_X, PB_X, SUB_)
     o_c = gl.arange(0, 512, layout=gl.SliceLayout(0, L_D))
     cp.async_copy_global_to_shared(st_data.index(buf), p_kv8 + at[:, None] + o_c[None, :],
-                                   mask=m_row[:, None] & (o_c < _NOPE_TILES * _TILE)[None, :])
-    _, at_s, m_s = _tile_rows(idx_sub, row, pos0, n_w, x_delta, gl.SliceLayout(0, L_SC), PS_W, PB_W, PS_X, PB_X, SUB_)
+                                   mask=m_row[:, None] & (o_c < NOPE_TILES_ * TILE_)[None, :])
+    _, at_s, m_s = tile_rows(idx_sub, row, pos0, n_w, x_delta, gl.SliceLayout(0, L_SC), PS_W, PB_W, PS_X, PB_X, SUB_)
     o_w = gl.arange(0, 2, layout=gl.SliceLayout(1, L_SC))
     ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     st_words = st_scale.index(buf)._reinterpret(gl.int32, [2, SUB_], ROW2)
@@ -81,7 +82,7 @@ def _dequant_piece(dst, src, b_w, C0: gl.constexpr, W: gl.constexpr, J0: gl.cons
     """Columns [C0, C0 + W) of one staged sub-tile src [SUB, 512] u8 -> dst's same columns in bf16,
     nope tile j = c // 64 scaled by byte j - J0 of b_w [SUB] (one of the rows' scale words)."""
     o_c = C0 + gl.arange(0, W, layout=gl.SliceLayout(0, L))
-    shift = 8 * (o_c // _TILE - J0)  # [W], constant per register
+    shift = 8 * (o_c // TILE_ - J0)  # [W], constant per register
     b_sc = (((b_w[:, None] >> shift[None, :]) & 0xFF) << 23).to(gl.float32, bitcast=True)  # [SUB, W]
     b_raw = src.slice(C0, W, dim=1).load(L)  # [SUB, W] uint8
     b_x = b_raw.to(gl.float8e4nv, bitcast=True).to(gl.float32) * b_sc
@@ -98,17 +99,6 @@ def _dequant_sub(dst, st_data, st_scale, buf, SUB_: gl.constexpr):
     _dequant_piece(dst, src, st_scale.index(buf).slice(0, SUB_).load(gl.SliceLayout(1, L256)), 0, 256, 0, L256)
     _dequant_piece(dst, src, st_scale.index(buf).slice(SUB_, SUB_).load(gl.SliceLayout(1, L128)), 256, 128, 4, L128)
     _dequant_piece(dst, src, st_scale.index(buf).slice(SUB_, SUB_).load(gl.SliceLayout(1, L64)), 384, 64, 4, L64)
-
-
-@gluon.jit
-def _fill_index_ring(idx_smem, p_idx, i_b, start, end, n_w, stride_iw, stride_ix, idx_x_delta, ROWS: gl.constexpr,
-                     BK: gl.constexpr, L: gl.constexpr):
-    """Rows 0 .. ROWS - 1 of the index ring get tiles 0 .. ROWS - 1's indices; returns tile ROWS's,
-    read into registers (layout L) for the producer to store a tile later."""
-    for i in gl.static_range(ROWS):
-        idx_smem.index(i).store(tile_indices(p_idx, i_b, start + i * BK, end, n_w, stride_iw, stride_ix, idx_x_delta,
-                                             BK, L))
-    return tile_indices(p_idx, i_b, start + ROWS * BK, end, n_w, stride_iw, stride_ix, idx_x_delta, BK, L)
 
 
 @gluon.jit
@@ -134,8 +124,8 @@ def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_idx, p_
     gl.static_assert(NST - 1 <= NSUB)
     gl.static_assert(IDX_RING_ >= 4)
     NU = n_tiles * NSUB
-    b_idx_next = _fill_index_ring(idx_smem, p_idx, i_b, start, end, n_w, stride_iw, stride_ix, idx_x_delta, 2, BK,
-                                  L_I)
+    b_idx_next = fill_index_ring(idx_smem, p_idx, i_b, start, end, n_w, stride_iw, stride_ix, idx_x_delta, 2, BK,
+                                 L_I)
     gl.thread_barrier()  # rows 0 and 1 stored, before any producer thread reads them
     if ABLATE_ & 2:  # diagnostic: hand over the tiles untouched
         for t in range(n_tiles):
@@ -147,7 +137,7 @@ def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_idx, p_
             _issue_sub(st_data, st_scale, p_kv8, p_kv32, idx_sub, i, i, start, n_w, x_delta, PS_W, PB_W, PS_X, PB_X,
                        SUB_, L_D, L_SC)
         cp.commit_group()
-    o_r = gl.arange(0, _ROPE, layout=gl.SliceLayout(0, L_R))
+    o_r = gl.arange(0, ROPE_, layout=gl.SliceLayout(0, L_R))
     for t in range(n_tiles):
         slot = t % 2
         mbarrier.wait(empty.index(slot), ((t // 2) & 1) ^ 1)  # the first wait on each slot passes
@@ -155,10 +145,10 @@ def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_idx, p_
         b_idx_next = tile_indices(p_idx, i_b, start + (t + 3) * BK, end, n_w, stride_iw, stride_ix, idx_x_delta, BK,
                                   L_I)
         tile = ring.index(slot)
-        at_r, _, m_r = _tile_rows(idx_smem, t % IDX_RING_, start + t * BK, n_w, x_delta, gl.SliceLayout(1, L_R), PS_W,
-                                  PB_W, PS_X, PB_X, BK)
-        cp.async_copy_global_to_shared(tile.slice(_NOPE_TILES * _TILE, _ROPE, dim=1),
-                                       p_kv16 + ((at_r + _NOPE_TILES * _TILE) >> 1)[:, None] + o_r[None, :],
+        at_r, _, m_r = tile_rows(idx_smem, t % IDX_RING_, start + t * BK, n_w, x_delta, gl.SliceLayout(1, L_R), PS_W,
+                                 PB_W, PS_X, PB_X, BK)
+        cp.async_copy_global_to_shared(tile.slice(NOPE_TILES_ * TILE_, ROPE_, dim=1),
+                                       p_kv16 + ((at_r + NOPE_TILES_ * TILE_) >> 1)[:, None] + o_r[None, :],
                                        mask=m_r[:, None])
         cp.commit_group()  # the rope's group, after sub-tiles up to t * NSUB + NST - 2
         for q in gl.static_range(NSUB):
@@ -181,102 +171,6 @@ def _producer(ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_idx, p_
 
 
 @gluon.jit
-def _consumer(q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, n_tiles, stride_qb, H,
-              qk_scale_log2, NSPLIT: gl.constexpr, D: gl.constexpr, BH: gl.constexpr, BK: gl.constexpr,
-              ABLATE_: gl.constexpr):
-    """q into shared memory (not for a split with no tile), then per ring tile (n_tiles, run-time)
-    QK, the online softmax (base 2, masked slots at -inf; tile t's indices in row t % IDX_RING of
-    idx_smem, which the producer filled before handing the tile over) and PV as in
-    gluon_blocks._tile_products; writes split i_s's partials (lse -inf and o unwritten for a split with no
-    tile) in o_part's dtype (bf16) through the ring, in whole lines (`_store_partials_staged`). Shared
-    by the FP8 and bf16 warp-specialised loops: only their producers differ."""
-    LOAD: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
-    S_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BK // 2, 16])
-    O_MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
-    o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, LOAD))
-    o_dq = gl.arange(0, D, layout=gl.SliceLayout(0, LOAD))
-    if not (ABLATE_ & 8):
-        if n_tiles > 0:  # an idle split reads no q
-            q_smem.store(gl.load(p_q + i_b * stride_qb + o_h[:, None] * D + o_dq[None, :]))
-    fence_async_shared()
-    gl.thread_barrier()  # every consumer warp's part of q, before either warpgroup's wgmma reads it
-
-    b_m = gl.full([BH], -1.0e30, gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH] running max, base 2
-    b_l = gl.zeros([BH], gl.float32, layout=gl.SliceLayout(1, S_MMA))  # [BH]
-    b_acc = gl.zeros([BH, D], gl.float32, layout=O_MMA)  # [BH, D]
-    for t in range(n_tiles):
-        slot = t % 2
-        mbarrier.wait(full.index(slot), (t // 2) & 1)
-        kv_t = ring.index(slot)
-        if ABLATE_ & 1:  # diagnostic: release the tile unread
-            mbarrier.arrive(empty.index(slot))
-        else:
-            b_m, b_l, b_acc = _tile_products(q_smem, kv_t, idx_smem, t % IDX_RING_, b_m, b_l, b_acc, qk_scale_log2,
-                                             BH, BK)
-            mbarrier.arrive(empty.index(slot))
-
-    if ABLATE_ & 4:  # diagnostic: one head's row (the products stay live, 1/64 of the bytes)
-        o_ho = gl.arange(0, BH, layout=gl.SliceLayout(1, O_MMA))
-        o_do = gl.arange(0, D, layout=gl.SliceLayout(0, O_MMA))
-        row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_ho
-        gl.store(p_o_part + row_part[:, None] * D + o_do[None, :], b_acc, mask=(o_ho == 0)[:, None])
-    else:  # an idle split's o is left unwritten: its lse is -inf and kernel.py's combine skips it
-        _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, D, BK,
-                               n_tiles > 0)
-
-
-@gluon.jit
-def _store_partials_staged(ring, p_o_part, p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT: gl.constexpr,
-                           BH: gl.constexpr, D: gl.constexpr, BK: gl.constexpr, store_o):
-    """A split's partials through shared memory: o (normalised, in o_part's dtype)
-    into the ring, free once both warpgroups' last PV is done, then out 16 bytes a thread, a warp
-    writing 512 contiguous bytes of one row. Stored straight from the accumulator's layout, a warp
-    instruction writes 32 bytes (fp32) or 16 (bf16) of each of eight rows. The lse always; o only
-    where `store_o` (the same in every thread)."""
-    dt: gl.constexpr = p_o_part.dtype.element_ty
-    VEC: gl.constexpr = 128 // dt.primitive_bitwidth  # 16 bytes
-    # 16-byte units XOR-swizzled by row: the accumulator's eight rows a warp instruction land on
-    # eight different units of a 128-byte line, not on the same banks (rows are 1-2 KB apart)
-    STAGE: gl.constexpr = gl.SwizzledSharedLayout(vec=VEC, per_phase=1, max_phase=8, order=[1, 0])
-    OUT: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [gl.num_warps(), 1], [1, 0])
-    gl.static_assert(BH * D * (dt.primitive_bitwidth // 8) <= 2 * BK * D * 2)  # fits the ring
-    b_o = _split_result(p_lse_part, b_acc, b_m, b_l, i_b, i_s, H, NSPLIT, BH, BK)  # [BH, D] fp32
-    if store_o:
-        stage = ring._reinterpret(dt, [BH, D], STAGE)
-        gl.thread_barrier()  # both warpgroups' last PV has read the ring
-        stage.store(b_o.to(dt))
-        gl.thread_barrier()  # every row staged, before any warp reads rows another wrote
-        o_h = gl.arange(0, BH, layout=gl.SliceLayout(1, OUT))
-        o_d = gl.arange(0, D, layout=gl.SliceLayout(0, OUT))
-        row_part = (i_b * NSPLIT + i_s).to(gl.int64) * H + o_h
-        gl.store(p_o_part + row_part[:, None] * D + o_d[None, :], stage.load(OUT))
-
-
-@gluon.jit
-def _ws_buffers(BH: gl.constexpr, BK: gl.constexpr, D: gl.constexpr):
-    """What both warp-specialised loops allocate first: the index ring (flat, and row r: the tile
-    rows its producer fills), q's buffer and the ring of two bf16 tiles."""
-    SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    idx_flat = gl.allocate_shared_memory(gl.int32, [IDX_RING_ * BK], IDX_SMEM)
-    idx_smem = idx_flat._reinterpret(gl.int32, [IDX_RING_, BK], IDX_SMEM)
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BH, D], SMEM)
-    ring = gl.allocate_shared_memory(gl.bfloat16, [2, BK, D], SMEM)
-    return idx_flat, idx_smem, q_smem, ring
-
-
-@gluon.jit
-def _ring_barriers():
-    """The ring's hand-over barriers, `full` (producer -> consumers) and `empty` (back), one a slot,
-    each counting one arrival: Gluon's arrive is a partition-wide bar.sync, then one thread's arrive."""
-    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(full.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
-    return full, empty
-
-
-@gluon.jit
 def gluon_fp8_ws_sparse_decode_kernel(
     p_q, p_kv8, p_kv16, p_kv32, p_idx, p_len, p_o_part, p_lse_part,
     stride_qb, stride_iw, stride_ix, H, qk_scale_log2, x_delta, idx_x_delta, len_x_delta,
@@ -291,24 +185,24 @@ def gluon_fp8_ws_sparse_decode_kernel(
     merges with the sink."""
     gl.static_assert(gl.num_warps() == 8)
     gl.static_assert(BK == 64)
-    gl.static_assert(D == _NOPE_TILES * _TILE + _ROPE)
+    gl.static_assert(D == NOPE_TILES_ * TILE_ + ROPE_)
     ROW2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     ROW1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
 
     i_b = gl.program_id(0)
     i_s = gl.program_id(2)
     n_w, start, end, n_tiles = split_slots(p_len, i_b, i_s, len_x_delta, KW, KX, NSPLIT, BK)
-    idx_flat, idx_smem, q_smem, ring = _ws_buffers(BH, BK, D)
+    idx_flat, idx_smem, q_smem, ring = ws_buffers(BH, BK, D)
     # row u % rows: sub-tile u's indices (tile t's row holds its sub-tiles' rows in turn)
     idx_sub = idx_flat._reinterpret(gl.int32, [idx_flat.shape[0] // SUB_, SUB_], IDX_SMEM)
     st_data = gl.allocate_shared_memory(gl.uint8, [NST, SUB_, D], ROW2)  # the nope bytes, 64 masked columns
     st_scale = gl.allocate_shared_memory(gl.int32, [NST, 2 * SUB_], ROW1)
-    full, empty = _ring_barriers()
+    full, empty = ring_barriers()
     gl.thread_barrier()  # the initialised barriers, before the partitions start
 
     gl.warp_specialize(
-        [(_consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, n_tiles, stride_qb, H,
-                      qk_scale_log2, NSPLIT, D, BH, BK, ABLATE_)),
+        [(consumer, (q_smem, ring, full, empty, idx_smem, p_q, p_o_part, p_lse_part, i_b, i_s, n_tiles, stride_qb, H,
+                     qk_scale_log2, NSPLIT, D, BH, BK, ABLATE_)),
          (_producer, (ring, full, empty, st_data, st_scale, idx_smem, idx_sub, p_idx, p_kv8, p_kv16, p_kv32, i_b, start,
                       end, n_w, n_tiles, stride_iw, stride_ix, idx_x_delta, x_delta, PS_W, PB_W, PS_X, PB_X, BK, SUB_,
                       NST, ABLATE_))],

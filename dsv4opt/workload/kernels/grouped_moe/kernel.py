@@ -9,7 +9,7 @@ launches, fixed shapes, no host synchronisation (CUDA-graph safe):
 1. `route` (one program, atomics): the slots on this rank grouped by expert into tiles of BM slots;
    other ranks' slots (-1) dropped; the tile count left on the device.
 2. gate/up (`_moe_up_kernel`, persistent): per work item (tile, BN rows of gate and of up, K split),
-   the expert's weights in the production layout (`grouped_moe_layout.py`) decoded by shifts and
+   the expert's weights in the production layout (`layout.py`) decoded by shifts and
    masks into bf16 pairs with the e8m0 scale folded into one bf16x2 multiply, multiplied as the MMA's A operand
    (BN wide) against the tile's gathered tokens (BM narrow); the clamped SwiGLU in the epilogue, or
    fp32 partial sums when K is split (the down kernel sums them and applies the SwiGLU).
@@ -20,7 +20,7 @@ With slotwise tiles (a config's `slotwise`, tp4 at C = 1) two: each slot is its 
 expert read from the ids (no routing launch), and down's last item a token sums the token's rows
 (no combine launch).
 
-Tile choices come from `grouped_moe_configs.py`. Maths, bytes and floors:
+Tile choices come from `configs.py`. Maths, bytes and floors:
 docs/optimizations/grouped_moe.md.
 """
 
@@ -32,10 +32,10 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4opt.workload.kernels.grouped_moe_configs import MoeConfig, choose
-from dsv4opt.workload.kernels.grouped_moe_direct import DirectTiles, direct_routed_experts, direct_supported, tickets_needed
-from dsv4opt.workload.kernels.grouped_moe_ws import ws_down, ws_down_supported, ws_gate_up, ws_runs_on, ws_supported
-from dsv4opt.workload.kernels.grouped_moe_layout import (BF16_MANTISSA_BITS, FOLD_EXP_ADD, UNIT_BYTES, UNIT_COLS, UNIT_ROWS,
+from dsv4opt.workload.kernels.grouped_moe.configs import MoeConfig, choose
+from dsv4opt.workload.kernels.grouped_moe.direct import DirectTiles, direct_routed_experts, direct_supported, tickets_needed
+from dsv4opt.workload.kernels.grouped_moe.ws import ws_down, ws_down_supported, ws_gate_up, ws_runs_on, ws_supported
+from dsv4opt.workload.kernels.grouped_moe.layout import (BF16_MANTISSA_BITS, FOLD_EXP_ADD, UNIT_BYTES, UNIT_COLS, UNIT_ROWS,
                                                         UNIT_SCALES, PackedExperts, packed_experts)
 from dsv4opt.tritonlib import (DeviceLimits, compile_only, device_limits, dot_dtype_ok, interpreted, runs_triton,
                                sm_count)

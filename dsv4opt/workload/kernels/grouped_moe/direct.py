@@ -1,6 +1,6 @@
 """grouped-moe for a few slots (Gluon, mma.sync): each lane loads its weight bytes straight into its MMA fragments.
 
-What they stand for: `_moe_up_kernel` and `_moe_down_kernel` (grouped_moe.py) on slotwise tiles
+What they stand for: `_moe_up_kernel` and `_moe_down_kernel` (kernel.py) on slotwise tiles
 (each slot its own tile, its expert read from the router's ids; tp4 at C = 1: 6 slots on 256
 experts), the few-slot decode SGLang runs as `mxfp4_moe_forward_triton` (a GEMV a slot) and
 triton_kernels as `matmul_ogs` with one row an expert. There the Triton kernels are latency-bound,
@@ -9,11 +9,11 @@ warps, a warp waiting 9.3 cycles an instruction on global loads, the shared-memo
 barriers; evidence/h200/grouped_moe/ncu_stalls_tp4c1_7936b5b.log).
 
 So here: no shared memory, no ring and no barrier in the K loop. The production layout
-(grouped_moe_layout.py) was built so that a lane's 16 bytes of a unit (16 rows x 64 columns) are
+(layout.py) was built so that a lane's 16 bytes of a unit (16 rows x 64 columns) are
 its m16n8k16 A fragments for the unit's four k16 blocks (row g and g + 8, columns q * 2 + h and
 + 8 of each block; lane = 4g + q). Each warp owns `REP` units of rows and an item's K range of
 `STEPS` units, issues all its 16-byte loads (and scale words) at once, decodes them with the
-production shifts, masks and folded bf16x2 multiply (`grouped_moe_ws.decode_asm`), and runs
+production shifts, masks and folded bf16x2 multiply (`ws.decode_asm`), and runs
 mma.sync m16n8k16 against the slot's token in column 0 of 8 (the rest zero). A work item: (slot,
 rows, K split); the splits' fp32 partials meet by a ticket (the last to arrive sums them):
 - gate/up (`_moe_up_direct_kernel`): half the item's units gate rows, half the same up rows; the
@@ -24,7 +24,7 @@ rows, K split); the splits' fp32 partials meet by a ticket (the last to arrive s
 Not covered (the Triton kernels keep them): routed tiles (more than one slot a tile), unfolded
 scales (scales above 2), ragged K or rows, fp16 tokens. `direct_supported` says when it applies.
 
-    PYTHONPATH=. python3 -m dsv4opt.workload.kernels.grouped_moe_direct --compile-only
+    PYTHONPATH=. python3 -m dsv4opt.workload.kernels.grouped_moe.direct --compile-only
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ import torch
 import triton
 
 from dsv4opt.sass import listing, opcodes, ptxas_log
-from dsv4opt.workload.kernels.grouped_moe_layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES
-from dsv4opt.workload.kernels.grouped_moe_ws import GLUON, compile_only_args, decode_asm, ws_runs_on
+from dsv4opt.workload.kernels.grouped_moe.layout import UNIT_BYTES, UNIT_COLS, UNIT_ROWS, UNIT_SCALES
+from dsv4opt.workload.kernels.grouped_moe.ws import GLUON, compile_only_args, decode_asm, ws_runs_on
 
 if GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 else:
-    from dsv4opt.workload.kernels.grouped_moe_ws import gl, gluon  # stand-ins: the kernels stay uncompiled
+    from dsv4opt.workload.kernels.grouped_moe.ws import gl, gluon  # stand-ins: the kernels stay uncompiled
 
 _DECODE = gl.constexpr(decode_asm())
 _N = gl.constexpr(8)  # mma.sync's narrow side: the slot's token in column 0

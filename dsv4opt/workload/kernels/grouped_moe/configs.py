@@ -20,11 +20,11 @@ class GemmTiles:
     (item, K step) so the pipeline does not drain between items (flat), a register cap a thread
     (ptxas' maxnreg) so that more programs fit an SM, or None, and whether the item and K-step counts
     are compile-time constants (static: the flat loop divides by them every K step). ws: the GEMM's
-    warp-specialised Gluon kernel (grouped_moe_ws.py: a producer warp feeds the decoding warpgroup;
+    warp-specialised Gluon kernel (ws.py: a producer warp feeds the decoding warpgroup;
     its fixed tiles, routed tiles of 16, no split, sm_90 under Triton 3.6, else the Triton kernel runs
     with these tiles; the table's ws rows give way to the Triton rows they replaced, `choose(ws=False)`).
     direct: the slotwise Gluon kernels that load each lane's weight bytes straight into its mma.sync
-    fragments (grouped_moe_direct.py; both GEMMs or neither, slotwise configs only, where the ws
+    fragments (direct.py; both GEMMs or neither, slotwise configs only, where the ws
     kernels run): bn act rows an item (gate/up) or output rows (down), bk 64 (a unit a step), warps,
     the K split; their rows give way as the ws rows do."""
 
@@ -46,7 +46,7 @@ class GemmTiles:
 
     @property
     def gluon(self) -> bool:
-        """Runs a Gluon kernel (warp-specialised or direct): only where `grouped_moe_ws.ws_runs_on`."""
+        """Runs a Gluon kernel (warp-specialised or direct): only where `ws.ws_runs_on`."""
         return self.ws or self.direct
 
 
@@ -70,7 +70,7 @@ class MoeConfig:
 
 _UP = GemmTiles(bn=64, bk=128, warps=4, stages=4)
 _DOWN = GemmTiles(bn=128, bk=128, warps=4, stages=4)
-# gate/up warp-specialised (grouped_moe_ws.py): its fixed tiles, 2 programs an SM, no K split, 6 stages
+# gate/up warp-specialised (ws.py): its fixed tiles, 2 programs an SM, no K split, 6 stages
 # (4 and 6 within 0.8 us of each other in the sweep below; 6 ahead in all six rows)
 _UP_WS = GemmTiles(bn=64, bk=128, warps=4, stages=6, split=1, ctas=2, ws=True)
 # down warp-specialised: its fixed tiles, 6 stages (within 1.8 us of 4 in the sweep; ahead in 4 rows of 6)
@@ -114,7 +114,7 @@ TABLE: dict[tuple[int, int, int], list[tuple[int, MoeConfig]]] = {
     # evidence/h200/grouped_moe/sweep_c4d4601.log. Then gate/up warp-specialised: C = 16/32/64
     # 135.9/200.3/286.1 -> 124.7/183.1/259.9 us (evidence/h200/grouped_moe/sweep_ws_3530681.log); then down
     # too: 124.3/181.9/257.1 -> 115.9/165.1/232.8 us (sweep_wsdown_f977d8b.log; one program an SM: slower).
-    # To C = 4 the direct kernels (grouped_moe_direct.py: each lane's weight bytes straight into its
+    # To C = 4 the direct kernels (direct.py: each lane's weight bytes straight into its
     # mma.sync fragments): C = 1/2/3/4 24.9/38.2/43.6/47.4 -> 14.3/20.3/28.3/34.2 us with these tiles
     # (evidence/h200/grouped_moe/sweep_direct_c1-4_9ff02cf.log; the best at C = 1 and 4, within 0.1 us of
     # it at C = 2 and 1.4 us at C = 3, inside the sweep's spread of the next tiles). C = 5-8 not swept.
@@ -240,7 +240,7 @@ def candidates(experts: int, width: int, hidden: int, slots: int) -> list[MoeCon
             replace(sw, up=replace(up, warps=8, maxnreg=64), down=replace(sw.down, warps=8, maxnreg=64)),
             replace(sw, up=replace(up, warps=8, maxnreg=48, ctas=5), down=replace(sw.down, warps=8, maxnreg=48, ctas=5)),
         ]
-        # the direct kernels (grouped_moe_direct.py): (warps, units of 16 rows a warp, K split) of each GEMM
+        # the direct kernels (direct.py): (warps, units of 16 rows a warp, K split) of each GEMM
         out += [direct_config(u, d) for u, d in (((4, 2, 8), (4, 2, 2)), ((4, 2, 16), (4, 2, 1)), ((4, 2, 4), (4, 2, 2)),
                                                    ((4, 1, 8), (4, 1, 2)), ((4, 2, 8), (4, 1, 1)), ((8, 1, 8), (8, 1, 2)),
                                                    ((4, 4, 16), (4, 4, 2)), ((4, 2, 8), (4, 2, 4)),

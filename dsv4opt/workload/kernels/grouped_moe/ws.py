@@ -1,13 +1,13 @@
 """grouped-moe's two GEMMs warp-specialised (Gluon, sm_90a): the production kernels' stream, fed by a producer warp.
 
-What they stand for: `_moe_up_kernel` and `_moe_down_kernel` (grouped_moe.py) on routed tiles, the
+What they stand for: `_moe_up_kernel` and `_moe_down_kernel` (kernel.py) on routed tiles, the
 weight stream split the way benchmarks/probe_grouped_moe_ws.py measured it (tp4 67.8-71.9%, dp-ep
 68.5-70.7% of the H200's copy bandwidth against ~63% for the plain Triton loop; best: 4 stages,
 1 consumer warpgroup, 1 wgmma in flight, 2 programs an SM; the table runs 6 stages). Persistent over work items (a tile of
 BM = 16 slots of one expert x 128 weight rows: gate/up's BN = 64 gate rows and the same 64 up rows,
 down's 128 output rows; every K step of BK = 128 columns), two partitions:
 - producer (1 warp): per K step, after waiting `empty`, cp.async of the step's 16 weight units and
-  their e8m0 scales (the production layout, grouped_moe_layout.py) and of the tile's tokens (gate/up:
+  their e8m0 scales (the production layout, layout.py) and of the tile's tokens (gate/up:
   16 token rows of x, rows past the tile's slots zero-filled; down: 128 rows of act's 16 tile
   columns) into a shared ring, then a noinc arrive on `full` that lands when its copies have;
 - consumer (the default warpgroup): waits `full`, decodes each lane's 16 value bytes and scale word
@@ -21,7 +21,7 @@ Not covered (the Triton kernels keep them): K splits, slotwise tiles, unfolded s
 2), other tile shapes, ragged K or N, fp16 tokens. `ws_supported` / `ws_down_supported` say when
 each applies. Checked on the H200 by the graph-replay test (float64, NaN-poisoned) and the sweep.
 
-    PYTHONPATH=. python3 -m dsv4opt.workload.kernels.grouped_moe_ws --compile-only [--down] [--stages 4] [--ctas 2]
+    PYTHONPATH=. python3 -m dsv4opt.workload.kernels.grouped_moe.ws --compile-only [--down] [--stages 4] [--ctas 2]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import triton
 
 from dsv4opt.sass import listing, ptxas_log, tightest_loop
 from dsv4opt.tritonlib import HOPPER_SHARED_PER_BLOCK, device_limits, interpreted, sm_count
-from dsv4opt.workload.kernels.grouped_moe_layout import BF16_MANTISSA_BITS, FOLD_EXP_ADD
+from dsv4opt.workload.kernels.grouped_moe.layout import BF16_MANTISSA_BITS, FOLD_EXP_ADD
 
 try:
     from triton.experimental import gluon
@@ -328,7 +328,7 @@ def ws_gate_up(x: torch.Tensor, routing, packed13, act: torch.Tensor, limit: flo
                ctas: int = 2, stages: int = 4) -> None:
     """act[n, tile * 16 + m] = silu(min(g, limit)) * clamp(u, -limit, limit) for every routed slot, as
     `_moe_up_kernel` writes it with SPLIT = 1 (act: [I, P], P = routing.max_tiles * 16, x's dtype).
-    routing: `grouped_moe.route(ids, R, 16)`; its tile count stays on the device. Caller checks
+    routing: `kernel.route(ids, R, 16)`; its tile count stays on the device. Caller checks
     `ws_supported` first. No host synchronisation (CUDA-graph safe)."""
     I = packed13.rows // 2
     n_blk = I // BN
