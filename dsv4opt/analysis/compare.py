@@ -101,6 +101,20 @@ def sglang_path(p: Profile) -> str | None:
     return f"{version} {family}" if family else str(version)
 
 
+def kernels_summary(p: Profile) -> str | None:
+    """What ran the parts of a Hopper-path profile, in a phrase: "SGLang's kernels", "stand-in
+    kernels", or which parts ran stand-ins; None where the profile does not record it."""
+    kernels = p.meta.get("kernels") or {}
+    if not isinstance(kernels, dict) or not kernels:
+        return None
+    stand_ins = [part for part, k in kernels.items() if str(k).startswith("stand-in")]
+    if not stand_ins:
+        return "SGLang's kernels"
+    if len(stand_ins) == len(kernels):
+        return "stand-in kernels"
+    return f"stand-ins in {', '.join(stand_ins)}"
+
+
 def _differences(key: str, va, vb) -> list[str]:
     if isinstance(va, dict) and isinstance(vb, dict):
         return [f"{key}.{part}: {va.get(part, '-')} -> {vb.get(part, '-')}"

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from dsv4opt.analysis.categories import CATEGORIES
-from dsv4opt.analysis.compare import Comparison, compare_profiles, setting, setting_differences, sglang_path
+from dsv4opt.analysis.compare import (
+    Comparison, compare_profiles, kernels_summary, setting, setting_differences, sglang_path,
+)
 from dsv4opt.analysis.profile import GlueRegions, Profile
 from dsv4opt.analysis.sweep import SweepRow, row_for, variant_name
 from dsv4opt.decision.glue_plan import GluePlan, glue_of
@@ -82,7 +84,7 @@ def label(profile: Profile, path: str) -> str:
 def _run_of(profile: Profile) -> str:
     """"SGLang 0.5.14 sm_120, tp4": the path and layout a profile ran, what tells two baselines apart."""
     return ", ".join(x for x in (f"SGLang {sglang_path(profile)}" if sglang_path(profile) else None,
-                                 setting(profile, "layout")) if x) or "-"
+                                 setting(profile, "layout"), kernels_summary(profile)) if x) or "-"
 
 
 def distinct_names(profiles: list[Profile], paths: list[str]) -> list[str]:
@@ -143,13 +145,17 @@ def mixed_paths(profiles: list[Profile], names: list[str]) -> str | None:
     None when they ran one (or do not say)."""
     by_path: dict[str, list[str]] = {}
     for p, name in zip(profiles, names):
-        by_path.setdefault(sglang_path(p) or "not recorded", []).append(name)
+        path = sglang_path(p) or "not recorded"
+        ran = kernels_summary(p)
+        by_path.setdefault(f"{path} ({ran})" if ran else path, []).append(name)
     if len(by_path) < 2:
         return None
     said = "; ".join(f"SGLang {path}: {len(group)} profile{'' if len(group) == 1 else 's'}"
                      for path, group in by_path.items())
-    return (f"these profiles ran different SGLang paths ({said}): their kernels differ by path, so shares and "
-            "tokens/s compare within one path only, and each speed-up below is over a profile of its own path")
+    what = "SGLang paths" if len({sglang_path(p) for p in profiles}) > 1 else "kernels on one SGLang path"
+    return (f"these profiles ran different {what} ({said}): their kernels differ, so shares and "
+            "tokens/s compare within one path and kernel set only, and each speed-up below is over a profile of "
+            "its own")
 
 
 def profile_facts(profile: Profile) -> ProfileFacts:

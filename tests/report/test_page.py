@@ -172,3 +172,20 @@ def test_a_report_of_two_sglang_paths_says_so_and_labels_each_profile():
 def test_one_path_is_not_said():
     rep = _two_runs()
     assert rep.mixed_paths is None
+
+
+def test_one_path_with_different_kernels_is_said():
+    """Two Hopper-path baselines, one on SGLang's own kernels and one on our stand-ins: named apart
+    and said to differ in kernels, not in path."""
+    from dsv4opt.analysis.profile import Profile
+    from tests.helpers import REPO
+
+    path = REPO / "evidence/h200/profiles/hopper-0.5.23/embedded-dsv4-flash-c32-baseline-20261204-033223.json"
+    real, ours = Profile.load(path), Profile.load(path)
+    real.meta["kernels"] = {"moe": "SGLang 0.5.23: Marlin moe_wna16_marlin_gemm", "qkv": "SGLang 0.5.23: DeepGEMM fp8_gemm_nt"}
+    ours.meta["kernels"] = {"moe": "stand-in: Triton grouped MXFP4 MoE (for Marlin moe_wna16_marlin_gemm)",
+                            "qkv": "SGLang 0.5.23: DeepGEMM fp8_gemm_nt"}
+    rep = build_report([str(path), str(path)], [real, ours])
+    assert rep.names[0].endswith("tp4, SGLang's kernels") and rep.names[1].endswith("tp4, stand-ins in moe")
+    assert rep.mixed_paths.startswith("these profiles ran different kernels on one SGLang path (SGLang 0.5.23 Hopper "
+                                      "(sm_90) (SGLang's kernels): 1 profile; ")
