@@ -169,6 +169,7 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
         speedup, source = measured_kernel_speedup(opt, concurrency, on) if profile.time_basis == "gpu" else (
             None, "no CPU measurement on record: bound assumes the target takes no time")
         measured_on = (on or RECORDED_ON) if speedup is not None else None
+        measured = speedup is not None  # on record for this path, whether or not the rule below uses it
         share, fits, share_of = frag.share, True if model else None, category_label(opt.target_category)
         why_not = None
         in_parts = replaced_share(profile, opt)
@@ -199,6 +200,12 @@ def candidates(profile: Profile, enabled: list[str] | None = None) -> list[Candi
             if frag.share < MIN_TARGET and opt.name not in enabled:
                 fits, why_not = False, (f"what it replaces, {category_label(opt.target_category)}, is {frag.share:.1%} of "
                                         f"{profile.time_label} here (its parts hold other kernels)")
+        if opt.needs_measurement and not measured and opt.name not in enabled:
+            # never ranked on a bound alone, nor ruled out by its target category's share (which is
+            # not all it replaces): said under the table, as one whose fit cannot be told
+            fits, why_not = None, None
+            notes.insert(0, f"no speed-up of it is measured on this SGLang path yet (`dsv4opt bench {opt.name}` "
+                            "on a GPU measures it)")
         out.append(
             Candidate(
                 name=opt.name, kind="optimisation", target=opt.target_category, share=share, share_of=share_of,

@@ -51,6 +51,9 @@ class Optimization:
     # The workload parts its slots run in (dsv4opt.workload.model.PARTS, the profile's record_function
     # ranges): a slot replaces all the baseline launched there, whatever category each launch is filed under.
     parts: tuple[str, ...] = ()
+    # recommend proposes it only where a speed-up measured on the profile's SGLang path is on record
+    # (measured.json): where its parts hold kernels it does not replace, their bound overstates it.
+    needs_measurement: bool = False
 
     def implementations(self) -> dict[str, Callable]:
         return dict(importlib.import_module(self.module).IMPLEMENTATIONS)
@@ -153,6 +156,23 @@ OPTIMIZATIONS: dict[str, Optimization] = {
             module="dsv4opt.optimizations.torch_compile",
             fuses_all_glue=True,
             # no parts: it compiles every block but replaces only their glue, which the glue rule bounds
+        ),
+        # Replaces the indexer_logits slot's call with its own scores: with both on, bf16-gemm's
+        # indexer kernel is not called (its pre-mix still is).
+        Optimization(
+            name="indexer-topk",
+            target_category="topk_sort",
+            replaces="the indexer's scores over the page table's width, then their top-k (on the Hopper path the "
+            "stand-ins for DeepGEMM's fp8_paged_mqa_logits and SGLang's topk_transform): scores of each request's "
+            "own entries and their top-k, in one launch (two at small batch)",
+            slots=("indexer_topk",),
+            env_gate="DSV4OPT_INDEXER_TOPK",
+            risk="new kernel picks the top-k: fp32 summation order can swap entries tied within rounding",
+            changes_selection=True,
+            needs_graph=True,
+            module="dsv4opt.optimizations.indexer_topk",
+            parts=("indexer",),
+            needs_measurement=True,  # the indexer part also holds its query GEMM and quantisation
         ),
     )
 }

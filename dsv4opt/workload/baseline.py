@@ -6,6 +6,8 @@ The sm_120 path of SGLang 0.5.14 (the default, `IMPLEMENTATIONS`):
   then the compressed cache, eager LSE merge and sink (dsv4opt/workload/attention/sm120.py);
 - indexer logits: `fp8_paged_mqa_logits_torch_sm120`: keys dequantised to float32, float32
   `torch.bmm` (dsv4opt/workload/kernels/indexer.py);
+- indexer top-k: the `indexer_logits` slot over the page table's width, then `topk_transform`
+  (SGLang's two calls, dsv4/indexer.py:1078-1099; both paths);
 - hyper-connection pre-mix: float32 `F.linear` (deepseek_v4.py:1246-1252, inside the compiled
   `hc_pre_torch_impl`; a cuBLAS FP32 SIMT GEMM);
 - routed experts: `mxfp4_moe_forward_triton`: two per-slot MXFP4 GEMV kernels over every
@@ -38,7 +40,7 @@ from dsv4opt.workload import glue
 from dsv4opt.workload.attention.flashmla import sparse_decode_flashmla
 from dsv4opt.workload.attention.sm120 import sparse_decode_sm120
 from dsv4opt.workload.kernels.grouped_moe import grouped_routed_experts
-from dsv4opt.workload.kernels.indexer import index_logits_torch
+from dsv4opt.workload.kernels.indexer import index_logits_torch, topk_transform
 from dsv4opt.workload.kernels.indexer_tc import index_logits_tc
 from dsv4opt.workload.kernels.moe import mxfp4_slot_gemv
 from dsv4opt.workload.weights import Mxfp4Experts
@@ -63,6 +65,13 @@ def routed_experts_sm120(x, local_ids, gates, w13: Mxfp4Experts, w2: Mxfp4Expert
     slots = torch.arange(M * k, device=x.device, dtype=torch.int32)
     down = mxfp4_slot_gemv(act, slots, experts, w2.packed, w2.scales)
     return glue.moe_combine_eager(down, invalid, gates, scale)
+
+
+def indexer_topk_two_pass(q8, weights, cache, seq_lens, page_table, base, topk: int, logits):
+    """The baseline `indexer_topk` slot: `logits` (the step's indexer_logits implementation) writes
+    [B, page_table width] fp32 scores, then topk_transform selects from each request's own."""
+    scores = logits(q8, weights, cache, seq_lens, page_table, page_table.shape[1] * cache.page_size)
+    return topk_transform(scores, seq_lens, base, topk)
 
 
 def as_written(block, impls):
@@ -105,6 +114,7 @@ def hopper_0523(kernels=None) -> dict:
 IMPLEMENTATIONS = {
     "attention": sparse_decode_sm120,
     "indexer_logits": index_logits_torch,
+    "indexer_topk": indexer_topk_two_pass,
     "hc_premix": hc_premix_fp32,
     "routed_experts": routed_experts_sm120,
     "regions": as_written,

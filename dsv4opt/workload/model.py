@@ -51,7 +51,7 @@ from dsv4opt.workload.attention import flashmla
 from dsv4opt.workload.collectives import ModelledRanks, ProcessGroupRanks
 from dsv4opt.workload.config import CSA, HCA, WINDOW, ModelConfig
 from dsv4opt.workload.kernels.compress import compress_forward, compress_norm_rope_store
-from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant, topk_transform
+from dsv4opt.workload.kernels.indexer import index_q_rope_hadamard_quant
 from dsv4opt.workload.kernels.linear import block_fp8_matmul, group_quant_fp8, mm_out_fp32
 from dsv4opt.workload.kernels.mhc import hc_post, hc_prenorm
 from dsv4opt.workload.kernels.mhc_fused import hc_pre_big_fuse, hc_pre_gemm
@@ -532,9 +532,8 @@ class DecodeWorkload:
                 q8, head_w = index_q_rope_hadamard_quant(w["idx_wq_b"](q_lora), weights, Di**-0.5 * Hi**-0.5,
                                                          self.cos, self.sin, pos, Hi, R)
                 self._compress(layer, x, "idx", geo["index_loc"])
-                logits = self.impls["indexer_logits"](q8, head_w, layer.index_keys, geo["done"], geo["page_table"],
-                                                      geo["page_table"].shape[1] * cfg.index_page)
-                extra_indices = topk_transform(logits, geo["done"], geo["base"], cfg.index_topk)
+                extra_indices = self.impls["indexer_topk"](q8, head_w, layer.index_keys, geo["done"], geo["page_table"],
+                                                           geo["base"], cfg.index_topk, self.impls["indexer_logits"])
                 extra_lengths = geo["lengths"]
         elif layer.kind == HCA:
             extra_indices, extra_lengths = meta[HCA]["indices"], meta[HCA]["lengths"]

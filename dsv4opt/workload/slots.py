@@ -26,6 +26,19 @@ indexer_logits(q8, weights, cache, seq_lens, page_table, max_len) -> logits
     logits:        [B, max_len] fp32 = scale_s * sum_h weights_h * relu(q8_h . key_s); -inf at s >= seq_lens[b]
     reference:     dsv4opt.workload.kernels.naive.index_logits
 
+indexer_topk(q8, weights, cache, seq_lens, page_table, base, topk, logits) -> indices
+    The indexer's scores and their top-k: what SGLang runs as `fp8_paged_mqa_logits` then
+    `topk_transform` (dsv4/indexer.py:1078-1099). The baseline calls `logits` over the page table's
+    width, then `topk_transform`; an implementation that scores the entries itself ignores `logits`.
+    q8 .. page_table: as indexer_logits
+    base:          [B] int32 the request's first entry in the cache (the indices' offset)
+    topk:          entries kept a request
+    logits:        the step's `indexer_logits` implementation (may be None for one that ignores it)
+    indices:       [B, topk] int32: base[b] + s for the top-`topk` of indexer_logits' scores among
+                   s < seq_lens[b] (all of them when seq_lens[b] <= topk), -1 after; the entries
+                   that exist come first, in no particular order
+    reference:     dsv4opt.workload.kernels.naive.index_topk
+
 hc_premix(x, weight) -> mix
     x:             [T, n * hidden] fp32, the flattened residual copies (not yet normalised)
     weight:        [2n + n*n, n * hidden] fp32 pre-mix projection
@@ -72,7 +85,8 @@ moe_local(ids, owner, row_rank) -> local_ids
 
 from __future__ import annotations
 
-SLOTS = ("attention", "indexer_logits", "hc_premix", "routed_experts", "hc_split_sum", "moe_local", "regions")
+SLOTS = ("attention", "indexer_logits", "indexer_topk", "hc_premix", "routed_experts", "hc_split_sum", "moe_local",
+         "regions")
 
 
 def with_overrides(base: dict, overrides: dict) -> dict:

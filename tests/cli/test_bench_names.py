@@ -16,9 +16,10 @@ runner = CliRunner()
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("mma-atn", "unknown benchmark 'mma-atn'; did you mean mma-attn? known: mma-attn, fuse-glue, grouped-moe"),
-    ("nothing-like-it", "unknown benchmark 'nothing-like-it'; known: mma-attn, fuse-glue, grouped-moe"),
-    ("bf16-gemm", "bf16-gemm has no benchmark (benchmarks: mma-attn, fuse-glue, grouped-moe); its correctness "
+    ("mma-atn", "unknown benchmark 'mma-atn'; did you mean mma-attn? known: mma-attn, fuse-glue, grouped-moe, "
+                "indexer-topk"),
+    ("nothing-like-it", "unknown benchmark 'nothing-like-it'; known: mma-attn, fuse-glue, grouped-moe, indexer-topk"),
+    ("bf16-gemm", "bf16-gemm has no benchmark (benchmarks: mma-attn, fuse-glue, grouped-moe, indexer-topk); its correctness "
                   "gate runs with `dsv4opt list --check`, its effect on a step with `dsv4opt apply bf16-gemm`"),
 ])
 def test_a_name_without_a_bench_is_refused_in_one_line(name, expected):

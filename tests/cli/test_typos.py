@@ -12,12 +12,14 @@ from tests.helpers import REPO
 # (command line, the line it must print)
 TYPOS = [
     ("profile --with mma-atn", "unknown optimisation 'mma-atn'; did you mean mma-attn? known: mma-attn, bf16-gemm, "
-                               "fuse-glue, grouped-moe, torch-compile"),
+                               "fuse-glue, grouped-moe, torch-compile, indexer-topk"),
     ("sglang-switches mma-atn", "unknown optimisation 'mma-atn'; did you mean mma-attn?"),
     ("apply mma-atn --target sglang", "unknown optimisation 'mma-atn'; did you mean mma-attn?"),
-    ("bench bf16-gemm", "bf16-gemm has no benchmark (benchmarks: mma-attn, fuse-glue, grouped-moe); its correctness "
-                        "gate runs with `dsv4opt list --check`, its effect on a step with `dsv4opt apply bf16-gemm`"),
-    ("bench mma-atn", "unknown benchmark 'mma-atn'; did you mean mma-attn? known: mma-attn, fuse-glue, grouped-moe"),
+    ("bench bf16-gemm", "bf16-gemm has no benchmark (benchmarks: mma-attn, fuse-glue, grouped-moe, indexer-topk); its "
+                        "correctness gate runs with `dsv4opt list --check`, its effect on a step with "
+                        "`dsv4opt apply bf16-gemm`"),
+    ("bench mma-atn", "unknown benchmark 'mma-atn'; did you mean mma-attn? known: mma-attn, fuse-glue, grouped-moe, "
+                      "indexer-topk"),
     ("profile --sglang 0.5.99", "unknown SGLang path '0.5.99'; use 0.5.14, 0.5.23"),
     ("profile --sglang 0.5.2", "unknown SGLang path '0.5.2'; did you mean 0.5.23? use 0.5.14, 0.5.23"),
     ("profile --layout tp3", "unknown layout 'tp3'; did you mean tp4 or tp8? use tp4, tp8, dp-ep"),

@@ -511,6 +511,21 @@ def _(impl, q8, weights, data, dim, page_size, seq_lens, page_table, max_len):
     return q8.new_empty(q8.shape[0], max_len, dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{LIB}::indexer_topk_slot", mutates_args=())
+@_parted
+def indexer_topk_slot_op(impl: str, q8: Tensor, weights: Tensor, data: Tensor, dim: int, page_size: int,
+                         seq_lens: Tensor, page_table: Tensor, base: Tensor, topk: int) -> Tensor:
+    # an opaque implementation scores the entries itself: it gets no indexer_logits (the slot's contract)
+    cache = IndexKeyCache(dim, page_size, data)
+    out = _SLOT_IMPLS[impl](q8, weights, cache, seq_lens, page_table, base, topk, None)
+    return _own(out, inputs=(q8, weights, data, seq_lens, page_table, base))[0]
+
+
+@_fake(indexer_topk_slot_op)
+def _(impl, q8, weights, data, dim, page_size, seq_lens, page_table, base, topk):
+    return q8.new_empty(q8.shape[0], topk, dtype=torch.int32)
+
+
 @torch.library.custom_op(f"{LIB}::hc_premix_slot", mutates_args=())
 @_parted
 def hc_premix_slot_op(impl: str, x: Tensor, weight: Tensor) -> Tensor:
@@ -577,6 +592,13 @@ def _indexer_logits_stand_in(key: str) -> Callable:
     return indexer_logits
 
 
+def _indexer_topk_stand_in(key: str) -> Callable:
+    def indexer_topk(q8, weights, cache, seq_lens, page_table, base, topk, logits=None):
+        return torch.ops.dsv4opt.indexer_topk_slot(key, q8, weights, cache.data, cache.dim, cache.page_size,
+                                                   seq_lens, page_table, base, topk)
+    return indexer_topk
+
+
 def _hc_premix_stand_in(key: str) -> Callable:
     def hc_premix(x, weight):
         return torch.ops.dsv4opt.hc_premix_slot(key, x, weight)
@@ -605,6 +627,7 @@ def _routed_experts_stand_in(key: str) -> Callable:
 SLOT_STAND_INS: dict[str, Callable[[str], Callable]] = {
     "attention": _attention_stand_in,
     "indexer_logits": _indexer_logits_stand_in,
+    "indexer_topk": _indexer_topk_stand_in,
     "hc_premix": _hc_premix_stand_in,
     "routed_experts": _routed_experts_stand_in,
     # fuse-glue's kernels, opaque like the others: traced, they reach Inductor as user-defined

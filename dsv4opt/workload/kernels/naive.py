@@ -172,6 +172,22 @@ def index_logits(q8, weights, keys, key_scales, seq_lens) -> torch.Tensor:
     return logits.masked_fill(s[None, :] >= seq_lens[:, None], float("-inf"))
 
 
+def index_topk(q8, weights, keys, key_scales, seq_lens, base, topk: int) -> torch.Tensor:
+    """The `indexer_topk` slot: base[b] + s for the top-`topk` index_logits among s < seq_lens[b],
+    highest first, equal scores by lower s; all s < seq_lens[b] in order when there are at most
+    `topk`; -1 after. keys: [B, S, dim]; key_scales: [B, S]; base: [B] -> [B, topk] int64."""
+    logits = index_logits(q8, weights, keys, key_scales, seq_lens)
+    B, S = logits.shape
+    order = torch.sort(logits, dim=1, descending=True, stable=True).indices
+    s = torch.arange(S, device=logits.device).expand(B, S)
+    few = (seq_lens <= topk)[:, None]
+    ranked = torch.where(few, s, order)  # a request with at most topk entries keeps them all, in order
+    k = min(topk, S)
+    slot = torch.arange(k, device=logits.device)[None, :]
+    out = torch.where(slot < seq_lens.long().clamp(max=k)[:, None], base.long()[:, None] + ranked[:, :k], -1)
+    return torch.nn.functional.pad(out, (0, topk - k), value=-1)
+
+
 def hc_split_sum(mix, rsqrt, flat, scale, base, hc: int, iters: int, eps: float, dtype: torch.dtype):
     """The `hc_split_sum` slot: Sinkhorn split of mix * rsqrt, x = sum_i pre_i * copy_i in `dtype`."""
     dt = _acc(mix, flat)
