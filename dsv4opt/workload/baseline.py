@@ -21,8 +21,10 @@ The Hopper path of SGLang 0.5.23 (`hopper_0523(kernels)`; dsv4opt/workload/paths
 kernel where `kernels` (production/choice.py) says it runs here, else the stand-in:
 
 - attention: FlashMLA's sparse FP8 decode from sgl-flash-mla, called itself (attention/flashmla.py);
-- indexer logits: DeepGEMM's `fp8_paged_mqa_logits` (production/deepgemm.py), its schedule once a
-  step; stand-in: e4m3 operands on FP8 tensor cores (kernels/indexer_tc.py);
+- indexer scores and top-k: DeepGEMM's `fp8_paged_mqa_logits` with clean_logits off (production/
+  deepgemm.py), its schedule once a step, then the top-k over each request's own entries; stand-in:
+  e4m3 operands on FP8 tensor cores (kernels/indexer_tc.py), whose rows are -inf-filled to the graph's
+  width as the `indexer_logits` contract asks (SGLang's are not: its cost overstates SGLang's);
 - routed experts: Marlin's W4A16 grouped MoE (`fused_marlin_moe`, the recipe's
   `--moe-runner-backend marlin`; production/marlin.py); stand-in: the grouped MXFP4 kernel
   (kernels/grouped_moe/kernel.py);
@@ -93,6 +95,20 @@ def index_logits_deepgemm(q8, weights, cache, seq_lens, page_table, max_len):
     return deepgemm.index_logits(q8, weights, cache, seq_lens, page_table, max_len, schedule)
 
 
+def indexer_topk_deepgemm(q8, weights, cache, seq_lens, page_table, base, topk: int, logits=None):
+    """The `indexer_topk` slot as SGLang 0.5.23 runs it on Hopper: DeepGEMM's `fp8_paged_mqa_logits`
+    with clean_logits off (each row written over the request's own entries only; its graph-wide rest
+    left as it was: indexer.py:1089-1099), then the top-k over each request's first seq_lens entries
+    (topk_transform's kernel reads no further on a GPU). `logits` is not called: the scores are
+    DeepGEMM's."""
+    from dsv4opt.workload.production import deepgemm
+
+    schedule = deepgemm.step_schedule(seq_lens, cache.page_size)
+    scores = deepgemm.paged_mqa_logits(q8, weights, cache, seq_lens, page_table,
+                                       page_table.shape[1] * cache.page_size, schedule)
+    return topk_transform(scores, seq_lens, base, topk)
+
+
 def routed_experts_marlin(x, local_ids, gates, w13: Mxfp4Experts, w2: Mxfp4Experts, limit: float, scale: float):
     """The `routed_experts` slot through Marlin's `moe_wna16_marlin_gemm` on the experts' Marlin copies
     (made when the model is built), every id local as under the recipe's tensor parallelism."""
@@ -108,6 +124,7 @@ def hopper_0523(kernels=None) -> dict:
     real_moe = kernels is not None and kernels.marlin
     return {**IMPLEMENTATIONS, "attention": sparse_decode_flashmla,
             "indexer_logits": index_logits_deepgemm if real_indexer else index_logits_fp8,
+            "indexer_topk": indexer_topk_deepgemm if real_indexer else indexer_topk_two_pass,
             "routed_experts": routed_experts_marlin if real_moe else grouped_routed_experts}
 
 

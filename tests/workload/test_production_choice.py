@@ -110,7 +110,7 @@ def fake_kernels(monkeypatch):
         calls["schedule"] += 1
         return ("schedule", seq_lens.data_ptr())
 
-    def index_logits(q8, weights, cache, seq_lens, page_table, max_len, schedule):
+    def paged_mqa_logits(q8, weights, cache, seq_lens, page_table, max_len, schedule):
         calls["paged_mqa_logits"] += 1
         assert schedule == ("schedule", seq_lens.data_ptr())
         return baseline.index_logits_fp8(q8, weights, cache, seq_lens, page_table, max_len)
@@ -143,7 +143,7 @@ def fake_kernels(monkeypatch):
 
     monkeypatch.setattr(deepgemm, "fp8_linear", fp8_linear)
     monkeypatch.setattr(deepgemm, "paged_mqa_schedule", paged_mqa_schedule)
-    monkeypatch.setattr(deepgemm, "index_logits", index_logits)
+    monkeypatch.setattr(deepgemm, "paged_mqa_logits", paged_mqa_logits)
     monkeypatch.setattr(deepgemm, "hc_prenorm_gemm", hc_prenorm_gemm)
     real_new_step = deepgemm.new_step
     monkeypatch.setattr(deepgemm, "new_step", lambda: (calls.update(["new_step"]), real_new_step()))
