@@ -130,7 +130,10 @@ def model_figures(device: torch.device, tie_rel: float, impl: Callable) -> dict[
     if device.type == "cuda":
         cfg, C, context, steps, layers = ModelConfig.from_name("dsv4-flash"), 16, 8192, 2, 6
     else:
-        cfg, C, context, steps, layers = ModelConfig.from_name("dsv4-tiny"), 4, 64, 1, None
+        # through the first CSA layer: the interpreter steps the whole model, and one CSA layer is the part
+        tiny = ModelConfig.from_name("dsv4-tiny")
+        first_csa = next(i for i in range(tiny.layers) if tiny.layer_kind(i) == "csa")
+        cfg, C, context, steps, layers = tiny, 4, 64, 1, first_csa + 1
     totals = {"model_malformed": 0.0, "model_unexplained": 0.0, "model_requests": 0.0, "model_ranked": 0.0}
 
     def slot(q8, weights, cache, seq_lens, page_table, base, topk, logits):
