@@ -28,7 +28,7 @@ def variant(p: Profile) -> str:
 def floor_ms(p: Profile) -> tuple[float, dict]:
     m = p.meta
     cfg = ModelConfig.from_name(m["config"]).with_layers(m["layers"])
-    f = step_floor(cfg, m["layout"], m["contexts"], m.get("graph_context") or 0, fp8_wo_a=ran_fp8_wo_a(m))
+    f = step_floor(cfg, m["layout"], m["contexts"], fp8_wo_a=ran_fp8_wo_a(m))
     return f.ms(HBM_GBS), f.parts
 
 

@@ -10,8 +10,10 @@ KV records, 132-byte index keys), whatever format a stand-in keeps. Each part is
   of `experts` without repeats, uniformly), each expert's slice of this rank;
 - KV: per request and layer the window rows, the top-k compressed rows (CSA) or every compressed row
   (HCA), and on CSA layers every index key the indexer scores;
-- indexer logit rows: on CSA layers the [C, width] fp32 logits written and read back by the top-k,
-  width the graph's (SGLang's CUDA-graph metadata) or the contexts';
+- indexer logit rows: on CSA layers each request's fp32 scores over its own entries, written and read
+  back by the top-k. SGLang's logits tensor is as wide as the graph's metadata, but only allocated
+  there: DeepGEMM writes a row over the request's entries (clean_logits off) and the top-k reads no
+  further (docs/optimizations/indexer-topk.md, "Floor", with file:line);
 - head: the embedding rows, the LM head (the whole of it: this workload runs it on every rank).
 
 Activations, the compressor state and the scheduler's own traffic are left out: each is far below
@@ -20,7 +22,6 @@ these at decode sizes.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from dsv4opt.workload.config import CSA, HCA, ModelConfig
@@ -69,8 +70,7 @@ def fp8_weight_bytes(cfg: ModelConfig, layout: str, fp8_wo_a: bool = False) -> i
     return sum(_fp8_linears(cfg, dep, cfg.layer_kind(i), fp8_wo_a) for i in range(cfg.layers))
 
 
-def step_floor(cfg: ModelConfig, layout: str, contexts: list[int], graph_context: int = 0,
-               fp8_wo_a: bool = False) -> StepFloor:
+def step_floor(cfg: ModelConfig, layout: str, contexts: list[int], fp8_wo_a: bool = False) -> StepFloor:
     """The floor of one step of one rank of `layout` decoding len(contexts) requests."""
     dep = Layout.from_name(layout).deploy(cfg)
     C, d, D = len(contexts), cfg.hidden, cfg.head_dim
@@ -89,8 +89,7 @@ def step_floor(cfg: ModelConfig, layout: str, contexts: list[int], graph_context
             dense += (2 * 2 * D + 2 * 2 * cfg.index_dim) * d * BF16  # the core and index compressors (overlapped)
             entries = [(n + 1) // cfg.csa_ratio for n in contexts]
             kv += sum(min(e, cfg.index_topk) for e in entries) * KV_RECORD + sum(entries) * INDEX_KEY
-            width = math.ceil(graph_context / cfg.csa_ratio) if graph_context else max(entries)
-            parts["indexer logit rows"] += 2 * C * width * FP32
+            parts["indexer logit rows"] += 2 * sum(entries) * FP32
         elif kind == HCA:
             dense += 2 * D * d * BF16
             kv += sum((n + 1) // cfg.hca_ratio for n in contexts) * KV_RECORD

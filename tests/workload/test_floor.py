@@ -37,6 +37,14 @@ def test_kv_rows_follow_the_contexts():
     assert step_floor(TINY, "tp4", [40]).parts["KV and index keys"] == want
 
 
+def test_indexer_rows_are_each_requests_own_entries():
+    """Scores written over each request's entries and read back by the top-k, 4 B each way, on every
+    CSA layer: SGLang's graph-wide logits tensor is allocated, not moved (docs/optimizations/indexer-topk.md)."""
+    csa = [TINY.layer_kind(i) for i in range(TINY.layers)].count("csa")
+    entries = [(n + 1) // TINY.csa_ratio for n in (40, 7, 300)]
+    assert step_floor(TINY, "tp4", [40, 7, 300]).parts["indexer logit rows"] == csa * 2 * sum(entries) * 4
+
+
 def test_experts_touched_from_one_token_to_saturation():
     assert experts_touched(TINY, 1) == pytest.approx(TINY.experts_per_token)
     assert experts_touched(TINY, 10_000) == pytest.approx(TINY.experts)
