@@ -80,8 +80,19 @@ def setting(p: Profile, key: str):
     if value is None and isinstance(recorded, dict):
         value = recorded.get(key)
     if value is None and p.meta.get("target") == "embedded":
-        return SETTINGS.get(key)
+        return _legacy_kernels(p) if key == "kernels" else SETTINGS.get(key)
     return value
+
+
+def _legacy_kernels(p: Profile) -> dict | None:
+    """What ran each part of a Hopper-path profile from before it was recorded: our stand-ins
+    throughout, FlashMLA itself on a Hopper card (None for other paths: nothing to compare)."""
+    if setting(p, "sglang") != "0.5.23":
+        return None
+    from dsv4opt.workload.production.choice import KernelChoice
+
+    device = str(p.meta.get("device") or "")
+    return KernelChoice(flashmla=any(card in device for card in ("H100", "H200", "H800", "H20"))).parts()
 
 
 # The GPU family of the first SGLang path, for profiles from before it was recorded.
@@ -104,15 +115,20 @@ def sglang_path(p: Profile) -> str | None:
 def kernels_summary(p: Profile) -> str | None:
     """What ran the parts of a Hopper-path profile, in a phrase: "SGLang's kernels", "stand-in
     kernels", or which parts ran stand-ins; None where the profile does not record it."""
-    kernels = p.meta.get("kernels") or {}
+    kernels = setting(p, "kernels") or {}
     if not isinstance(kernels, dict) or not kernels:
         return None
-    stand_ins = [part for part, k in kernels.items() if str(k).startswith("stand-in")]
-    if not stand_ins:
+    whole = [part for part, k in kernels.items() if str(k).startswith("stand-in")]
+    partly = [part for part, k in kernels.items() if "stand-in" in str(k) and part not in whole]
+    real = [part for part in kernels if part not in whole and part not in partly]
+    partly_said = f"; partly in {', '.join(partly)}" if partly else ""
+    if not whole and not partly:
         return "SGLang's kernels"
-    if len(stand_ins) == len(kernels):
+    if not real and not partly:
         return "stand-in kernels"
-    return f"stand-ins in {', '.join(stand_ins)}"
+    if len(whole) + len(partly) > len(real):
+        return f"stand-in kernels (SGLang's in {', '.join(real) or 'none whole'}{partly_said})"
+    return f"SGLang's kernels (stand-ins in {', '.join(whole) or 'none whole'}{partly_said})"
 
 
 def _differences(key: str, va, vb) -> list[str]:

@@ -35,7 +35,8 @@ from dsv4opt.workload.config import ModelConfig
 from dsv4opt.workload.layout import Deployment, Layout
 from dsv4opt.workload.memory import HOST_WORKSPACE, WORKSPACE, estimate_memory
 from dsv4opt.workload.paths import DEFAULT_PATH, HOPPER_0523, SGLangPath
-from dsv4opt.workload.production.choice import AUTO, KernelChoice, choose
+from dsv4opt.tritonlib import sm_count
+from dsv4opt.workload.production.choice import AUTO, KernelChoice, choose, fits_the_build
 
 GPU_CONFIG, CPU_CONFIG = "dsv4-flash", "dsv4-tiny"
 MEMORY_HEADROOM = 0.95  # of the free device memory a run may plan to use
@@ -85,8 +86,15 @@ def plan_run(settings: EmbeddedSettings, device: torch.device | None = None) -> 
     if path.name == HOPPER_0523 and not hopper(device):
         notes.append(f"SGLang {path.name}'s Hopper path off Hopper: the sm_120 kernel stands in for FlashMLA")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shapes = None
+    if path.name == HOPPER_0523 and device.type == "cuda":
+        shapes = fits_the_build(cfg, settings.concurrency, sm_count(device))
     kernels = choose(path.name, device.type, dtype == torch.bfloat16, deploy.tensor_parallel,
-                     getattr(settings, "sglang_kernels", AUTO), flashmla=path.name == HOPPER_0523 and hopper(device))
+                     getattr(settings, "sglang_kernels", AUTO), flashmla=path.name == HOPPER_0523 and hopper(device),
+                     shapes=shapes)
+    if kernels.any_real and "torch-compile" in settings.optimizations:
+        raise CaptureError("torch-compile cannot compile through SGLang's own kernels yet (they are not torch ops); "
+                           "add --kernels stand-in to compile the stand-in path")
     notes += list(kernels.notes)
     return RunPlan(device=device, config_name=config_name, cfg=cfg, dtype=dtype,
                    max_new=max_new, use_graph=settings.cuda_graph and device.type == "cuda",

@@ -430,7 +430,12 @@ def sglang_version_notes(profile: Profile, cands: list[Candidate]) -> list[str]:
             continue
         against_real = meta.get("target") == "embedded" and all(ran_real_kernel(profile, p) for p in parts.values())
         if against_real:
-            c.notes.insert(0, "; ".join(p.over_real for p in parts.values() if p.over_real))
+            # no speed-up of the whole step is on record against SGLang's kernel: said, not ranked on the
+            # bound that assumes the part takes no time
+            c.fits, c.why_not = None, None
+            c.kernel_speedup, c.amdahl_bound = None, amdahl(c.share, None)
+            c.notes.insert(0, "; ".join(p.over_real for p in parts.values() if p.over_real)
+                          + "; not ranked until it is measured in the step against this profile's kernel")
         if all(p.upstream for p in parts.values()) and not against_real:
             said = "; ".join(f"{V.FAMILIES[f]}: {p.upstream}" for f, p in parts.items())
             c.fits = False

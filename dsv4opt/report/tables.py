@@ -167,9 +167,10 @@ def print_part_kernels(profile, console: Console) -> None:
     kernels = profile.meta.get("kernels") or {}
     if not kernels:
         return
-    stand_ins = sum(str(k).startswith("stand-in") for k in kernels.values())
-    console.print(f"baseline kernel by part ({stand_ins} of {len(kernels)} parts run a stand-in: their shares are "
-                  "ours, not SGLang's):" if stand_ins else "baseline kernel by part:", highlight=False)
+    stand_ins = sum("stand-in" in str(k) for k in kernels.values())
+    console.print(f"baseline kernel by part ({stand_ins} of {len(kernels)} parts run a stand-in, in whole or in part: "
+                  "those shares are partly ours, not SGLang's):" if stand_ins else "baseline kernel by part:",
+                  highlight=False)
     for part, kernel in kernels.items():
         console.print(f"  {part}: {escape(str(kernel))}", highlight=False, soft_wrap=True)
 

@@ -135,6 +135,8 @@ class DecodeWorkload:
         self.path = SGLangPath.from_name(sglang)
         # which of SGLang's own kernels run (production/choice.py decides; None: the stand-ins)
         self.kernels = kernels or KernelChoice()
+        if self.kernels.any_real and not self.path.fused_mhc_pre:
+            raise DsvOptError(f"SGLang's own kernels are wired for the Hopper path, not {self.path.label}")
         self.deploy = dep = Layout.from_name(layout or self.path.layout).deploy(cfg, comm.ranks if real else None)
         self.tensor_parallel = tp = dep.tensor_parallel
         if not tp:

@@ -88,6 +88,9 @@ def test_grouped_moe_is_weighed_against_marlin_only_where_marlin_ran(moe):
         assert why is None
         assert any(n.startswith("measured against Marlin's own moe_wna16_marlin_gemm") for n in grouped.notes)
         assert grouped.why_not is None or "upstream" not in grouped.why_not
+        # at parity with Marlin's GEMMs from C = 16: never chosen on a bound that assumes the MoE takes no time
+        rec = recommend(prof)
+        assert grouped.fits is None and (rec.chosen is None or rec.chosen.name != "grouped-moe")
     else:  # our grouped kernel is the MoE already: nothing to propose
         assert why.startswith("grouped-moe: already upstream in SGLang 0.5.23")
         assert grouped is None

@@ -150,9 +150,9 @@ def test_a_report_of_two_sglang_paths_says_so_and_labels_each_profile():
     profiles = [Profile.load(p) for p in paths]
     rep = build_report([str(p) for p in paths], profiles)
     assert rep.names == ["C=32 baseline, SGLang 0.5.14 sm_120, tp4", "C=32 mma-attn, SGLang 0.5.14 sm_120, tp4",
-                         "C=32 baseline, SGLang 0.5.23 Hopper (sm_90), tp4"]
+                         "C=32 baseline, SGLang 0.5.23 Hopper (sm_90), tp4, stand-in kernels (SGLang's in attn)"]
     assert rep.mixed_paths.startswith("these profiles ran different SGLang paths (SGLang 0.5.14 sm_120: 2 profiles; "
-                                      "SGLang 0.5.23 Hopper (sm_90): 1 profile)")
+                                      "SGLang 0.5.23 Hopper (sm_90) (stand-in kernels (SGLang's in attn)): 1 profile)")
     assert rep.verdict == "first and last profile not compared: run under different settings (sglang: 0.5.14 -> 0.5.23)"
     # each speed-up is over the first profile of its own path at its C
     tps = [p.throughput["tokens_per_s"] for p in profiles]
@@ -186,6 +186,6 @@ def test_one_path_with_different_kernels_is_said():
     ours.meta["kernels"] = {"moe": "stand-in: Triton grouped MXFP4 MoE (for Marlin moe_wna16_marlin_gemm)",
                             "qkv": "SGLang 0.5.23: DeepGEMM fp8_gemm_nt"}
     rep = build_report([str(path), str(path)], [real, ours])
-    assert rep.names[0].endswith("tp4, SGLang's kernels") and rep.names[1].endswith("tp4, stand-ins in moe")
+    assert rep.names[0].endswith("tp4, SGLang's kernels") and rep.names[1].endswith("tp4, SGLang's kernels (stand-ins in moe)")
     assert rep.mixed_paths.startswith("these profiles ran different kernels on one SGLang path (SGLang 0.5.23 Hopper "
                                       "(sm_90) (SGLang's kernels): 1 profile; ")

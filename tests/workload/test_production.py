@@ -136,8 +136,13 @@ def test_mhc_makes_its_tilelang_venv_once(cache, monkeypatch):
     with pytest.raises(DsvOptError, match=r"^could not make the tilelang venv \(.*pip install: ERROR: no network\)"):
         build.build_kernels([MHC], cache=cache, say=lambda line: None)
     venv = cache / build.TILELANG_VENV
-    assert ran[0] == [sys.executable, "-m", "venv", "--system-site-packages", str(venv)]
+    assert ran[0] == [sys.executable, "-m", "venv", str(venv)]
     assert ran[1][-2:] == ["tilelang==0.1.12", "z3-solver<4.15.5"] and ran[1][0] == str(venv / "bin" / "python")
+    # this interpreter's packages (its torch) are visible inside, whatever venv it runs in
+    import site
+
+    (pth,) = (venv / "lib").glob("python*/site-packages/dsv4opt-host-packages.pth")
+    assert site.getsitepackages()[0] in pth.read_text().splitlines()
 
 
 def test_built_families_are_skipped(cache):

@@ -36,7 +36,10 @@ def test_everything_real_on_a_ready_hopper_machine():
     c = choose("0.5.23", "cuda", bf16=True, tensor_parallel=True, found=found(), flashmla=True)
     assert (c.deep_gemm, c.marlin, c.mhc, c.notes) == (True, True, True, ())
     parts = c.parts()
-    assert parts["qkv"] == parts["o_proj"] == "SGLang 0.5.23: DeepGEMM fp8_gemm_nt"
+    assert parts["qkv"] == parts["o_proj"] == ("SGLang 0.5.23: DeepGEMM fp8_gemm_nt (stand-in: Triton UE8M0 "
+                                               "activation quant)")
+    # what of ours runs inside a part SGLang's kernel holds is named, so no share is read as all SGLang's
+    assert "stand-in: torch align" in parts["moe"] and "stand-in: Triton top-k" in parts["indexer"]
     assert parts["moe"].startswith("SGLang 0.5.23: Marlin moe_wna16_marlin_gemm")
     assert parts["indexer"].startswith("SGLang 0.5.23: DeepGEMM fp8_paged_mqa_logits")
     assert parts["mhc_pre"].startswith("SGLang 0.5.23: TileLang")
@@ -46,7 +49,7 @@ def test_everything_real_on_a_ready_hopper_machine():
 def test_cpu_runs_every_stand_in_with_one_line():
     c = choose("0.5.23", "cpu", bf16=False, tensor_parallel=True)
     assert not c.any_real
-    assert c.notes == ("stand-in for DeepGEMM, Marlin, TileLang mHC: no CUDA GPU here",)
+    assert c.notes == ("stand-in for DeepGEMM, Marlin, TileLang mHC: this run is on the CPU",)
     assert all(v.startswith("stand-in: ") for k, v in c.parts().items())
 
 
@@ -193,9 +196,9 @@ def test_choice_on_a_cpu_profile_is_recorded(tmp_path):
     from dsv4opt.capture.rank_run import plan_run
 
     plan = plan_run(EmbeddedSettings(concurrency=2, context=24, sglang="0.5.23", device="cpu", config="dsv4-tiny"))
-    assert "stand-in for DeepGEMM, Marlin, TileLang mHC: no CUDA GPU here" in plan.notes
+    assert "stand-in for DeepGEMM, Marlin, TileLang mHC: this run is on the CPU" in plan.notes
     assert not plan.kernels.any_real
-    with pytest.raises(DsvOptError, match="--kernels sglang: stand-in for DeepGEMM, Marlin, TileLang mHC: no CUDA GPU"):
+    with pytest.raises(DsvOptError, match="--kernels sglang: stand-in for DeepGEMM, Marlin, TileLang mHC: this run is on the CPU"):
         plan_run(EmbeddedSettings(concurrency=2, context=24, sglang="0.5.23", device="cpu", config="dsv4-tiny",
                                   sglang_kernels="sglang"))
 
@@ -222,3 +225,37 @@ def test_apply_re_profiles_with_the_kernels_the_profile_ran():
                                       "kernels": {"moe": "SGLang 0.5.23: Marlin moe_wna16_marlin_gemm"}})
     assert new.sglang_kernels == "auto"
     new.check_names()
+
+
+def test_the_build_fits_flash_shapes_and_names_what_it_does_not():
+    """The TileLang cubins are DeepSeek-V4-Flash's widths with big fuses of 4, 8 and 64 splits; SGLang's
+    split count (min(SMs // ceil(T / 64), 64)) leaves them past 128 tokens on 132 SMs, past 64 on 114."""
+    from dsv4opt.workload.production.choice import fits_the_build
+
+    flash = ModelConfig.from_name("dsv4-flash")
+    assert all(fits_the_build(flash, c, 132) == {} for c in (1, 7, 8, 32, 33, 64, 128))
+    assert fits_the_build(flash, 129, 132) == {
+        "mhc": "at 129 tokens on 132 SMs SGLang's big fuse takes 44 splits, a cubin not built (built: 4, 8, 64)"}
+    assert "57 splits" in fits_the_build(flash, 65, 114)["mhc"]
+    tiny = fits_the_build(TINY, 2, 132)
+    assert set(tiny) == {"deep_gemm", "mhc"} and "DeepSeek-V4-Flash's mHC widths" in tiny["mhc"]
+    c = choose("0.5.23", "cuda", True, True, found=found(), shapes=fits_the_build(flash, 129, 132))
+    assert (c.deep_gemm, c.marlin, c.mhc) == (True, True, False) and len(c.notes) == 1
+
+
+def test_inconsistent_choices_are_refused():
+    with pytest.raises(ValueError, match="mhc needs deep_gemm"):
+        KernelChoice(mhc=True)
+    with pytest.raises(DsvOptError, match="wired for the Hopper path"):
+        DecodeWorkload(TINY, concurrency=1, context=8, dtype=torch.float32, kernels=KernelChoice(deep_gemm=True))
+
+
+def test_torch_compile_is_refused_over_sglangs_kernels(monkeypatch):
+    from dsv4opt.capture import rank_run
+    from dsv4opt.errors import CaptureError
+
+    monkeypatch.setattr(rank_run, "choose", lambda *a, **k: KernelChoice(deep_gemm=True))
+    settings = EmbeddedSettings(concurrency=2, context=24, sglang="0.5.23", device="cpu", config="dsv4-tiny",
+                                optimizations=["torch-compile"])
+    with pytest.raises(CaptureError, match="^torch-compile cannot compile through SGLang's own kernels yet"):
+        rank_run.plan_run(settings)

@@ -187,7 +187,7 @@ def all_ready():
 
 
 @all_ready()
-@pytest.mark.parametrize("C", [2, 33], ids=["fma-boundary", "post-gemm-boundary"])
+@pytest.mark.parametrize("C", [2, 33, 128], ids=["fma-boundary", "post-gemm-boundary", "widest-built"])
 def test_the_step_with_sglangs_kernels_agrees_with_the_stand_in_step(C):
     """dsv4-flash (4 layers: window, CSA, HCA; SGLang's kernels are built for its widths) on the tp4
     rank, the same weights and caches: SGLang's kernels in every family against our stand-ins, two
@@ -226,6 +226,6 @@ def test_profile_runs_sglangs_kernels_under_cuda_graphs(tmp_path):
                                       "--out", str(out)])
     assert result.exit_code == 0, result.output
     meta = json.loads(out.read_text())["meta"]
-    assert meta["kernels"]["qkv"] == "SGLang 0.5.23: DeepGEMM fp8_gemm_nt"
+    assert meta["kernels"]["qkv"].startswith("SGLang 0.5.23: DeepGEMM fp8_gemm_nt")
     assert all(v.startswith(("SGLang 0.5.23", "FlashMLA")) for v in meta["kernels"].values()), meta["kernels"]
     assert meta["cuda_graph"] and meta["fp8_wo_a"] is False

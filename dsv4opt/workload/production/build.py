@@ -139,24 +139,39 @@ TILELANG_PINS = ("tilelang==0.1.12", "z3-solver<4.15.5")  # SGLang 0.5.23's pin;
 
 
 def _tilelang_venv(venv: Path, wheels: Path | None, log: BuildLog) -> str:
-    """A venv of the cache's own with tilelang 0.1.12 (made once): it sees this Python's packages, so
-    tilelang takes the torch installed here (it pins none) instead of downloading another."""
+    """A venv of the cache's own with tilelang 0.1.12 (made once): it sees this Python's packages (a
+    .pth file), so tilelang takes the torch installed here (it pins none) instead of downloading another."""
     python = venv / "bin" / "python"
     if python.exists() and _tilelang_version(str(python)) == "0.1.12":
         return str(python)
     start = time.perf_counter()
     log.say(f"mhc: making {venv} for tilelang 0.1.12 (once; it reuses this Python's torch)")
-    steps = [[sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+    steps = [[sys.executable, "-m", "venv", str(venv)],
              [str(python), "-m", "pip", "install", "-q", *(["--find-links", str(wheels)] if wheels else []),
               *TILELANG_PINS]]
-    for cmd in steps:
+    for i, cmd in enumerate(steps):
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             raise DsvOptError(f"could not make the tilelang venv ({' '.join(cmd[:4])}: {_last_line(run.stderr)}); "
                               "give a Python with tilelang 0.1.12 (--tilelang-python), or build the others only "
                               "(--only deep_gemm,marlin)")
+        if i == 0:
+            _see_these_packages(venv)
     log.done("tilelang venv", start)
     return str(python)
+
+
+def _see_these_packages(venv: Path) -> None:
+    """A .pth in the new venv naming this interpreter's site-packages, after its own: pip there then
+    finds the torch installed here (a venv made with --system-site-packages from inside another venv
+    would see the base interpreter's packages, not this one's)."""
+    import site
+
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    own = venv / "lib" / version / "site-packages"
+    own.mkdir(parents=True, exist_ok=True)
+    here = [p for p in (*site.getsitepackages(), site.getusersitepackages()) if Path(p).is_dir()]
+    (own / "dsv4opt-host-packages.pth").write_text("".join(f"{p}\n" for p in here))
 
 
 def _tilelang_version(python: str) -> str | None:

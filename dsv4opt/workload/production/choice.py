@@ -42,6 +42,10 @@ class KernelChoice:
     flashmla: bool = False  # FlashMLA itself (sgl-flash-mla), chosen by the device (attention/flashmla.py)
     notes: tuple[str, ...] = ()  # one line per reason a family runs a stand-in
 
+    def __post_init__(self):
+        if self.mhc and not self.deep_gemm:
+            raise ValueError("TileLang's mHC runs beside DeepGEMM's tf32 pre-norm GEMM: mhc needs deep_gemm")
+
     @property
     def any_real(self) -> bool:
         return self.deep_gemm or self.marlin or self.mhc
@@ -51,22 +55,25 @@ class KernelChoice:
         def kernel(real: bool, theirs: str, ours: str) -> str:
             return f"{REAL}: {theirs}" if real else f"stand-in: {ours} (for {theirs})"
 
-        dense = kernel(self.deep_gemm, DENSE, DENSE_STAND_IN)
-        mhc_pre = kernel(self.mhc, "TileLang mhc_pre_big_fuse_with_norm + DeepGEMM tf32_hc_prenorm_gemm",
-                         "Triton hc_pre_big_fuse + hc_pre_gemm")
+        # Where SGLang's kernel runs beside pieces of ours (its JIT quant, align, top-k), they are named:
+        # a part is SGLang's only where nothing of ours runs in it.
+        dense = kernel(self.deep_gemm, DENSE + " (stand-in: Triton UE8M0 activation quant)", DENSE_STAND_IN)
         return {
             "attn": ("FlashMLA flash_mla_with_kvcache (sgl-flash-mla 1.0.0)" if self.flashmla
                      else "stand-in: Triton sm_120 sparse decode (for FlashMLA)"),
             "qkv": dense,
-            "indexer": kernel(self.deep_gemm, "DeepGEMM fp8_paged_mqa_logits", "Triton FP8 indexer_tc")
-                       + f"; idx_wq_b: {dense}",
+            "indexer": kernel(self.deep_gemm, "DeepGEMM fp8_paged_mqa_logits (stand-in: Triton top-k for "
+                              "topk_transform_paged_v2)", "Triton FP8 indexer_tc") + f"; idx_wq_b: {dense}",
             "o_proj": dense,
-            "moe": kernel(self.marlin, "Marlin moe_wna16_marlin_gemm", "Triton grouped MXFP4 MoE")
+            "moe": kernel(self.marlin, "Marlin moe_wna16_marlin_gemm (stand-in: torch align for "
+                          "moe_align_block_size, Triton SwiGLU, torch top-k sum)", "Triton grouped MXFP4 MoE")
                    + f"; shared expert: {dense}",
-            "mhc_pre": mhc_pre,
             # SGLang fuses each block's post into the next block's pre (mhc_fused_post_pre): with
-            # TileLang's kernels the post runs in mhc_pre's range, but for the step's last block
-            "mhc_post": kernel(self.mhc, "TileLang mhc_post / mhc_fused_post_pre_fma", "Triton hc_post"),
+            # TileLang's kernels every boundary runs in mhc_pre's range, mhc_post holds the last block's
+            "mhc_pre": kernel(self.mhc, "TileLang mhc_fused_post_pre_fma (<= 32 tokens) or mhc_post + DeepGEMM "
+                              "tf32_hc_prenorm_gemm, then mhc_pre_big_fuse_with_norm",
+                              "Triton hc_pre_gemm + hc_pre_big_fuse"),
+            "mhc_post": kernel(self.mhc, "TileLang mhc_post (the step's last block only)", "Triton hc_post"),
         }
 
 
@@ -76,11 +83,37 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+def fits_the_build(cfg, tokens: int, sms: int) -> dict[str, str]:
+    """Why each family's built kernels cannot take this run's shapes (key -> reason; empty: they can).
+    The TileLang cubins are elaborated for DeepSeek-V4-Flash's mHC widths and constants
+    (tilelang_aot.py), with big-fuse variants for 4, 8 and 64 splits only; DeepGEMM's scale
+    granularity and index pages are 128 and 64."""
+    from dsv4opt.workload.production import mhc_tilelang, tilelang_aot
+
+    out = {}
+    if cfg.fp8_block != 128 or cfg.index_page != 64:
+        out[DEEPGEMM] = (f"DeepGEMM takes block-128 FP8 and 64-entry index pages; {cfg.name} has "
+                         f"{cfg.fp8_block} and {cfg.index_page}")
+    widths = (cfg.hidden, cfg.hc, cfg.hc_sinkhorn_iters, cfg.norm_eps, cfg.hc_eps)
+    if widths != (tilelang_aot.HIDDEN, tilelang_aot.HC, tilelang_aot.SINKHORN, tilelang_aot.EPS, tilelang_aot.EPS):
+        out[MHC] = f"the TileLang cubins are built for DeepSeek-V4-Flash's mHC widths; {cfg.name} differs"
+    else:
+        splits = {mhc_tilelang.prenorm_splits(tokens, cfg.hc * cfg.hidden, sms)}  # the first read, boundaries > 32
+        if tokens <= mhc_tilelang.FMA_MAX_TOKENS:
+            splits.add(mhc_tilelang.fma_plan(tokens, cfg.hidden)[1])
+        missing = sorted(s for s in splits if s not in mhc_tilelang.BIG_FUSE_SPLITS)
+        if missing:
+            out[MHC] = (f"at {tokens} tokens on {sms} SMs SGLang's big fuse takes {missing[0]} splits, a cubin "
+                        f"not built (built: {', '.join(map(str, mhc_tilelang.BIG_FUSE_SPLITS))})")
+    return out
+
+
 def choose(path_name: str, device_type: str, bf16: bool, tensor_parallel: bool, mode: str = AUTO,
-           flashmla: bool = False, found: list[Availability] | None = None) -> KernelChoice:
+           flashmla: bool = False, found: list[Availability] | None = None, shapes: dict[str, str] | None = None
+           ) -> KernelChoice:
     """The kernel of each family for a run of SGLang path `path_name` on a `device_type` device in
     bf16 (or not), under a tensor-parallel layout (or not). `found`: availability() (looked up when
-    None, only where a GPU run could use it)."""
+    None, only where a GPU run could use it); `shapes`: fits_the_build's reasons for this run."""
     from dsv4opt.workload.paths import HOPPER_0523
 
     check_mode(mode)
@@ -97,13 +130,14 @@ def choose(path_name: str, device_type: str, bf16: bool, tensor_parallel: bool, 
     if device_type != "cuda":
         for key in (DEEPGEMM, MARLIN, MHC):
             ready[key] = False
-        reasons["no CUDA GPU here"] = [_title(k) for k in (DEEPGEMM, MARLIN, MHC)]
+        reasons["this run is on the CPU"] = [_title(k) for k in (DEEPGEMM, MARLIN, MHC)]
     else:
         for a in found if found is not None else availability(machine=Machine.here()):
             ready[a.family.key] = a.ready
             if not a.ready:
                 reasons.setdefault(a.reason, []).append(_title(a.family.key))
-        needs = [(not bf16, "SGLang's kernels take bf16 activations; this run's dtype is not bf16", (DEEPGEMM, MARLIN, MHC)),
+        needs = [(True, reason, (key,)) for key, reason in (shapes or {}).items()]
+        needs += [(not bf16, "SGLang's kernels take bf16 activations; this run's dtype is not bf16", (DEEPGEMM, MARLIN, MHC)),
                  (not tensor_parallel, "Marlin is wired for the recipe's tensor-parallel layouts (every expert local)",
                   (MARLIN,)),
                  (not ready.get(DEEPGEMM), "TileLang's mHC runs beside DeepGEMM's tf32 pre-norm GEMM, which is not "

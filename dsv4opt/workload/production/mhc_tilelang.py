@@ -34,6 +34,7 @@ from dsv4opt.workload.production.artefacts import MHC, cache_dir, present
 from dsv4opt.workload.production.cubin import CubinKernel
 
 FMA_MAX_TOKENS = 32  # mhc.py:1690 fma_token_threshold
+BIG_FUSE_SPLITS = (4, 8, 64)  # the big-fuse cubins built: SGLang's decode picks up to 128 tokens on 64+ SMs
 HC_SPLIT_BLOCK = 64  # _compute_num_split_for_mhc_pre's block_m and block_k (mhc.py:816-823)
 
 
