@@ -36,7 +36,7 @@ from dsv4opt.workload.layout import Deployment, Layout
 from dsv4opt.workload.memory import HOST_WORKSPACE, WORKSPACE, estimate_memory
 from dsv4opt.workload.paths import DEFAULT_PATH, HOPPER_0523, SGLangPath
 from dsv4opt.tritonlib import sm_count
-from dsv4opt.workload.production.choice import AUTO, KernelChoice, choose, fits_the_build
+from dsv4opt.workload.production.choice import AUTO, KernelChoice, choose, first_calls, fits_the_build, verified
 
 GPU_CONFIG, CPU_CONFIG = "dsv4-flash", "dsv4-tiny"
 MEMORY_HEADROOM = 0.95  # of the free device memory a run may plan to use
@@ -92,6 +92,8 @@ def plan_run(settings: EmbeddedSettings, device: torch.device | None = None) -> 
     kernels = choose(path.name, device.type, dtype == torch.bfloat16, deploy.tensor_parallel,
                      getattr(settings, "sglang_kernels", AUTO), flashmla=path.name == HOPPER_0523 and hopper(device),
                      shapes=shapes)
+    if kernels.any_real:  # each family's first call, outside any capture: a failure keeps its stand-in
+        kernels = verified(kernels, first_calls(device), getattr(settings, "sglang_kernels", AUTO))
     if kernels.any_real and "torch-compile" in settings.optimizations:
         raise CaptureError("torch-compile cannot compile through SGLang's own kernels yet (they are not torch ops); "
                            "add --kernels stand-in to compile the stand-in path")

@@ -255,7 +255,35 @@ def test_torch_compile_is_refused_over_sglangs_kernels(monkeypatch):
     from dsv4opt.errors import CaptureError
 
     monkeypatch.setattr(rank_run, "choose", lambda *a, **k: KernelChoice(deep_gemm=True))
+    monkeypatch.setattr(rank_run, "first_calls", lambda device: {"deep_gemm": lambda: None})
     settings = EmbeddedSettings(concurrency=2, context=24, sglang="0.5.23", device="cpu", config="dsv4-tiny",
                                 optimizations=["torch-compile"])
     with pytest.raises(CaptureError, match="^torch-compile cannot compile through SGLang's own kernels yet"):
         rank_run.plan_run(settings)
+
+
+def test_a_family_whose_first_call_fails_keeps_its_stand_in():
+    """The cache can be present and a kernel still fail at its first call (DeepGEMM's JIT, say): the run
+    falls back to the stand-in with one line saying why, or under --kernels sglang refuses in it."""
+    from dsv4opt.workload.production.choice import verified
+
+    called = []
+
+    def ok(key):
+        return lambda: called.append(key)
+
+    def jit_fails():
+        called.append("deep_gemm")
+        raise RuntimeError("NVRTC compilation failed: cannot open source file cuda/std/cstdint\nmore")
+
+    every = KernelChoice(deep_gemm=True, marlin=True, mhc=True, flashmla=True)
+    c = verified(every, {"deep_gemm": jit_fails, "marlin": ok("marlin"), "mhc": ok("mhc")})
+    assert (c.deep_gemm, c.marlin, c.mhc, c.flashmla) == (False, True, False, True)
+    assert called == ["deep_gemm", "marlin"]  # mHC is not tried without DeepGEMM beside it
+    assert c.notes == ("stand-in for DeepGEMM: its first call failed here (RuntimeError: NVRTC compilation failed: "
+                       "cannot open source file cuda/std/cstdint)",
+                       "stand-in for TileLang mHC: TileLang's mHC runs beside DeepGEMM's tf32 pre-norm GEMM, which "
+                       "is not ready")
+    with pytest.raises(DsvOptError, match="^--kernels sglang: stand-in for DeepGEMM: its first call failed"):
+        verified(every, {"deep_gemm": jit_fails, "marlin": ok("marlin"), "mhc": ok("mhc")}, mode="sglang")
+    assert verified(every, {k: ok(k) for k in ("deep_gemm", "marlin", "mhc")}) == every

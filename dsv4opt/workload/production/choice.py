@@ -18,6 +18,7 @@ when their baselines ran the same kernels, whatever was applied.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from dsv4opt.errors import DsvOptError, unknown_name
 from dsv4opt.workload.production.artefacts import (
@@ -152,6 +153,65 @@ def choose(path_name: str, device_type: str, bf16: bool, tensor_parallel: bool, 
     if mode == SGLANG and notes:
         raise DsvOptError("--kernels sglang: " + "; ".join(notes))
     return choice
+
+
+def first_calls(device) -> dict[str, Callable[[], None]]:
+    """Per family, a small first call on `device` that loads what the family needs and (DeepGEMM) JIT-
+    compiles one kernel, outside any CUDA-graph capture: what fails there would otherwise end a
+    profile in its warm-up."""
+    import torch
+
+    def deep_gemm() -> None:
+        from dsv4opt.workload import quant
+        from dsv4opt.workload.production import deepgemm
+
+        w8, ws = quant.quantize_block_fp8(torch.randn(256, 256, device=device), 128)
+        out = deepgemm.fp8_linear(torch.randn(2, 256, device=device, dtype=torch.bfloat16), w8, ws)
+        torch.cuda.synchronize(device)
+        if not bool(torch.isfinite(out).all()):
+            raise RuntimeError("fp8_gemm_nt gave non-finite values on finite inputs")
+
+    def marlin() -> None:
+        from dsv4opt.workload.production import marlin as m
+
+        m.modules()
+
+    def mhc() -> None:
+        from dsv4opt.workload.production import mhc_tilelang
+
+        index = torch.device(device).index
+        for variant in mhc_tilelang.variants().values():
+            variant.kernel._function(torch.cuda.current_device() if index is None else index)
+
+    return {DEEPGEMM: deep_gemm, MARLIN: marlin, MHC: mhc}
+
+
+def verified(choice: KernelChoice, calls: dict, mode: str = AUTO) -> KernelChoice:
+    """`choice` with each family whose first call (first_calls) fails back on its stand-in, one line
+    each saying why; under mode sglang the first failure is refused instead."""
+    ready = {DEEPGEMM: choice.deep_gemm, MARLIN: choice.marlin, MHC: choice.mhc}
+    notes = list(choice.notes)
+    for key in (DEEPGEMM, MARLIN, MHC):
+        if not ready[key] or (key == MHC and not ready[DEEPGEMM]):
+            continue  # not chosen; or mHC without DeepGEMM, said below
+        try:
+            calls[key]()
+        except Exception as exc:  # whatever the loader or the JIT raises: the stand-in runs, and says why
+            line = f"stand-in for {_title(key)}: its first call failed here ({type(exc).__name__}: {_first_line(exc)})"
+            if mode == SGLANG:
+                raise DsvOptError(f"--kernels sglang: {line}") from None
+            ready[key] = False
+            notes.append(line)
+    if ready[MHC] and not ready[DEEPGEMM]:
+        ready[MHC] = False
+        notes.append("stand-in for TileLang mHC: TileLang's mHC runs beside DeepGEMM's tf32 pre-norm GEMM, which is "
+                     "not ready")
+    return KernelChoice(ready[DEEPGEMM], ready[MARLIN], ready[MHC], choice.flashmla, tuple(notes))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else "")[:200]
 
 
 def _title(key: str) -> str:
