@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -95,3 +96,14 @@ def unique_path(path: str | os.PathLike) -> Path:
         if not candidate.exists():
             return candidate
         n += 1
+
+
+def finite(obj):
+    """JSON has no NaN/inf: write them as null rather than producing invalid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj

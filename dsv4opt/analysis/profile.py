@@ -8,7 +8,6 @@ does not know pass through untouched.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import msgspec
 
 from dsv4opt.analysis.categories import CATEGORIES, GLUE, category_label
 from dsv4opt.errors import ProfileError
-from dsv4opt.fileio import write_json_atomic
+from dsv4opt.fileio import finite, write_json_atomic
 from dsv4opt.validate import convert, read_json
 
 SCHEMA = "dsv4opt.profile/1"
@@ -445,14 +444,3 @@ def is_profile_file(path: str | Path) -> bool:
     with path.open("rb") as f:
         head = f.read(4096)
     return b'"schema"' in head and b'"dsv4opt.' in head
-
-
-def finite(obj: Any) -> Any:
-    """JSON has no NaN/inf: write them as null rather than producing invalid JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
-    return obj

@@ -153,7 +153,7 @@ def compare(
     comparison.notes.extend(f"settings differ: {d}" for d in setting_differences(a, b))
     print_comparison(comparison, console=console)
     if json_out is not None:
-        from dsv4opt.analysis.profile import finite
+        from dsv4opt.fileio import finite
 
         write_json_atomic(json_out, finite(comparison.to_dict()), make_dirs=False)
         console.print(f"comparison written to {json_out}")

@@ -50,7 +50,7 @@ def glue(
 
         out = {"glue": msgspec.to_builtins(summary), "plan": plan.to_dict()}
     if json_out is not None:
-        from dsv4opt.analysis.profile import finite
+        from dsv4opt.fileio import finite
         from dsv4opt.fileio import write_json_atomic
 
         write_json_atomic(json_out, finite({"schema": "dsv4opt.glue/1", "source": str(source), **out}), make_dirs=False)

@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from dsv4opt.errors import DsvOptError
+from dsv4opt.fileio import finite
 from dsv4opt.optimizations import timing
 from dsv4opt.optimizations.timing import BenchOptions
 from dsv4opt.workload.config import ModelConfig
@@ -105,7 +106,7 @@ class BenchResult(timing.BenchResult):
 
     def as_json(self) -> dict:
         check = self.check_json()
-        return _finite({"bench": "grouped-moe", "device": self.device, "copy_gbps": self.copy_gbps,
+        return finite({"bench": "grouped-moe", "device": self.device, "copy_gbps": self.copy_gbps,
                         "anchor": self.anchor, "anchor_errors": self.anchor_errors, "hidden": CFG.hidden,
                         "topk": CFG.experts_per_token, "layouts": {k: asdict(v) for k, v in LAYOUTS.items()},
                         "check": check, "rows": [asdict(r) for r in self.rows], "sweep": self.sweep})
@@ -382,18 +383,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         console.print(f"[red]{err}[/red]")
         raise SystemExit(1) from None
     if args.json:
-        write_json_atomic(args.json, _finite(payload), make_dirs=False)
+        write_json_atomic(args.json, finite(payload), make_dirs=False)
 
-
-def _finite(obj):
-    """JSON holds no NaN or infinity: a figure that could not be measured is null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 if __name__ == "__main__":

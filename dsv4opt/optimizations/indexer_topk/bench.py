@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from dsv4opt.errors import DsvOptError
+from dsv4opt.fileio import finite
 from dsv4opt.optimizations import timing
 from dsv4opt.optimizations.timing import BenchOptions
 from dsv4opt.workload.config import ModelConfig
@@ -88,7 +88,7 @@ class BenchResult(timing.BenchResult):
     rows: list[BenchRow] = field(default_factory=list)
 
     def as_json(self) -> dict:
-        return _finite({"bench": "indexer-topk", "device": self.device, "copy_gbps": self.copy_gbps,
+        return finite({"bench": "indexer-topk", "device": self.device, "copy_gbps": self.copy_gbps,
                         "deepgemm": self.deepgemm, "heads": CFG.index_heads, "dim": CFG.index_dim,
                         "topk": CFG.index_topk, "graph_width_pages": graph_width_pages(),
                         "check": self.check_json(), "rows": [asdict(r) for r in self.rows]})
@@ -280,16 +280,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not result.check.passed:
         raise SystemExit(1)
 
-
-def _finite(obj):
-    """JSON holds no NaN or infinity: a figure that could not be measured is null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 if __name__ == "__main__":

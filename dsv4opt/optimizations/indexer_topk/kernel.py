@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from dsv4opt.tritonlib import compile_only, interpreted, runs_triton, sm_count
-from dsv4opt.workload.kernels.indexer import select_topk
+from dsv4opt.workload.kernels.indexer import select_topk, sort_key
+from dsv4opt.workload.kernels.indexer_tc import score_tile
 
 MODES = ("auto", "fused", "split")
 OPERANDS = ("fp8", "bf16")
@@ -43,49 +44,6 @@ SELECT_BLOCK = 1024  # entries a selection step reads
 INTERPRETER_SPLITS = 3  # programs a request under the interpreter (no SMs to count)
 
 
-@triton.jit
-def _operand(x, OPERAND: tl.constexpr):
-    """e4m3 values as the tensor core multiplies them: kept (FP8 MMA), or converted exactly."""
-    if OPERAND == 0:
-        x = x.to(tl.float16)
-    elif OPERAND == 1:
-        x = x.to(tl.bfloat16)
-    return x
-
-
-@triton.jit
-def _order_key(x):
-    """fp32 -> uint32 in the same order (x not NaN): negatives inverted, non-negatives above them."""
-    bits = x.to(tl.uint32, bitcast=True)
-    return tl.where((bits >> 31) == 1, ~bits, bits | 0x80000000)
-
-
-@triton.jit
-def _score_tile(p_q, p_w, p_keys, p_scales, p_pages, i_b, o_s, n,
-                stride_qb, stride_qh, stride_wb, stride_pb, page_size, page_bytes,
-                H: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-                OPERAND: tl.constexpr):
-    """Scores of entries o_s [BS] of request i_b; -inf at o_s >= n, where nothing is read."""
-    o_d = tl.arange(0, D_P)
-    m_d = o_d < D
-    m_s = o_s < n
-    page = tl.load(p_pages + i_b * stride_pb + o_s // page_size, mask=m_s, other=0).to(tl.int64)
-    slot = (o_s % page_size).to(tl.int64)
-    at = page * page_bytes + slot * D  # [BS] first byte of each entry's key
-    b_k = _operand(tl.load(p_keys + at[:, None] + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0),
-                   OPERAND)  # [BS, D_P]
-    b_scale = tl.load(p_scales + (page * page_bytes + page_size * D) // 4 + slot, mask=m_s, other=0.0)  # [BS]
-    b_acc = tl.zeros([BLOCK_S], dtype=tl.float32)  # [BS]
-    for h0 in range(0, H, BLOCK_H):
-        o_h = h0 + tl.arange(0, BLOCK_H)
-        m_h = o_h < H
-        b_q = tl.load(p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :],
-                      mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]
-        b_q = _operand(b_q, OPERAND)
-        b_w = tl.load(p_w + i_b * stride_wb + o_h, mask=m_h, other=0.0)  # [BH]
-        b_dot = tl.dot(b_q, tl.trans(b_k))  # [BH, BS] fp32: products of e4m3 values are exact
-        b_acc += tl.sum(tl.maximum(b_dot, 0.0) * b_w[:, None], axis=0)
-    return tl.where(m_s, b_acc * b_scale, float("-inf"))
 
 
 @triton.jit
@@ -111,7 +69,7 @@ def _select_row(p_row, p_dst, n, base, TOPK: tl.constexpr, K_P: tl.constexpr, BL
             for s0 in range(0, n, BLOCK):
                 o_s = s0 + tl.arange(0, BLOCK)
                 m_s = o_s < n
-                key = _order_key(tl.load(p_row + o_s, mask=m_s, other=float("-inf")))
+                key = sort_key(tl.load(p_row + o_s, mask=m_s, other=float("-inf")))
                 digit = ((key >> shift) & (NBINS - 1)).to(tl.int32)
                 b_hist += tl.histogram(digit, NBINS, mask=m_s & ((key & settled) == prefix))
             at_or_above = tl.cumsum(b_hist, 0, reverse=True)  # [NB]
@@ -124,7 +82,7 @@ def _select_row(p_row, p_dst, n, base, TOPK: tl.constexpr, K_P: tl.constexpr, BL
         for s0 in range(0, n, BLOCK):
             o_s = s0 + tl.arange(0, BLOCK)
             m_s = o_s < n
-            key = _order_key(tl.load(p_row + o_s, mask=m_s, other=float("-inf")))
+            key = sort_key(tl.load(p_row + o_s, mask=m_s, other=float("-inf")))
             take = (key > prefix) & m_s
             at = placed + tl.cumsum(take.to(tl.int32), 0) - 1
             tl.store(p_dst + at, base + o_s, mask=take)
@@ -132,7 +90,7 @@ def _select_row(p_row, p_dst, n, base, TOPK: tl.constexpr, K_P: tl.constexpr, BL
         for s0 in range(0, n, BLOCK):
             o_s = s0 + tl.arange(0, BLOCK)
             m_s = o_s < n
-            key = _order_key(tl.load(p_row + o_s, mask=m_s, other=float("-inf")))
+            key = sort_key(tl.load(p_row + o_s, mask=m_s, other=float("-inf")))
             tie = (key == prefix) & m_s
             at = placed + tl.cumsum(tie.to(tl.int32), 0) - 1
             tl.store(p_dst + at, base + o_s, mask=tie & (at < TOPK))
@@ -153,7 +111,7 @@ def _fused_kernel(
     if n > TOPK:  # with fewer entries every one is kept, whatever it scores
         for s0 in range(0, n, BLOCK_S):
             o_s = s0 + tl.arange(0, BLOCK_S)
-            b_score = _score_tile(p_q, p_w, p_keys, p_scales, p_pages, i_b, o_s, n, stride_qb, stride_qh,
+            b_score = score_tile(p_q, p_w, p_keys, p_scales, p_pages, i_b, o_s, n, stride_qb, stride_qh,
                                   stride_wb, stride_pb, page_size, page_bytes, H, D, D_P, BLOCK_S, BLOCK_H, OPERAND)
             tl.store(p_row + o_s, b_score, mask=o_s < n)
         tl.debug_barrier()  # the row's stores, by every thread of the program, before any reads it
@@ -173,7 +131,7 @@ def _score_split_kernel(
     if n > TOPK:
         for t in range(i_p, tl.cdiv(n, BLOCK_S), splits):  # tiles dealt round the request's programs
             o_s = t * BLOCK_S + tl.arange(0, BLOCK_S)
-            b_score = _score_tile(p_q, p_w, p_keys, p_scales, p_pages, i_b, o_s, n, stride_qb, stride_qh,
+            b_score = score_tile(p_q, p_w, p_keys, p_scales, p_pages, i_b, o_s, n, stride_qb, stride_qh,
                                   stride_wb, stride_pb, page_size, page_bytes, H, D, D_P, BLOCK_S, BLOCK_H, OPERAND)
             tl.store(p_rows + i_b * stride_rb + o_s, b_score, mask=o_s < n)
 

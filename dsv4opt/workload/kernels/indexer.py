@@ -86,7 +86,7 @@ def index_logits_torch(q8: torch.Tensor, weights: torch.Tensor, cache: IndexKeyC
 
 
 @triton.jit
-def _sort_key(x):
+def sort_key(x):
     """fp32 -> uint32 in the same order (x not NaN): negatives inverted, non-negatives above them."""
     bits = x.to(tl.uint32, bitcast=True)
     return tl.where((bits >> 31) == 1, ~bits, bits | 0x80000000)
@@ -115,21 +115,21 @@ def _topk_transform_kernel(p_logits, p_len, p_base, p_out, stride_l, stride_o,
             count = tl.zeros([], tl.int32)
             for s0 in range(0, n, BLOCK):
                 o_s = s0 + tl.arange(0, BLOCK)
-                key = _sort_key(tl.load(p_row + o_s, mask=o_s < n, other=float("-inf")))
+                key = sort_key(tl.load(p_row + o_s, mask=o_s < n, other=float("-inf")))
                 count += tl.sum(((key >= trial) & (o_s < n)).to(tl.int32), axis=0)
             prefix = tl.where(count >= TOPK, trial, prefix)
         # The entries above the threshold, then entries at it until TOPK are placed.
         placed = tl.zeros([], tl.int32)
         for s0 in range(0, n, BLOCK):
             o_s = s0 + tl.arange(0, BLOCK)
-            key = _sort_key(tl.load(p_row + o_s, mask=o_s < n, other=float("-inf")))
+            key = sort_key(tl.load(p_row + o_s, mask=o_s < n, other=float("-inf")))
             take = (key > prefix) & (o_s < n)
             at = placed + tl.cumsum(take.to(tl.int32), axis=0) - 1
             tl.store(p_dst + at, base + o_s, mask=take)
             placed += tl.sum(take.to(tl.int32), axis=0)
         for s0 in range(0, n, BLOCK):
             o_s = s0 + tl.arange(0, BLOCK)
-            key = _sort_key(tl.load(p_row + o_s, mask=o_s < n, other=float("-inf")))
+            key = sort_key(tl.load(p_row + o_s, mask=o_s < n, other=float("-inf")))
             tie = (key == prefix) & (o_s < n)
             at = placed + tl.cumsum(tie.to(tl.int32), axis=0) - 1
             tl.store(p_dst + at, base + o_s, mask=tie & (at < TOPK))

@@ -32,13 +32,42 @@ _FP16, _BF16, _FP8 = 0, 1, 2  # the kernel's OPERAND: what the e4m3 values are m
 
 
 @triton.jit
-def _operand(x, OPERAND: tl.constexpr):
+def operand(x, OPERAND: tl.constexpr):
     """e4m3 values as the tensor core multiplies them: kept (FP8 MMA), or converted exactly."""
     if OPERAND == 0:
         x = x.to(tl.float16)
     elif OPERAND == 1:
         x = x.to(tl.bfloat16)
     return x
+
+
+@triton.jit
+def score_tile(p_q, p_w, p_keys, p_scales, p_pages, i_b, o_s, n,
+               stride_qb, stride_qh, stride_wb, stride_pb, page_size, page_bytes,
+               H: tl.constexpr, D: tl.constexpr, D_P: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+               OPERAND: tl.constexpr):
+    """Scores of entries o_s [BS] of request i_b; -inf at o_s >= n, where nothing is read (the logits
+    kernel here and indexer-topk's fused one share it)."""
+    o_d = tl.arange(0, D_P)
+    m_d = o_d < D
+    m_s = o_s < n
+    page = tl.load(p_pages + i_b * stride_pb + o_s // page_size, mask=m_s, other=0).to(tl.int64)
+    slot = (o_s % page_size).to(tl.int64)
+    at = page * page_bytes + slot * D  # [BS] first byte of each entry's key
+    b_k = operand(tl.load(p_keys + at[:, None] + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0),
+                  OPERAND)  # [BS, D_P]
+    b_scale = tl.load(p_scales + (page * page_bytes + page_size * D) // 4 + slot, mask=m_s, other=0.0)  # [BS]
+    b_acc = tl.zeros([BLOCK_S], dtype=tl.float32)  # [BS]
+    for h0 in range(0, H, BLOCK_H):
+        o_h = h0 + tl.arange(0, BLOCK_H)
+        m_h = o_h < H
+        b_q = tl.load(p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :],
+                      mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]
+        b_q = operand(b_q, OPERAND)
+        b_w = tl.load(p_w + i_b * stride_wb + o_h, mask=m_h, other=0.0)  # [BH]
+        b_dot = tl.dot(b_q, tl.trans(b_k))  # [BH, BS] fp32: products of e4m3 values are exact
+        b_acc += tl.sum(tl.maximum(b_dot, 0.0) * b_w[:, None], axis=0)
+    return tl.where(m_s, b_acc * b_scale, float("-inf"))
 
 
 @triton.jit
@@ -51,8 +80,6 @@ def _indexer_logits_kernel(
     i_b = tl.program_id(0).to(tl.int64)
     i_s = tl.program_id(1)
     o_s = i_s * BLOCK_S + tl.arange(0, BLOCK_S)
-    o_d = tl.arange(0, D_P)
-    m_d = o_d < D
     n = tl.load(p_len + i_b)
     m_s = o_s < max_len
     if i_s * BLOCK_S >= n:
@@ -60,23 +87,8 @@ def _indexer_logits_kernel(
         # the -inf the contract asks for and read nothing.
         tl.store(p_out + i_b * stride_ob + o_s, tl.full([BLOCK_S], float("-inf"), tl.float32), mask=m_s)
         return
-    page = tl.load(p_pages + i_b * stride_pb + o_s // page_size, mask=m_s, other=0).to(tl.int64)
-    slot = (o_s % page_size).to(tl.int64)
-    at = page * page_bytes + slot * D  # [BS] first byte of each entry's key
-    b_k = _operand(tl.load(p_keys + at[:, None] + o_d[None, :], mask=m_s[:, None] & m_d[None, :], other=0.0),
-                   OPERAND)  # [BS, D_P]
-    b_scale = tl.load(p_scales + (page * page_bytes + page_size * D) // 4 + slot, mask=m_s, other=0.0)  # [BS]
-    b_acc = tl.zeros([BLOCK_S], dtype=tl.float32)  # [BS]
-    for h0 in range(0, H, BLOCK_H):
-        o_h = h0 + tl.arange(0, BLOCK_H)
-        m_h = o_h < H
-        b_q = tl.load(p_q + i_b * stride_qb + o_h[:, None] * stride_qh + o_d[None, :],
-                      mask=m_h[:, None] & m_d[None, :], other=0.0)  # [BH, D_P]
-        b_q = _operand(b_q, OPERAND)
-        b_w = tl.load(p_w + i_b * stride_wb + o_h, mask=m_h, other=0.0)  # [BH]
-        b_dot = tl.dot(b_q, tl.trans(b_k))  # [BH, BS] fp32: products of e4m3 values are exact
-        b_acc += tl.sum(tl.maximum(b_dot, 0.0) * b_w[:, None], axis=0)
-    b_out = tl.where(o_s < n, b_acc * b_scale, float("-inf"))
+    b_out = score_tile(p_q, p_w, p_keys, p_scales, p_pages, i_b, o_s, n, stride_qb, stride_qh, stride_wb, stride_pb,
+                       page_size, page_bytes, H, D, D_P, BLOCK_S, BLOCK_H, OPERAND)
     tl.store(p_out + i_b * stride_ob + o_s, b_out, mask=m_s)
 
 
